@@ -1,0 +1,137 @@
+"""A small decoder-only transformer LM (pre-LN), built on MultiHeadAttention."""
+import math
+from dataclasses import dataclass, field, fields
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from attention.mha import AttentionConfig, KVCache, MultiHeadAttention
+
+INITS = ("gpt2", "torch_default", "unit_variance")
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 64
+    block_size: int = 64
+    d_model: int = 128
+    n_layers: int = 2
+    n_heads: int = 4
+    n_kv_heads: int | None = None
+    d_ff: int | None = None        # None = 4 * d_model
+    dropout: float = 0.0           # residual and MLP dropout; attention dropout is attention.dropout
+    bias: bool = True
+    tie_weights: bool = True
+    init: str = "gpt2"
+    qk_gain: float = 1.0           # multiplies W_q and W_k after init: score std grows as gain^2
+    attention: dict = field(default_factory=dict)  # the AttentionConfig toggles (d_k, scale, ...)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown model field(s): {', '.join(unknown)}")
+        return cls(**d)
+
+    def __post_init__(self):
+        if self.init not in INITS:
+            raise ValueError(f"model.init={self.init!r} is not one of {', '.join(INITS)}")
+        for name in ("vocab_size", "block_size", "n_layers"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"model.{name}={getattr(self, name)} must be positive")
+        self.d_ff = 4 * self.d_model if self.d_ff is None else self.d_ff
+        self.attention = dict(self.attention)
+        self.attn = AttentionConfig(d_model=self.d_model, n_heads=self.n_heads,
+                                    n_kv_heads=self.n_kv_heads, bias=self.bias, **self.attention)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, idx: int):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.attn = MultiHeadAttention(cfg.attn)
+        self.attn.name, self.attn.layer_idx = f"L{idx}", idx
+        self.ln_2 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.mlp = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias), nn.GELU(),
+                                 nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias), nn.Dropout(cfg.dropout))
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, key_padding_mask=None, cache=None):
+        h = self.ln_1(x)
+        a, _ = self.attn(h, h, h, is_causal=True, key_padding_mask=key_padding_mask, cache=cache)
+        x = x + self.drop(a)
+        return x + self.mlp(self.ln_2(x))
+
+
+class TransformerLM(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.block_size, cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.ln_f = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_weights:
+            self.head.weight = self.tok_emb.weight
+        self.init_weights(cfg.init, cfg.qk_gain)
+
+    @torch.no_grad()
+    def init_weights(self, scheme: str, qk_gain: float = 1.0):
+        if scheme in ("gpt2", "unit_variance"):
+            for m in self.modules():
+                if isinstance(m, (nn.Linear, nn.Embedding)):
+                    nn.init.normal_(m.weight, 0.0, 0.02)
+                if isinstance(m, nn.Linear) and m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            # GPT-2: residual projections scaled by 1/sqrt(2 n_layers) so the stream's variance stays put
+            for b in self.blocks:
+                for w in (b.attn.W_o.weight, b.mlp[2].weight):
+                    nn.init.normal_(w, 0.0, 0.02 / math.sqrt(2 * self.cfg.n_layers))
+        if scheme == "unit_variance":
+            # q and k components of variance 1 given LayerNorm'd inputs: the variance argument's premise
+            for b in self.blocks:
+                for w in (b.attn.W_q.weight, b.attn.W_k.weight):
+                    nn.init.normal_(w, 0.0, 1.0 / math.sqrt(self.cfg.d_model))
+        for b in self.blocks:
+            b.attn.W_q.weight.mul_(qk_gain)
+            b.attn.W_k.weight.mul_(qk_gain)
+
+    @property
+    def attentions(self) -> list[MultiHeadAttention]:
+        return [b.attn for b in self.blocks]
+
+    def forward(self, idx, key_padding_mask=None, cache: KVCache | None = None):
+        """idx (B, T) -> logits (B, T, V). With a cache, idx holds only the new tokens."""
+        B, T = idx.shape
+        start = 0 if cache is None else cache.length
+        if start + T > self.cfg.block_size:
+            raise ValueError(f"sequence length {start + T} exceeds model.block_size={self.cfg.block_size}")
+        pos = torch.arange(start, start + T, device=idx.device)
+        x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
+        for b in self.blocks:
+            x = b(x, key_padding_mask=key_padding_mask, cache=cache)
+        return self.head(self.ln_f(x))
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens: int, greedy: bool = True):
+        """Incremental decoding with a KV cache: the prompt once, then one token per step."""
+        cache = KVCache(self.cfg.n_layers)
+        logits = self(idx, cache=cache)
+        out = idx
+        for _ in range(max_new_tokens):
+            last = logits[:, -1]
+            nxt = last.argmax(-1, keepdim=True) if greedy else torch.multinomial(F.softmax(last, -1), 1)
+            out = torch.cat([out, nxt], dim=1)
+            if out.shape[1] >= self.cfg.block_size:
+                break
+            logits = self(nxt, cache=cache)
+        return out
+
+    def param_count(self) -> dict[str, int]:
+        attn = sum(p.numel() for a in self.attentions for p in a.parameters())
+        total = sum(p.numel() for p in self.parameters())
+        return {"total": total, "attention": attn}

@@ -1,0 +1,227 @@
+"""Multi-head attention with one keyword per failure mode.
+
+The explicit path (scores -> softmax -> weights @ V) is the reference and the only one that
+can show its weights; the SDPA path is the fused kernel for whatever it can express.
+"""
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from attention.diagnostics import Recorder
+from attention.masks import MASK_FILLS, MASK_MODES, causal_mask, combine_masks, fill_value
+from attention.softmax import SOFTMAXES
+
+SCORES = ("dot", "additive", "cosine", "bilinear")
+SCALES = ("sqrt_dk", "none", "learned")
+MERGES = ("correct", "no_transpose")
+BACKENDS = ("auto", "explicit", "sdpa")
+
+
+def _choice(field: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ValueError(f"attention.{field}={value!r} is not one of {', '.join(map(str, allowed))}")
+
+
+@dataclass
+class AttentionConfig:
+    d_model: int = 128
+    n_heads: int = 4
+    n_kv_heads: int | None = None   # None = n_heads (MHA); divides n_heads (GQA); 1 (MQA)
+    d_k: int | None = None          # None = d_model // n_heads
+    d_v: int | None = None          # None = d_k
+    scale: str | float = "sqrt_dk"  # multiplier on the scores: 1/sqrt(d_k), 1, learned, or a number
+    softmax: str = "stable"         # stable | naive (no max subtraction) | sum (scores / sum)
+    score: str = "dot"              # dot | additive | cosine | bilinear
+    qk_norm: bool = False           # LayerNorm on q and k per head (Wortsman et al. 2023)
+    mask_mode: str = "correct"      # correct | broadcast_bug: (B, T_k) padding mask unexpanded
+    mask_fill: str = "finite"       # finite | neg_inf: -inf makes fully masked rows NaN
+    merge: str = "correct"          # correct | no_transpose: heads merged without transpose
+    backend: str = "auto"           # auto (sdpa where it can express the config) | explicit | sdpa
+    dropout: float = 0.0
+    bias: bool = True
+
+    def __post_init__(self):
+        if self.d_model <= 0:
+            raise ValueError(f"model.d_model={self.d_model} must be positive")
+        if self.n_heads <= 0:
+            raise ValueError(f"model.n_heads={self.n_heads} must be positive")
+        if self.d_k is None:
+            if self.d_model % self.n_heads:
+                raise ValueError(f"model.d_model={self.d_model} is not divisible by "
+                                 f"model.n_heads={self.n_heads} (or set attention.d_k)")
+            self.d_k = self.d_model // self.n_heads
+        if self.d_k <= 0:
+            raise ValueError(f"attention.d_k={self.d_k} must be positive")
+        self.d_v = self.d_k if self.d_v is None else self.d_v
+        if self.d_v <= 0:
+            raise ValueError(f"attention.d_v={self.d_v} must be positive")
+        self.n_kv_heads = self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+        if self.n_kv_heads <= 0 or self.n_heads % self.n_kv_heads:
+            raise ValueError(f"model.n_heads={self.n_heads} is not divisible by "
+                             f"model.n_kv_heads={self.n_kv_heads}")
+        if not isinstance(self.scale, (int, float)) or isinstance(self.scale, bool):
+            _choice("scale", self.scale, SCALES + ("<a number>",))
+        _choice("softmax", self.softmax, tuple(SOFTMAXES))
+        _choice("score", self.score, SCORES)
+        _choice("mask_mode", self.mask_mode, MASK_MODES)
+        _choice("mask_fill", self.mask_fill, MASK_FILLS)
+        _choice("merge", self.merge, MERGES)
+        _choice("backend", self.backend, BACKENDS)
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"attention.dropout={self.dropout} must be in [0, 1)")
+        if self.backend == "sdpa" and not self.sdpa_expressible:
+            raise ValueError(f"attention.backend='sdpa' cannot express softmax={self.softmax!r} "
+                             f"score={self.score!r}; use backend=explicit")
+
+    @property
+    def sdpa_expressible(self) -> bool:
+        return self.softmax == "stable" and self.score != "additive"
+
+    @property
+    def use_sdpa(self) -> bool:
+        return self.backend == "sdpa" or (self.backend == "auto" and self.sdpa_expressible)
+
+
+class KVCache:
+    """Keys and values of the tokens decoded so far, per layer: (B, n_kv_heads, T, d_k | d_v)."""
+
+    def __init__(self, n_layers: int):
+        self.k: list[torch.Tensor | None] = [None] * n_layers
+        self.v: list[torch.Tensor | None] = [None] * n_layers
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        if self.k[layer] is not None:
+            k = torch.cat([self.k[layer], k], dim=2)
+            v = torch.cat([self.v[layer], v], dim=2)
+        self.k[layer], self.v[layer] = k, v
+        return k, v
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k[0] is None else self.k[0].shape[2]
+
+    def nbytes(self) -> int:
+        return sum(t.nelement() * t.element_size() for t in self.k + self.v if t is not None)
+
+
+class MultiHeadAttention(nn.Module):
+    def __init__(self, cfg: AttentionConfig | None = None, **overrides):
+        super().__init__()
+        if cfg is None:
+            cfg = AttentionConfig(**overrides)
+        elif overrides:
+            cfg = AttentionConfig(**{**cfg.__dict__, **overrides})
+        self.cfg = cfg
+        h, h_kv, d_k, d_v = cfg.n_heads, cfg.n_kv_heads, cfg.d_k, cfg.d_v
+        self.n_heads, self.n_kv_heads, self.d_k, self.d_v = h, h_kv, d_k, d_v
+        self.W_q = nn.Linear(cfg.d_model, h * d_k, bias=cfg.bias)
+        self.W_k = nn.Linear(cfg.d_model, h_kv * d_k, bias=cfg.bias)
+        self.W_v = nn.Linear(cfg.d_model, h_kv * d_v, bias=cfg.bias)
+        self.W_o = nn.Linear(h * d_v, cfg.d_model, bias=cfg.bias)
+        if cfg.qk_norm:
+            self.q_norm, self.k_norm = nn.LayerNorm(d_k), nn.LayerNorm(d_k)
+        if cfg.score == "bilinear":  # q^T W k: W is redundant with W_q^T W_k, the lesson's point
+            self.W_b = nn.Parameter(torch.eye(d_k).repeat(h, 1, 1))
+        if cfg.score == "additive":  # Bahdanau: v^T tanh(q_i + k_j), W_q and W_k as the MLP's input
+            self.v_a = nn.Parameter(torch.randn(h, d_k) / math.sqrt(d_k))
+        if cfg.scale == "learned":  # start where the score std is ~1: cosine scores have std 1/sqrt(d_k)
+            start = math.sqrt(d_k) if cfg.score == "cosine" else 1 / math.sqrt(d_k)
+            self.log_scale = nn.Parameter(torch.full((h, 1, 1), math.log(start)))
+        self.name = "L0"          # set by the LM; names this layer's metrics
+        self.layer_idx = 0
+        self.recorder: Recorder | None = None  # off: a step without diagnostics pays nothing
+
+    def scale_factor(self):
+        s = self.cfg.scale
+        if s == "sqrt_dk":
+            return 1.0 / math.sqrt(self.d_k)
+        if s == "none":
+            return 1.0
+        if s == "learned":
+            return self.log_scale.exp()
+        return float(s)
+
+    def _heads(self, x, n, d):
+        B, T, _ = x.shape
+        return x.view(B, T, n, d).transpose(1, 2)  # (B, n, T, d)
+
+    def _qk(self, q, k):
+        """Per-head transforms that leave a plain dot product to take."""
+        if self.cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.cfg.score == "cosine":
+            q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+        return q, k
+
+    def scores(self, q, k):
+        """(B, h, T_q, T_k) scaled scores; k already repeated to h heads."""
+        if self.cfg.score == "additive":
+            s = torch.tanh(q.unsqueeze(-2) + k.unsqueeze(-3)) @ self.v_a[None, :, None, :, None]
+            s = s.squeeze(-1)
+        elif self.cfg.score == "bilinear":
+            s = (q @ self.W_b) @ k.transpose(-2, -1)
+        else:
+            s = q @ k.transpose(-2, -1)
+        return s * self.scale_factor()
+
+    def _explicit(self, q, k, v, mask):
+        scores = self.scores(q, k)
+        if mask is not None:
+            fill = 0.0 if self.cfg.softmax == "sum" else fill_value(scores, self.cfg.mask_fill)
+            scores = scores.masked_fill(~mask, fill)
+        weights = SOFTMAXES[self.cfg.softmax](scores, dim=-1)
+        weights = F.dropout(weights, self.cfg.dropout, self.training)
+        out = weights @ v
+        if self.recorder is not None:
+            self.recorder.record(self.name, q, k, scores, weights, mask, out=out, v=v,
+                                 scale=float(torch.as_tensor(self.scale_factor()).mean()))
+        return out, weights
+
+    def _sdpa(self, q, k, v, mask, is_causal):
+        if self.cfg.score == "bilinear":
+            q = q @ self.W_b
+        s = self.scale_factor()
+        if not isinstance(s, float):  # a learned scale is a tensor: fold it into q
+            q, s = q * s, 1.0
+        if mask is not None:  # same fill as the explicit path, so fully masked rows agree too
+            mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(
+                ~mask, fill_value(q, self.cfg.mask_fill))
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=is_causal and mask is None,
+            dropout_p=self.cfg.dropout if self.training else 0.0, scale=s,
+            enable_gqa=self.n_kv_heads != self.n_heads)
+
+    def forward(self, query, key, value, mask=None, need_weights=False, *,
+                key_padding_mask=None, is_causal=False, cache: KVCache | None = None):
+        """query (B, T_q, d_model), key/value (B, T_k, d_model); mask: bool, True = attend,
+        broadcastable to (B, h, T_q, T_k); key_padding_mask: (B, T_k), expanded per mask_mode.
+        Returns (out (B, T_q, d_model), weights (B, h, T_q, T_k) as applied to V, or None)."""
+        B, T_q, _ = query.shape
+        q = self._heads(self.W_q(query), self.n_heads, self.d_k)
+        k = self._heads(self.W_k(key), self.n_kv_heads, self.d_k)
+        v = self._heads(self.W_v(value), self.n_kv_heads, self.d_v)
+        q, k = self._qk(q, k)
+        if cache is not None:
+            k, v = cache.append(self.layer_idx, k, v)
+        T_k = k.shape[2]
+        explicit = not self.cfg.use_sdpa or need_weights or self.recorder is not None
+        if is_causal and (explicit or T_q != T_k or mask is not None or key_padding_mask is not None):
+            causal = causal_mask(T_q, T_k, device=query.device)
+            mask = causal if mask is None else mask & causal
+            is_causal = False
+        mask = combine_masks(mask, key_padding_mask, self.cfg.mask_mode)
+        if explicit:
+            if self.n_kv_heads != self.n_heads:  # query head i reads kv head i // group (as SDPA)
+                group = self.n_heads // self.n_kv_heads
+                k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+            out, weights = self._explicit(q, k, v, mask)
+        else:
+            out, weights = self._sdpa(q, k, v, mask, is_causal), None
+        if self.cfg.merge == "correct":
+            out = out.transpose(1, 2).reshape(B, T_q, self.n_heads * self.d_v)
+        else:  # the bug: (B, h, T, d_v) flattened as if it were (B, T, h, d_v)
+            out = out.reshape(B, T_q, self.n_heads * self.d_v)
+        return self.W_o(out), (weights if need_weights else None)

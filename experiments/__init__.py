@@ -1,0 +1,1 @@
+"""Training loop, verdicts, report, benchmarks and Hydra callbacks."""

@@ -1,0 +1,46 @@
+"""Checks that must happen before Hydra starts: an unknown config option (`+exp=typo`,
+`optim=adam`) or a results dir that cannot be written ends with one line and exit 2,
+instead of Hydra's traceback and exit 1."""
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+
+def _fail(msg: str):
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def _options(value: str) -> list[str]:
+    m = re.fullmatch(r"(?:choice|glob)\((.*)\)", value)
+    if value.startswith("glob("):
+        return []  # a pattern: Hydra expands it against what exists
+    return [v.strip() for v in (m.group(1) if m else value).split(",") if v.strip()]
+
+
+def check_argv(argv: list[str], conf_dir: Path) -> None:
+    results_dir = "results"
+    for arg in argv:
+        if arg.startswith("-") or "=" not in arg:
+            continue
+        key, value = arg.split("=", 1)
+        key = key.lstrip("+~")
+        if key == "results_dir":
+            results_dir = value
+        group = conf_dir / key
+        if "." in key or "/" in key or not group.is_dir():
+            continue
+        known = sorted(p.stem for p in group.glob("*.yaml"))
+        for opt in _options(value):
+            if opt not in known and opt != "null":
+                _fail(f"unknown {key} {opt!r}; known: {', '.join(known)}")
+    try:
+        Path(results_dir).mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=results_dir):
+            pass
+    except OSError as e:
+        _fail(f"results_dir={results_dir!r} cannot be written: {e.strerror or e}")
+    if not os.access(results_dir, os.W_OK):
+        _fail(f"results_dir={results_dir!r} cannot be written")
