@@ -1,4 +1,7 @@
 """Datasets: seeded synthetic tasks and char-level text. `build_task` picks one by data.name."""
-from data.synthetic import Batch, Task, build_task
+from data.synthetic import TASKS, Batch, Task, build_task
+from data.text import CharText
+
+TASKS["shakespeare_char"] = CharText  # registered here: data.text imports data.synthetic
 
 __all__ = ["Batch", "Task", "build_task"]
