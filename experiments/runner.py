@@ -55,7 +55,8 @@ def control_config(cfg: dict) -> dict:
     for k, v in (ctrl.get("overrides") or {}).items():
         set_dotted(c, k, v)
     c["exp"] = {"name": ctrl.get("name", "control"), "claim": f"control of {cfg['exp']['name']}",
-                "control": None, "expect": []}
+                "control": None, "expect": [],
+                "group": cfg["exp"].get("group") or cfg["exp"]["name"]}  # W&B: beside its failure
     return c
 
 
@@ -181,7 +182,7 @@ def run_experiment(cfg: dict, run_dir: Path, progress_factory=None) -> dict:
              loss_metric=cfg["exp"].get("loss_metric", "loss/copy"), chance=summary["context"]["ln_V"])
     write_json(run_dir / "summary.json", summary)
     logger.summary({"status": summary["status"], "reproduced": summary["verdict"]["reproduced"],
-                    **{f"final/{k}": v for k, v in summary["final"].items()}})
+                    "verdict": summary["verdict"], **{f"final/{k}": v for k, v in summary["final"].items()}})
     logger.finish()
     return summary
 

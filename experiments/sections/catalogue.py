@@ -49,7 +49,7 @@ def spread(values: list) -> str:
         return ", ".join(fmt(v) for v in nums)
     mean = sum(finite) / len(finite)
     sd = math.sqrt(sum((v - mean) ** 2 for v in finite) / (len(finite) - 1))
-    return f"{fmt(mean)} ± {fmt(sd)}"
+    return f"{fmt(mean)} ± {sd:.2g}"
 
 
 def _cell(s: str) -> str:

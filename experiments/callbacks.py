@@ -1,0 +1,66 @@
+"""Hydra callbacks: at the end of every multirun, the report goes into the sweep dir, and the
+process exits non-zero only if a job crashed unexpectedly (a diverged run, or a failure whose
+signature is an error, is a recorded outcome, not a crash)."""
+import json
+import sys
+import traceback
+from pathlib import Path
+
+from hydra.experimental.callback import Callback
+
+
+def job_dirs(sweep_dir: Path) -> list[Path]:
+    """The jobs Hydra started: every dir under the sweep holding `.hydra/` (Hydra writes it
+    before the task runs), or, when output_subdir is off, a summary.json or metrics.csv."""
+    sweep_dir = Path(sweep_dir)
+    found = set()
+    for marker in (".hydra", "summary.json", "metrics.csv"):
+        for p in sweep_dir.rglob(marker):
+            rel = p.parent.relative_to(sweep_dir).parts
+            if rel and not any(part.startswith(".") or part in ("figures", "wandb") for part in rel):
+                found.add(p.parent)
+    return sorted(found)
+
+
+def crashed_jobs(sweep_dir: Path) -> list[tuple[Path, str]]:
+    """(job dir, why) for each job that crashed unexpectedly: no summary.json at all (the job
+    died, or its config was rejected), or status error that the experiment did not expect."""
+    out = []
+    for d in job_dirs(sweep_dir):
+        path = d / "summary.json"
+        if not path.exists():
+            out.append((d, "no summary.json (the job crashed or its config was rejected; see its log)"))
+            continue
+        try:
+            s = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            out.append((d, f"unreadable summary.json: {e}"))
+            continue
+        if s.get("status") == "error" and not s.get("expected_error"):
+            out.append((d, f"status error: {s.get('error')}"))
+    return out
+
+
+def finish_multirun(sweep_dir: Path) -> int:
+    """Write the report into the sweep dir, print one line per crash; the exit code to use."""
+    from experiments.report import build
+    sweep_dir = Path(sweep_dir)
+    try:
+        path = build([sweep_dir], sweep_dir)
+        print(f"report: {path}", flush=True)
+    except Exception:  # the runs are on disk; a broken report must not hide them
+        traceback.print_exc()
+        print(f"report: failed; rerun `python -m experiments.report {sweep_dir}`", file=sys.stderr)
+    crashed = crashed_jobs(sweep_dir)
+    for d, why in crashed:
+        print(f"crashed: {d.name}: {why}", file=sys.stderr)
+    if crashed:
+        print(f"{len(crashed)} of {len(job_dirs(sweep_dir))} jobs crashed unexpectedly", file=sys.stderr)
+    return 1 if crashed else 0
+
+
+class ReportCallback(Callback):
+    def on_multirun_end(self, config, **kwargs) -> None:
+        code = finish_multirun(Path(config.hydra.sweep.dir))
+        if code:
+            sys.exit(code)
