@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from experiments.preflight import check_argv
 from experiments.progress import progress_factory
 from experiments.runner import exit_code, fail, run_experiment, verdict_line
+from experiments.train import Preempted
 
 os.environ.setdefault("WANDB_SILENT", "true")
 
@@ -26,6 +27,10 @@ def main(cfg: DictConfig) -> int:
     container = OmegaConf.to_container(cfg, resolve=True)
     try:
         summary = run_experiment(container, run_dir, progress_factory)
+    except Preempted as e:  # SIGTERM/USR2: the checkpoint is written; a rerun resumes from it
+        print(f"preempted: {e}; rerun the same command to resume", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(143)  # at once, leaving no job result behind (a requeued job writes it)
     except ValueError as e:  # a bad config: one line, exit 2, nothing recorded as run
         if hc.mode.name == "MULTIRUN":
             print(f"error: [{cfg.exp.name}] {e}", file=sys.stderr)

@@ -1,6 +1,7 @@
 """The training loop: device, optimizer, diagnostics on chosen steps, NaN/inf detection,
 checkpoint + resume. Knows nothing of experiments or verdicts."""
 import math
+import os
 import random
 import signal
 import sys
@@ -156,6 +157,13 @@ class Preempted(Exception):
     """SIGTERM arrived: a checkpoint was written, the job should exit and be requeued."""
 
 
+def preempt_signals() -> list[int]:
+    """SIGTERM (a cluster or a user stopping the job) and submitit's preemption/timeout signal
+    (USR2 unless SUBMITIT_PREEMPT_SIGNAL says otherwise)."""
+    usr = getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"), signal.SIGUSR2)
+    return list(dict.fromkeys([signal.SIGTERM, usr]))
+
+
 class Trainer:
     def __init__(self, cfg, run_dir: Path, ckpt_path: Path | None = None, log_fn=None, progress=None):
         self.cfg, self.run_dir = cfg, Path(run_dir)
@@ -271,23 +279,35 @@ class Trainer:
         return sums
 
     # -- the loop ------------------------------------------------------------------------------
-    def _on_sigterm(self, *_):
-        self._stop = True
+    def _on_preempt(self, signum, frame):
+        self._stop = signum  # acted on at the next step boundary, where the state is consistent
+
+    def _preempt(self, old_handlers: dict):
+        """Checkpoint, then exit: submitit's own handler (if it installed one for this signal)
+        requeues the job, whose rerun resumes here; otherwise Preempted ends the run."""
+        self.save_checkpoint()
+        signum, old = self._stop, old_handlers.get(self._stop)
+        for s, h in old_handlers.items():
+            signal.signal(s, h)
+        old_handlers.clear()
+        if signum != signal.SIGTERM and callable(old):
+            old(signum, None)  # submitit: dumps the requeue pickle and exits
+        raise Preempted(f"signal {signal.Signals(signum).name} at step {self.step}; "
+                        f"checkpoint written to {self.ckpt_path}")
 
     def run(self) -> RunResult:
         tc = self.tc
         steps, log_every = tc["steps"], tc["log_every"]
         diag_every, ckpt_every = tc.get("diag_every", 0), tc.get("ckpt_every", 0)
         self.try_resume()
-        old = signal.signal(signal.SIGTERM, self._on_sigterm) if _main_thread() else None
+        old = {s: signal.signal(s, self._on_preempt) for s in preempt_signals()} if _main_thread() else {}
         tokens = tc["batch_size"] * self.task.input_len
         t_last, n_last = time.perf_counter(), self.step
         self.model.train()
         try:
             while self.step < steps:
                 if self._stop:
-                    self.save_checkpoint()
-                    raise Preempted(f"SIGTERM at step {self.step}; checkpoint written")
+                    self._preempt(old)
                 batch = self.task.batch(self.step, tc["batch_size"]).to(self.device)
                 last = self.step == steps - 1
                 diag = bool(diag_every) and (self.step % diag_every == 0 or last)
@@ -314,8 +334,8 @@ class Trainer:
                 if ckpt_every and self.step % ckpt_every == 0 and self.step < steps:
                     self.save_checkpoint()
         finally:
-            if old is not None:
-                signal.signal(signal.SIGTERM, old)
+            for s, h in old.items():
+                signal.signal(s, h)
         self.res.steps_done = self.step
         if self.res.status == "completed":
             self.res.final = self.evaluate(tc.get("eval_batches", 8))

@@ -1,0 +1,105 @@
+"""Resume after a kill: rerunning the same command after SIGKILL (at any step, even mid-checkpoint
+write) or SIGTERM ends with metrics.csv and final metrics identical to an uninterrupted run."""
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, TINY
+
+# 24 steps, a checkpoint every 5; one torch thread so every process computes the same sums
+ARGS = [*TINY, "train.steps=24", "train.ckpt_every=5", "train.log_every=1", "train.diag_every=4"]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "PYTHONWARNINGS": "ignore"}
+
+# Runs run.py in-process and SIGKILLs itself at a chosen point: a deterministic "kill at step K".
+KILLER = """
+import os, runpy, signal, sys
+sys.path.insert(0, {root!r})
+from experiments import train
+where, k = sys.argv[1], int(sys.argv[2])
+if where in ("KILL", "TERM"):  # signalled during training step k
+    orig = train.Trainer.train_step
+    def train_step(self, *a, **kw):
+        if self.step == k:
+            os.kill(os.getpid(), getattr(signal, "SIG" + where))
+        return orig(self, *a, **kw)
+    train.Trainer.train_step = train_step
+else:                        # killed halfway through writing the checkpoint of step k
+    def save_torch(path, obj):
+        if obj["step"] == k:
+            with open(str(path) + ".partial", "wb") as f:
+                f.write(b"half a checkpoint")
+            os.kill(os.getpid(), signal.SIGKILL)
+        train.__dict__["_orig_save"](path, obj)
+    train._orig_save, train.save_torch = train.save_torch, save_torch
+sys.argv = ["run.py", *sys.argv[3:]]
+runpy.run_path({run!r}, run_name="__main__")
+"""
+
+
+def run_py(args, results):
+    return subprocess.run([sys.executable, "run.py", *args, f"results_dir={results}"], cwd=ROOT,
+                          env=ENV, capture_output=True, text=True, timeout=120)
+
+
+def killed_run(where, k, args, results):
+    code = KILLER.format(root=str(ROOT), run=str(ROOT / "run.py"))
+    return subprocess.run([sys.executable, "-c", code, where, str(k), *args, f"results_dir={results}"],
+                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+
+
+def run_dirs(results):
+    return sorted((Path(results) / "runs" / "baseline").iterdir())
+
+
+def completed(results):
+    out = []
+    for d in run_dirs(results):
+        s = d / "summary.json"
+        if s.exists() and json.loads(s.read_text())["status"] == "completed":
+            out.append(d)
+    return out
+
+
+def checkpoints(results):
+    return list((Path(results) / "checkpoints").glob("*/ckpt.pt"))
+
+
+def ckpt_step(results):
+    import torch
+    [ckpt] = checkpoints(results)
+    return torch.load(ckpt, weights_only=False)["step"]
+
+
+def test_killed_and_preempted_run_resumes_bitwise_identical(tmp_path):
+    ref, res = tmp_path / "ref", tmp_path / "killed"
+    p = run_py(ARGS, ref)
+    assert p.returncode == 0, p.stderr[-2000:]
+    [ref_dir] = completed(ref)
+
+    # SIGTERM during step 7: checkpoint at the next step boundary, one line, exit 143
+    p = killed_run("TERM", 7, ARGS, res)
+    assert p.returncode == 143, p.stderr[-2000:]
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("preempted:") and "rerun" in lines[0], p.stderr
+    assert ckpt_step(res) == 8 and not completed(res)
+    # SIGKILL during step 13: resumed at 8; the checkpoint of 10 survives, 11..12 are lost
+    assert killed_run("KILL", 13, ARGS, res).returncode == -signal.SIGKILL
+    assert ckpt_step(res) == 10 and not completed(res)
+    # SIGKILL halfway through writing the checkpoint of step 20: the one of 15 stays intact
+    assert killed_run("ckpt", 20, ARGS, res).returncode == -signal.SIGKILL
+    assert ckpt_step(res) == 15 and not completed(res)
+    p = run_py(ARGS, res)                      # the same command: resumes at 15, finishes
+    assert p.returncode == 0, p.stderr[-2000:]
+    [done] = completed(res)
+
+    assert (done / "metrics.csv").read_bytes() == (ref_dir / "metrics.csv").read_bytes()
+    a, b = (json.loads((d / "summary.json").read_text()) for d in (done, ref_dir))
+    assert a["final"] == b["final"] and a["steps_done"] == b["steps_done"] == 24
+    assert a["verdict"]["checks"] == b["verdict"]["checks"]
+    assert not checkpoints(res)                # a finished run leaves no checkpoint to resume from
+    assert len(run_dirs(res)) == 4             # the interrupted attempts recorded nothing as run
