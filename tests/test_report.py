@@ -1,0 +1,233 @@
+"""The report, the multirun callback and the W&B payload, on hand-made run dirs (no training)
+plus one tiny real multirun through run.py."""
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from experiments import report
+from experiments.callbacks import crashed_jobs, finish_multirun, job_dirs
+from experiments.io import write_json, write_rows_csv
+from experiments.logger import entropy_by_layer, heads_image, image_steps, payload
+from experiments.sections import catalogue
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def make_cfg(exp="no_scaling", seed=0, scale="none", steps=20):
+    return {"data": {"name": "copy", "vocab_size": 8, "seq_len": 16},
+            "model": {"d_model": 32, "n_heads": 2, "attention": {"scale": scale}},
+            "optim": {"name": "adamw", "lr": 1e-3}, "train": {"steps": steps, "diag_every": 10},
+            "logger": {"name": "none"}, "seed": seed, "results_dir": "results",
+            "exp": {"name": exp, "claim": f"claim of {exp}", "expect": []}}
+
+
+def fake_run(d: Path, exp="no_scaling", seed=0, role="failure", loss_end=4.0, measured=3.0,
+             control_dir=None, status="completed", expected_error=False, steps=20, scale="none"):
+    """A run dir as runner.run_experiment leaves it: summary.json, metrics.csv, attn_weights.pt."""
+    d.mkdir(parents=True)
+    rows = [{"step": s, "loss/copy": 4.0 + (loss_end - 4.0) * s / (steps - 1),
+             "attn/entropy/L0": 2.0 - s / steps, "attn/entropy/L1": 2.0,
+             "grad/scores/L0": 10.0 ** (-s / 4), "attn/entropy_head/L0/H0": 1.0}
+            for s in range(0, steps, 5)]
+    write_rows_csv(d / "metrics.csv", rows)
+    w = torch.softmax(torch.randn(2, 7, 7, generator=torch.Generator().manual_seed(seed)), -1)
+    torch.save({0: {"L0": w, "L1": w}, steps - 1: {"L0": w, "L1": w.flip(-1)}}, d / "attn_weights.pt")
+    cfg = make_cfg(exp, seed, scale, steps)
+    check = {"name": "plateau", "kind": "threshold", "metric": "loss/copy", "passed": measured >= 2.0,
+             "measured": measured, "expected": ">= 2"}
+    summary = {"exp": exp, "role": role, "claim": f"claim of {exp}", "status": status, "seed": seed,
+               "final": {"loss/copy": loss_end}, "config_hash": f"{exp}{seed}{steps}{scale}",
+               "device": "cpu", "context": {"ln_V": math.log(8)}, "config": cfg,
+               "expected_error": expected_error, "error": "RuntimeError: boom" if status == "error" else None,
+               "verdict": {"reproduced": measured >= 2.0, "checks": [check]}}
+    if control_dir is not None:
+        check.update(control=0.5, control_passed=False)
+        summary["verdict"]["signature_broken"] = False
+        summary["control"] = {"name": "baseline", "dir": str(control_dir), "status": "completed"}
+    write_json(d / "summary.json", summary)
+    return d
+
+
+@pytest.fixture
+def results(tmp_path):
+    """Two seeds of one failure with their controls, and a baseline."""
+    res = tmp_path / "results"
+    for seed, measured in ((0, 3.0), (1, 1.0)):
+        ctrl = fake_run(res / "controls" / f"baseline-c{seed}", exp="baseline", seed=seed, role="control",
+                        loss_end=0.01, measured=0.5, scale="sqrt_dk")
+        fake_run(res / "multirun" / "2026-01-01_00-00-00" / f"{seed}_no_scaling_seed{seed}",
+                 seed=seed, measured=measured, control_dir=ctrl)
+    fake_run(res / "runs" / "baseline" / "2026-01-01_00-00-00-000001", exp="baseline", role="baseline",
+             loss_end=0.01, measured=2.5, scale="sqrt_dk")
+    return res
+
+
+def test_catalogue_table_lists_checks_controls_and_seeds(results):
+    md = report.build([results], results).read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| no_scaling |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    # measured: mean ± sample std of 3.0 and 1.0 = 2 ± 1.4; one of two seeds passes
+    assert cells[3] == "2 ± 1.4 (1/2 pass)"
+    assert cells[4] == ">= 2" and cells[5] == "0.5 ± 0"  # one control per seed
+    assert cells[7] == "1 of 2" and cells[8] == "0, 1"
+    assert "| baseline | claim of baseline | plateau | 2.5 ✓ | >= 2 | – | completed | yes | 0 |" in md
+    assert "**Reproduced: 1 of 2 experiments in every seed; 2 of 3 runs.**" in md
+    assert "## Verdict per seed" in md and "| no_scaling | 1 | completed | no | plateau: 1 ✗ |" in md
+    # controls are reached through their failures and are not catalogue rows of their own
+    assert md.count("| baseline |") == 1
+
+
+def test_report_is_deterministic_and_has_no_absolute_paths(results, tmp_path):
+    first = report.build([results], results).read_text()
+    pngs = sorted(p.name for p in (results / "figures").glob("*.png"))
+    assert report.build([results], results).read_text() == first
+    assert str(tmp_path) not in first and "2026-01-01" not in first
+    assert pngs == ["baseline.png", "no_scaling.png"]
+    for name in pngs:
+        img = plt_imread(results / "figures" / name)
+        assert img.ndim == 3 and img.shape[0] > 300 and img.shape[1] > 600
+        assert f"](figures/{name})" in first
+
+
+def plt_imread(path):
+    import matplotlib.image
+    return matplotlib.image.imread(path)
+
+
+def test_runs_table_is_tidy_with_config_columns(results):
+    report.build([results], results)
+    df = pd.read_csv(results / "runs.csv")
+    assert len(df) == 5 * 4  # 5 runs (2 failures, 2 controls, 1 baseline) x 4 logged steps
+    assert {"run", "exp", "role", "seed", "step", "loss/copy", "config.model.attention.scale",
+            "config.optim.lr"} <= set(df.columns)
+    assert sorted(df.groupby("role")["run"].nunique().items()) == [("baseline", 1), ("control", 2), ("failure", 2)]
+    assert set(df[df.role == "control"]["config.model.attention.scale"]) == {"sqrt_dk"}
+
+
+def test_newest_run_of_the_same_config_wins(tmp_path):
+    res = tmp_path / "r"
+    fake_run(res / "runs" / "baseline" / "2026-01-01_00-00-00-000001", exp="baseline", role="baseline", measured=2.1)
+    fake_run(res / "runs" / "baseline" / "2026-01-02_00-00-00-000001", exp="baseline", role="baseline", measured=2.2)
+    fake_run(res / "runs" / "baseline" / "2025-12-31_00-00-00-000001", exp="baseline", role="baseline", measured=2.0)
+    summaries = report.load_summaries([res])
+    assert [s["verdict"]["checks"][0]["measured"] for s in summaries] == [2.2]
+
+
+def test_variants_of_one_experiment_are_labelled_by_what_differs(tmp_path):
+    res = tmp_path / "r"
+    fake_run(res / "a", exp="baseline", role="baseline", steps=20)
+    fake_run(res / "b", exp="baseline", role="baseline", steps=40)
+    md = report.build([res], res).read_text()
+    assert "| baseline [train.steps=20] |" in md and "| baseline [train.steps=40] |" in md
+    for i in range(4):  # more configs than MAX_VARIANTS: a sweep, one row
+        fake_run(res / f"c{i}", exp="phase", role="baseline", steps=10 + i)
+    md = report.build([res], res).read_text()
+    assert "| phase (sweep of 4 configs) | claim of phase | see its section |" in md
+
+
+def test_readme_blocks_are_replaced_with_links_relative_to_the_readme(results, tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n<!-- BEGIN report:catalogue -->\nstale text\n<!-- END report:catalogue -->\n"
+                      "<!-- BEGIN report:figure:no_scaling -->\n<!-- END report:figure:no_scaling -->\n"
+                      "<!-- BEGIN report:nope -->\nkept\n<!-- END report:nope -->\nend\n")
+    missing = report.update_readme(readme, report.render_blocks(report.load_summaries([results]),
+                                                                results / "figures"), results)
+    text = readme.read_text()
+    assert missing == ["nope"] and "kept" in text and "stale text" not in text
+    assert "| no_scaling |" in text and "](results/figures/no_scaling.png)" in text
+    assert text.startswith("intro\n") and text.endswith("end\n")
+
+
+def test_stale_figures_are_removed(results):
+    (results / "figures").mkdir(parents=True)
+    (results / "figures" / "gone.png").write_bytes(b"x")
+    report.build([results], results)
+    assert not (results / "figures" / "gone.png").exists()
+
+
+def test_cli_rejects_a_missing_dir(tmp_path, capsys):
+    assert report.main([str(tmp_path / "nope")]) == 2
+    assert "is not a directory" in capsys.readouterr().err
+
+
+def test_spread_and_fmt():
+    assert catalogue.spread([1.0, 3.0]) == "2 ± 1.4"
+    assert catalogue.spread(["error", "error", "completed"]) == "completed, error ×2"
+    assert catalogue.spread([1.0, math.inf]) == "1, inf"
+    assert catalogue.fmt(1.23456e-5) == "1.23e-05" and catalogue.fmt(None) == "–"
+
+
+# -- the multirun's exit code -------------------------------------------------------------------
+
+def job(sweep: Path, name: str, **kw) -> Path:
+    d = fake_run(sweep / name, **kw)
+    (d / ".hydra").mkdir()
+    return d
+
+
+def test_only_unexpected_crashes_count(tmp_path):
+    sweep = tmp_path / "sweep"
+    job(sweep, "0_ok")
+    job(sweep, "1_diverged", status="diverged")
+    job(sweep, "2_expected_error", status="error", expected_error=True)
+    assert crashed_jobs(sweep) == [] and finish_multirun(sweep) == 0
+    assert (sweep / "REPORT.md").exists()
+    assert len(job_dirs(sweep)) == 3  # the report's own figures/ is not a job
+    job(sweep, "3_crash", status="error")
+    (sweep / "4_no_summary" / ".hydra").mkdir(parents=True)
+    crashed = crashed_jobs(sweep)
+    assert [(d.name, why.split(":")[0]) for d, why in crashed] == [("3_crash", "status error"),
+                                                                   ("4_no_summary", "no summary.json (the job crashed or its config was rejected; see its log)")]
+    assert finish_multirun(sweep) == 1
+
+
+def test_multirun_ends_with_a_report_in_the_sweep_dir(tiny, tmp_path):
+    sweep = tmp_path / "sweep"
+    r = subprocess.run([sys.executable, "run.py", "-m", "+exp=baseline", "seed=0,1", *tiny,
+                        f"results_dir={tmp_path}", f"hydra.sweep.dir={sweep}"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "WANDB_MODE": "disabled"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    md = (sweep / "REPORT.md").read_text()
+    assert "| baseline |" in md and re.search(r"\| \S+ ± \S+ \([012]/2 pass\) \| <= 0.05 \|", md)
+    assert (sweep / "figures" / "baseline.png").stat().st_size > 10_000
+    assert len(pd.read_csv(sweep / "runs.csv")) == 2 * 5  # steps 0, 2, 3, 4, 5 (log or diagnostic) per run
+
+
+# -- W&B payload ----------------------------------------------------------------------------------
+
+def test_image_steps_spread_over_the_diagnostic_steps():
+    assert image_steps(600, 50) == {0, 150, 300, 450, 599}
+    assert image_steps(6, 3) == {0, 3, 5}
+    assert image_steps(100, 0) == set()
+
+
+def test_heads_image_places_heads_side_by_side_and_marks_nan():
+    w = torch.softmax(torch.randn(3, 5, 5), -1)
+    w[1, 0, 0] = float("nan")
+    img = heads_image(w, scale=2)
+    assert img.shape == (10, 2 * (3 * 6 - 1), 3) and img.dtype == np.uint8
+    assert tuple(img[0, 2 * 6]) == (255, 0, 0)          # head 1, query 0, key 0: NaN in red
+    assert tuple(img[0, 2 * 5]) == (255, 255, 255)      # the gap after head 0
+
+
+def test_payload_keeps_csv_names_and_adds_media():
+    import wandb
+    row = {"loss/train": 1.0, "attn/entropy_head/L0/H0": 0.5, "attn/entropy_head/L0/H1": 1.5,
+           "attn/entropy_head/L1/H0": 2.0}
+    assert entropy_by_layer(row) == {"L0": [0.5, 1.5], "L1": [2.0]}
+    attn = {"L0": torch.softmax(torch.randn(2, 4, 4), -1)}
+    p = payload(row, 7, attn, log_images=True)
+    assert {k: v for k, v in p.items() if not hasattr(v, "_log_type")} == {**row, "step": 7}
+    assert isinstance(p["attn/entropy_heads/L0"], wandb.Histogram)
+    assert isinstance(p["attn/weights/L0"], wandb.Image)
+    assert "attn/weights/L0" not in payload(row, 7, attn, log_images=False)
