@@ -231,3 +231,20 @@ def test_payload_keeps_csv_names_and_adds_media():
     assert isinstance(p["attn/entropy_heads/L0"], wandb.Histogram)
     assert isinstance(p["attn/weights/L0"], wandb.Image)
     assert "attn/weights/L0" not in payload(row, 7, attn, log_images=False)
+
+
+def test_offline_wandb_run_writes_the_heatmap_image(tmp_path):
+    import wandb
+    from experiments.logger import WandbLogger
+    cfg = {"train": {"steps": 6, "diag_every": 3}, "seed": 0}
+    lg = WandbLogger({"mode": "offline", "project": "test"}, tmp_path, cfg, "x-seed0", "x",
+                     ["x", "failure", "seed0"])
+    lg.log({"loss/train": 1.0, "attn/entropy_head/L0/H0": 0.3}, 0,
+           attn={"L0": torch.softmax(torch.randn(2, 5, 5), -1)})
+    lg.log({"loss/train": 0.5}, 1, attn={"L0": torch.softmax(torch.randn(2, 5, 5), -1)})  # not an image step
+    lg.summary({"reproduced": True})
+    lg.finish()
+    wandb.teardown()
+    images = list(tmp_path.glob("wandb/offline-run-*/files/media/images/attn/weights/L0_0_*.png"))
+    assert len(images) == 1 and plt_imread(images[0]).shape == (20, 4 * (2 * 6 - 1), 3)
+    assert not list(tmp_path.glob("wandb/offline-run-*/files/media/images/attn/weights/L0_1_*.png"))
