@@ -12,6 +12,8 @@ Check kinds (fields beyond name/kind/metric):
   status     run status == value; optional message_contains / module_contains
 Values and levels may be expressions over: ln_V (chance loss), V, d_k, steps, log, sqrt.
 `at`: final (eval at the end; the last row when diverged) | first | last | min | max | a step.
+A check with `report_only: true` is measured and shown (on the run and the control) but is not
+part of the signature: for numbers the lesson makes claims about that the data may contradict.
 A check compared with "the control" evaluates the control against itself on the control side,
 so ratio and plateau checks give 1 there and deltas 0.
 """
@@ -112,23 +114,29 @@ def check(c: dict, run: RunView, ref: RunView) -> dict:
         tol = expr(c["tol"], run.context)
         passed = measured is not None and measured <= tol
         expected = f"rel. error to {c['ref']} <= {tol:g}"
-    else:
+    elif "value" in c:
         target = expr(c["value"], run.context)
         passed = measured is not None and math.isfinite(measured) and OPS[c.get("op", ">=")](measured, target)
         expected = f"{c.get('op', '>=')} {target:g}"
+    else:  # report_only without a threshold: a measurement, not a claim
+        passed, expected = measured is not None, "reported"
     return {"name": c.get("name", c["kind"]), "kind": c["kind"], "metric": c.get("metric"),
             "passed": bool(passed), "measured": measured, "expected": expected}
 
 
 def evaluate(expect: list, run: RunView, control: RunView | None) -> dict:
     expect = list(expect or [])
+    gates = [not c.get("report_only", False) for c in expect]
     run_checks = [check(c, run, control or run) for c in expect]
-    out = {"reproduced": bool(expect) and all(c["passed"] for c in run_checks), "checks": run_checks}
+    for rc, gate in zip(run_checks, gates):
+        rc["report_only"] = not gate
+    signature = [rc["passed"] for rc, gate in zip(run_checks, gates) if gate]
+    out = {"reproduced": bool(signature) and all(signature), "checks": run_checks}
     if control is not None:
         ctrl_checks = [check(c, control, control) for c in expect]
         for rc, cc in zip(run_checks, ctrl_checks):
             rc["control"], rc["control_passed"] = cc["measured"], cc["passed"]
-        out["signature_broken"] = all(cc["passed"] for cc in ctrl_checks)
+        out["signature_broken"] = all(cc["passed"] for cc, gate in zip(ctrl_checks, gates) if gate)
         out["reproduced"] = out["reproduced"] and not out["signature_broken"]
         out["control_status"] = control.status
     return out
