@@ -6,13 +6,15 @@
 """
 import os
 import sys
+import traceback
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.preflight import check_argv
+from experiments.io import write_json
+from experiments.preflight import check_argv, exclude_sweep_presets, unswept_preset
 from experiments.progress import progress_factory
 from experiments.runner import exit_code, fail, run_experiment, verdict_line
 from experiments.train import Preempted
@@ -25,6 +27,16 @@ def main(cfg: DictConfig) -> int:
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     container = OmegaConf.to_container(cfg, resolve=True)
+    multirun = hc.mode.name == "MULTIRUN"
+    reason = unswept_preset(hc)
+    if reason:
+        msg = f"exp={hc.runtime.choices.get('exp', cfg.exp.name)} {reason}"
+        if not multirun:
+            fail(msg)
+        print(f"skipped: {msg}", file=sys.stderr)
+        write_json(run_dir / "summary.json", {"exp": cfg.exp.name, "status": "skipped", "error": msg,
+                                              "seed": cfg.seed, "config": container})
+        return 0
     try:
         summary = run_experiment(container, run_dir, progress_factory)
     except Preempted as e:  # SIGTERM/USR2: the checkpoint is written; a rerun resumes from it
@@ -32,17 +44,29 @@ def main(cfg: DictConfig) -> int:
         sys.stdout.flush()
         os._exit(143)  # at once, leaving no job result behind (a requeued job writes it)
     except ValueError as e:  # a bad config: one line, exit 2, nothing recorded as run
-        if hc.mode.name == "MULTIRUN":
+        if multirun:
             print(f"error: [{cfg.exp.name}] {e}", file=sys.stderr)
             return 2
         fail(str(e))
+    except Exception as e:  # an unexpected crash: recorded as status error, the sweep goes on
+        traceback.print_exc()
+        msg = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+        if not (run_dir / "summary.json").exists():
+            write_json(run_dir / "summary.json", {"exp": cfg.exp.name, "status": "error", "error": msg,
+                                                  "seed": cfg.seed, "config": container})
+        print(f"error: [{cfg.exp.name}] {msg}", file=sys.stderr)
+        if multirun:
+            return 1
+        sys.exit(1)
     print(verdict_line(summary, run_dir), flush=True)
     code = exit_code(summary)
-    if code and hc.mode.name != "MULTIRUN":
+    if code and not multirun:
         sys.exit(code)
     return code
 
 
 if __name__ == "__main__":
-    check_argv(sys.argv[1:], Path(__file__).parent / "conf")
+    conf = Path(__file__).parent / "conf"
+    check_argv(sys.argv[1:], conf)
+    sys.argv[1:] = exclude_sweep_presets(sys.argv[1:], conf)  # glob(*) is the catalogue, not the sweeps
     main()

@@ -7,6 +7,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import yaml
+
 
 def _fail(msg: str):
     print(f"error: {msg}", file=sys.stderr)
@@ -44,3 +46,43 @@ def check_argv(argv: list[str], conf_dir: Path) -> None:
         _fail(f"results_dir={results_dir!r} cannot be written: {e.strerror or e}")
     if not os.access(results_dir, os.W_OK):
         _fail(f"results_dir={results_dir!r} cannot be written")
+
+
+# -- sweep presets --------------------------------------------------------------------------
+# An exp file that carries `hydra.sweeper.params` is a sweep preset (`-m +exp=phase_no_scaling`
+# sweeps its own grid). It is not one experiment: `+exp=glob(*)` leaves it out, and a job that
+# got the preset without its grid (named inside a list) is recorded as skipped, not trained.
+
+def sweep_presets(conf_dir: Path) -> list[str]:
+    out = []
+    for f in sorted((Path(conf_dir) / "exp").glob("*.yaml")):
+        d = yaml.safe_load(f.read_text()) or {}
+        if ((d.get("hydra") or {}).get("sweeper") or {}).get("params"):
+            out.append(f.stem)
+    return out
+
+
+def exclude_sweep_presets(argv: list[str], conf_dir: Path) -> list[str]:
+    """`exp=glob(PATTERN)` -> `exp=glob(PATTERN,exclude=[presets])`; an explicit exclude is kept."""
+    presets = sweep_presets(conf_dir)
+    out = []
+    for arg in argv:
+        key, _, value = arg.partition("=")
+        m = re.fullmatch(r"glob\((.*)\)", value.strip())
+        if key.lstrip("+~") == "exp" and m and "exclude" not in m.group(1) and presets:
+            arg = f"{key}=glob({m.group(1)},exclude=[{','.join(presets)}])"
+        out.append(arg)
+    return out
+
+
+def unswept_preset(hydra_cfg) -> str | None:
+    """The reason a job must not train: its config carries sweep params that its own overrides
+    did not apply (a preset run without -m, or named inside a list of experiments)."""
+    params = hydra_cfg.sweeper.get("params") if "sweeper" in hydra_cfg else None
+    if not params:
+        return None
+    applied = {o.split("=", 1)[0].lstrip("+~") for o in hydra_cfg.overrides.task}
+    if all(str(k).lstrip("+~") in applied for k in params):
+        return None
+    return ("is a sweep preset: run it alone with -m (python run.py -m +exp=NAME), "
+            "which sweeps its hydra.sweeper.params")

@@ -56,7 +56,8 @@ def control_config(cfg: dict) -> dict:
         set_dotted(c, k, v)
     c["exp"] = {"name": ctrl.get("name", "control"), "claim": f"control of {cfg['exp']['name']}",
                 "control": None, "expect": [],
-                "group": cfg["exp"].get("group") or cfg["exp"]["name"]}  # W&B: beside its failure
+                "group": cfg["exp"].get("group") or cfg["exp"]["name"],  # W&B: beside its failure
+                "measures": ctrl.get("measures") or []}  # opt-in: measured on the control too
     return c
 
 
@@ -73,12 +74,25 @@ def build_trainer(cfg: dict, run_dir: Path, ckpt_path=None, log_fn=None, progres
     return Trainer(cfg, run_dir, ckpt_path=ckpt_path, log_fn=log_fn, progress=progress)
 
 
+def checkpoint_path(cfg: dict) -> Path:
+    """Keyed by what is trained, not by the run dir: rerunning the same command resumes."""
+    return Path(cfg["results_dir"]) / "checkpoints" / f"{cfg['exp']['name']}-{config_hash(cfg)}" / "ckpt.pt"
+
+
 def train_run(cfg: dict, run_dir: Path, role: str, progress_factory=None) -> dict:
-    """Train one config into run_dir; returns a summary dict (no verdict yet)."""
+    """Train one config into run_dir; returns a summary dict (no verdict yet). Two jobs of one
+    sweep with the same config (a baseline and another job's control) would share a checkpoint:
+    the second waits for the first, then trains afresh, so no file has two writers."""
+    ckpt = checkpoint_path(cfg)
+    ckpt.parent.mkdir(parents=True, exist_ok=True)
+    with open(ckpt.parent / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _train_run(cfg, run_dir, role, ckpt, progress_factory)
+
+
+def _train_run(cfg: dict, run_dir: Path, role: str, ckpt: Path, progress_factory=None) -> dict:
     run_dir = Path(run_dir)
-    results = Path(cfg["results_dir"])
     h = config_hash(cfg)
-    ckpt = results / "checkpoints" / f"{cfg['exp']['name']}-{h}" / "ckpt.pt"
     progress = progress_factory(cfg) if progress_factory else None
     trainer = build_trainer(cfg, run_dir, ckpt_path=ckpt, progress=progress and progress.update)
     name = cfg["exp"]["name"]
@@ -86,7 +100,7 @@ def train_run(cfg: dict, run_dir: Path, role: str, progress_factory=None) -> dic
     logger = make_logger(cfg["logger"], run_dir, cfg, name=f"{name}-seed{cfg['seed']}", group=group,
                          tags=[name, role, f"seed{cfg['seed']}"])
     trainer.log_fn = logger.log
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     error = None
     try:
         res = trainer.run()
@@ -100,7 +114,7 @@ def train_run(cfg: dict, run_dir: Path, role: str, progress_factory=None) -> dic
     finally:
         if progress:
             progress.close()
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0  # cpu: honest on a shared box
     write_metrics(run_dir, res)
     if res.attn_weights:
         save_torch(run_dir / "attn_weights.pt", res.attn_weights)
@@ -109,7 +123,7 @@ def train_run(cfg: dict, run_dir: Path, role: str, progress_factory=None) -> dic
         "exp": name, "role": role, "claim": cfg["exp"].get("claim"), "status": res.status,
         "seed": cfg["seed"], "steps_done": res.steps_done, "final": res.final or (res.rows[-1] if res.rows else {}),
         "nonfinite": res.nonfinite, "error": error, "params": res.params, "config_hash": h,
-        "device": str(trainer.device), "wall_s": wall,
+        "device": str(trainer.device), "wall_s": wall, "cpu_s": cpu,
         "perf": {"tokens_per_s": sum(tps) / len(tps) if tps else None},
         "context": _context(cfg, trainer, res), "config": cfg,
     }
