@@ -14,7 +14,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from experiments.io import write_json
-from experiments.preflight import check_argv, exclude_sweep_presets, unswept_preset
+from experiments.preflight import check_argv, exclude_sweep_presets
 from experiments.progress import progress_factory
 from experiments.runner import exit_code, fail, run_experiment, verdict_line
 from experiments.train import Preempted
@@ -28,15 +28,6 @@ def main(cfg: DictConfig) -> int:
     run_dir = Path(hc.runtime.output_dir)
     container = OmegaConf.to_container(cfg, resolve=True)
     multirun = hc.mode.name == "MULTIRUN"
-    reason = unswept_preset(hc)
-    if reason:
-        msg = f"exp={hc.runtime.choices.get('exp', cfg.exp.name)} {reason}"
-        if not multirun:
-            fail(msg)
-        print(f"skipped: {msg}", file=sys.stderr)
-        write_json(run_dir / "summary.json", {"exp": cfg.exp.name, "status": "skipped", "error": msg,
-                                              "seed": cfg.seed, "config": container})
-        return 0
     try:
         summary = run_experiment(container, run_dir, progress_factory)
     except Preempted as e:  # SIGTERM/USR2: the checkpoint is written; a rerun resumes from it

@@ -50,8 +50,9 @@ def check_argv(argv: list[str], conf_dir: Path) -> None:
 
 # -- sweep presets --------------------------------------------------------------------------
 # An exp file that carries `hydra.sweeper.params` is a sweep preset (`-m +exp=phase_no_scaling`
-# sweeps its own grid). It is not one experiment: `+exp=glob(*)` leaves it out, and a job that
-# got the preset without its grid (named inside a list) is recorded as skipped, not trained.
+# sweeps its own grid). Its grid only applies when it is the one exp of a multirun, so inside
+# `+exp=glob(*)` it would train one arbitrary cell under the preset's name: the catalogue
+# leaves presets out, before Hydra expands the glob, and launches no job for them.
 
 def sweep_presets(conf_dir: Path) -> list[str]:
     out = []
@@ -74,15 +75,3 @@ def exclude_sweep_presets(argv: list[str], conf_dir: Path) -> list[str]:
         out.append(arg)
     return out
 
-
-def unswept_preset(hydra_cfg) -> str | None:
-    """The reason a job must not train: its config carries sweep params that its own overrides
-    did not apply (a preset run without -m, or named inside a list of experiments)."""
-    params = hydra_cfg.sweeper.get("params") if "sweeper" in hydra_cfg else None
-    if not params:
-        return None
-    applied = {o.split("=", 1)[0].lstrip("+~") for o in hydra_cfg.overrides.task}
-    if all(str(k).lstrip("+~") in applied for k in params):
-        return None
-    return ("is a sweep preset: run it alone with -m (python run.py -m +exp=NAME), "
-            "which sweeps its hydra.sweeper.params")

@@ -104,8 +104,3 @@ def test_bad_input_through_the_real_command_line(tmp_path):
     assert lines == ["error: model.d_model=33 is not divisible by model.n_heads=2 (or set attention.d_k)"]
     assert not list(tmp_path.rglob("summary.json"))
 
-
-def test_sweep_preset_alone_without_m_is_rejected(tmp_path):
-    if not (ROOT / "conf" / "exp" / "phase_no_scaling.yaml").exists():
-        pytest.skip("no sweep preset")
-    assert_rejected(["+exp=phase_no_scaling"], tmp_path, "sweep preset")
