@@ -66,7 +66,81 @@ class CopyTask(Task):
         return Batch(x, y, {"copy": copy, "first_half": ~copy})
 
 
-TASKS: dict[str, type[Task]] = {"copy": CopyTask}
+class TwoFactsTask(Task):
+    """[noise.. a ..a.. | ..b.. b ..noise.., Q] -> the pair token (a, b) at the query Q.
+
+    Fact a fills 1..max_copies random positions of the first half, fact b of the second; noise
+    comes from its own token set, so finding the facts is easy and keeping them apart is the test.
+    The lesson's mechanism decides by construction:
+      shared_values  a and b come from one value set: only their half tells them apart, so W_v
+                     cannot write them into separate subspaces (false: b has its own tokens);
+      ordered        the answer (a, b) differs from (b, a), so the equal-weight average
+                     (v_a + v_b) / 2 cannot fix it: accuracy ceiling (K + 1) / 2K;
+      max_copies     one head can still tell a from b by weighting them unequally; with a random
+                     number of copies of each, the shares in one softmax follow the copy counts,
+                     and the inequality no longer says which is which. A head that attends to
+                     one fact only averages copies of the same value: unaffected.
+    Only the answer is scored (groups: answer)."""
+    name = "two_facts"
+
+    def __init__(self, n_values: int = 8, n_noise: int = 16, seq_len: int = 24, max_copies: int = 1,
+                 ordered: bool = True, shared_values: bool = True, vocab_size: int | None = None,
+                 seed: int = 0):
+        super().__init__(seed)
+        if n_values < 2:
+            raise ValueError(f"data.n_values={n_values} must be >= 2")
+        if n_noise < 1:
+            raise ValueError(f"data.n_noise={n_noise} must be >= 1")
+        half = (seq_len - 1) // 2              # a in [0, half), b in [half, seq_len - 1)
+        if max_copies < 1 or max_copies > half:
+            raise ValueError(f"data.max_copies={max_copies} must be in [1, (seq_len - 1) // 2 = {half}]")
+        self.K, self.D, self.copies = n_values, n_noise, max_copies
+        self.ordered, self.shared = ordered, shared_values
+        self.noise0 = 2 * n_values             # [0, K) values of a, [K, 2K) of b unless shared
+        self.query = self.noise0 + n_noise
+        self.answer0 = self.query + 1          # the answer token of (a, b) is answer0 + a K + b
+        self.vocab_size = self.answer0 + n_values ** 2
+        if vocab_size is not None and vocab_size != self.vocab_size:
+            raise ValueError(f"data.vocab_size={vocab_size} must be null or {self.vocab_size} for "
+                             f"two_facts (2 n_values + n_noise + 1 + n_values^2)")
+        self.input_len, self.half = seq_len, half
+
+    @property
+    def average_ceiling(self) -> float:
+        """Best accuracy from the equal-weight average alone: it fixes {a, b}, not the order."""
+        return (self.K + 1) / (2 * self.K) if self.ordered else 1.0
+
+    def _spots(self, g, B, lo, hi):
+        """(B, T) bool: 1..max_copies distinct random positions in [lo, hi) per row."""
+        n = torch.randint(1, self.copies + 1, (B, 1), generator=g)
+        rank = torch.rand(B, hi - lo, generator=g).argsort(1).argsort(1)
+        spots = torch.zeros(B, self.input_len, dtype=torch.bool)
+        spots[:, lo:hi] = rank < n
+        return spots
+
+    def sample(self, g, batch_size):
+        B, T, K = batch_size, self.input_len, self.K
+        x = torch.randint(self.noise0, self.noise0 + self.D, (B, T), generator=g)
+        a = torch.randint(0, K, (B, 1), generator=g)
+        b = torch.randint(0, K, (B, 1), generator=g)
+        x = torch.where(self._spots(g, B, 0, self.half), a, x)
+        x = torch.where(self._spots(g, B, self.half, T - 1), b + (0 if self.shared else K), x)
+        x[:, -1] = self.query
+        first, second = (a, b) if self.ordered else (torch.minimum(a, b), torch.maximum(a, b))
+        y = torch.full((B, T), IGNORE)
+        y[:, -1:] = self.answer0 + first * K + second
+        answer = torch.zeros(B, T, dtype=torch.bool)
+        answer[:, -1] = True
+        return Batch(x, y, {"answer": answer})
+
+    def fact_masks(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, 2, T) bool: the positions of fact a and of fact b, read back from the tokens."""
+        is_fact = x < self.noise0
+        first = torch.arange(x.shape[1]) < self.half
+        return torch.stack([is_fact & first, is_fact & ~first], 1)
+
+
+TASKS: dict[str, type[Task]] = {"copy": CopyTask, "two_facts": TwoFactsTask}
 
 
 def build_task(data_cfg: dict, seed: int = 0) -> Task:
