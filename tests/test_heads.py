@@ -186,3 +186,28 @@ def test_runs_record_measurements(compose_cfg, tiny, tmp_path):
     assert s["control"]["final"]["kv/bytes"] == 2 * f["kv/bytes"]  # the MHA control measured too
     names = {c["name"]: c["passed"] for c in s["verdict"]["checks"]}
     assert names["cache bytes = 2 L n_kv d_k T bytes"] and names["cache n_heads/n_kv_heads times smaller than MHA"]
+
+
+def _summary(exp, h, seed, final, **kw):
+    cfg = {"data": {"max_copies": 4, "ordered": True, "shared_values": True, "n_values": 8},
+           "model": {"n_heads": h, "n_layers": 1, "d_model": 32}, "train": {"steps": 800}}
+    return {"exp": exp, "status": "completed", "seed": seed, "final": final, "config": cfg, **kw}
+
+
+def test_heads_section_computes_its_statements(tmp_path):
+    from experiments.sections import heads
+    runs = []
+    for h, acc in [(1, 0.55), (2, 0.99), (4, 1.0), (8, 1.0), (16, 0.9), (32, 0.5)]:
+        for seed in (0, 1):
+            runs.append(_summary("heads", h, seed, {
+                "acc/answer": acc, "loss/answer": 1 - acc, "loss/train": 1 - acc, "attn/fact_a": 0.5,
+                "attn/fact_b": 0.45, "attn/split": 0.9 if h == 1 else 0.0, "attn/separated": float(h > 1),
+                "acc/average_ceiling": 9 / 16, "params/attention": 4 * 32 * 32 + 4 * 32}))
+    md = heads.render(runs, tmp_path)
+    assert "| 1 | 32 | 4224 | 0.55 ± 0 | 0.45 ± 0 | 1.57 ± 0 | 5.29 |" in md
+    assert "**one head fails by interference**" in md and "about 50/50" in md
+    assert "Smallest d_k (1, h=32)" in md and "it hurts" in md and "identical across h" in md
+    assert (tmp_path / "heads_0.png").exists()
+    runs[0]["final"]["acc/answer"] = runs[1]["final"]["acc/answer"] = 0.9
+    assert "does not fail by interference here" in heads.render(runs, tmp_path)
+    assert heads.render([_summary("baseline", 4, 0, {})], tmp_path) is None
