@@ -1,0 +1,188 @@
+"""Phase diagram of a missing 1/sqrt(d_k) (`-m +exp=phase_no_scaling`): for each cell of
+d_k x q/k init scale x optimizer, scaled and unscaled, how long loss/copy sits on the chance
+plateau (>= 0.9 ln V, capped at the budget) and where it ends, against the score std at init
+that the variance argument predicts."""
+import math
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from experiments.io import read_rows_csv  # noqa: E402
+from experiments.verdict import RunView  # noqa: E402
+
+NAME = "phase"
+ORDER = 40
+EXP = "phase_no_scaling"
+METRIC, LEVEL = "loss/copy", 0.9  # plateau: steps before loss/copy first drops below 0.9 ln V
+
+
+def weight_std(init: str, d_model: int) -> float:
+    """Std of a W_q / W_k entry at init (lm.py's schemes; torch_default is U(+-1/sqrt(fan_in)))."""
+    return {"gpt2": 0.02, "unit_variance": 1 / math.sqrt(d_model),
+            "torch_default": 1 / math.sqrt(3 * d_model)}[init]
+
+
+def score_multiplier(scale, d_k: int) -> float:
+    if scale in ("sqrt_dk", "learned"):  # learned starts at 1/sqrt(d_k)
+        return 1 / math.sqrt(d_k)
+    return 1.0 if scale == "none" else float(scale)
+
+
+def predicted_score_std(model: dict) -> float:
+    """The variance argument: q = W_q x with x LayerNorm'd (unit variance per component) gives
+    q components of std s = w gain sqrt(d_model) (biases ignored); q.k sums d_k products of
+    std s^2, so std(q.k) = sqrt(d_k) s^2, times the scale (1/sqrt(d_k) when scaled)."""
+    att = model.get("attention") or {}
+    d_k = att.get("d_k") or model["d_model"] // model["n_heads"]
+    s = weight_std(model["init"], model["d_model"]) * model.get("qk_gain", 1.0) * math.sqrt(model["d_model"])
+    return math.sqrt(d_k) * s * s * score_multiplier(att.get("scale", "sqrt_dk"), d_k)
+
+
+def labels(cfg: dict) -> dict:
+    m, o = cfg["model"], cfg["optim"]
+    att = m.get("attention") or {}
+    gain = m.get("qk_gain", 1.0)
+    opt = o["name"] + (f" eps={o['eps']:g}" if o["name"] == "adamw" and o.get("eps", 1e-8) != 1e-8 else "")
+    scale = att.get("scale", "sqrt_dk")
+    return {"d_k": att.get("d_k") or m["d_model"] // m["n_heads"],
+            "init": m["init"] + (f" x{gain:g}" if gain != 1 else ""),
+            "optim": opt, "scale": "scaled" if scale == "sqrt_dk" else f"scale={scale}"}
+
+
+def cell(s: dict) -> dict:
+    """One run's point of the diagram."""
+    cfg = s["config"]
+    rows = read_rows_csv(Path(s["_dir"]) / "metrics.csv") if (Path(s["_dir"]) / "metrics.csv").exists() else []
+    ctx = dict(s.get("context") or {})
+    ctx.setdefault("steps_done", s.get("steps_done", 0))
+    ln_v = ctx.get("ln_V") or math.log(cfg["data"]["vocab_size"])
+    view = RunView(status=s["status"], rows=rows, context=ctx)
+    first = next((r for r in rows if r.get("step") == 0), {})
+    return {**labels(cfg), "seed": s.get("seed"), "status": s["status"],
+            "budget": cfg["train"]["steps"],
+            "plateau": min(view.plateau_steps(METRIC, LEVEL * ln_v), cfg["train"]["steps"]),
+            "final": (s.get("final") or {}).get(METRIC) if s["status"] == "completed" else math.nan,
+            "pred_std": predicted_score_std(cfg["model"]),
+            "init_std": first.get("attn/score_std/L0"), "ln_V": ln_v}
+
+
+def aggregate(points: list[dict]) -> list[dict]:
+    """Mean over seeds per cell; a cell is flat when every seed stayed on the plateau throughout."""
+    groups = defaultdict(list)
+    for p in points:
+        groups[(p["optim"], p["scale"], p["init"], p["d_k"])].append(p)
+    out = []
+    for key, ps in sorted(groups.items(), key=lambda kv: tuple(map(str, kv[0]))):
+        mean = lambda k: float(np.nanmean([p[k] for p in ps])) if any(  # noqa: E731
+            p[k] is not None and not math.isnan(p[k]) for p in ps) else math.nan
+        out.append({**{k: ps[0][k] for k in ("optim", "scale", "init", "d_k", "pred_std", "budget")},
+                    "plateau": mean("plateau"), "final": mean("final"),
+                    "init_std": mean("init_std") if all(p["init_std"] is not None for p in ps) else math.nan,
+                    "seeds": len(ps), "diverged": sum(p["status"] == "diverged" for p in ps),
+                    "flat": all(p["plateau"] >= p["budget"] for p in ps)})
+    return out
+
+
+def _heatmaps(cells: list[dict], value: str, title: str, path: Path, vmax=None):
+    optims = sorted({c["optim"] for c in cells})
+    scales = sorted({c["scale"] for c in cells}, key=lambda s: s != "scaled")
+    d_ks = sorted({c["d_k"] for c in cells})
+    # inits ordered by the q/k scale they give (the variance argument's factor, d_k aside)
+    order = {c["init"]: c["pred_std"] / math.sqrt(c["d_k"]) * (math.sqrt(c["d_k"]) if c["scale"] == "scaled" else 1)
+             for c in cells}
+    inits = sorted(order, key=lambda i: (order[i], i))
+    fig, axes = plt.subplots(len(optims), len(scales), squeeze=False,
+                             figsize=(2.2 + 1.3 * len(d_ks) * len(scales), 0.9 + 0.75 * len(inits) * len(optims)))
+    by = {(c["optim"], c["scale"], c["init"], c["d_k"]): c for c in cells}
+    for i, opt in enumerate(optims):
+        for j, sc in enumerate(scales):
+            ax = axes[i][j]
+            grid = np.full((len(inits), len(d_ks)), np.nan)
+            for a, init in enumerate(inits):
+                for b, dk in enumerate(d_ks):
+                    c = by.get((opt, sc, init, dk))
+                    if c is None:
+                        continue
+                    grid[a, b] = c[value]
+                    txt = "–" if math.isnan(c[value]) else f"{c[value]:.3g}"
+                    ax.text(b, a, f"{txt}\nσ≈{c['pred_std']:.2g}", ha="center", va="center", fontsize=7)
+            ax.imshow(grid, cmap="viridis_r" if value == "final" else "magma_r", vmin=0, vmax=vmax,
+                      aspect="auto")
+            ax.set_xticks(range(len(d_ks)), [str(d) for d in d_ks], fontsize=8)
+            ax.set_yticks(range(len(inits)), inits, fontsize=8)
+            ax.set_xlabel("d_k", fontsize=8)
+            ax.set_title(f"{opt}, {sc}", fontsize=9)
+    fig.suptitle(f"{title} (σ: predicted score std at init)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+    plt.close(fig)
+
+
+def _scatter(points: list[dict], path: Path):
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    optims = sorted({p["optim"] for p in points})
+    colors = dict(zip(optims, plt.cm.tab10.colors))
+    for p in sorted(points, key=lambda p: (p["optim"], p["scale"], p["init"], p["d_k"], str(p["seed"]))):
+        ax.scatter(p["pred_std"], p["plateau"], color=colors[p["optim"]], s=18,
+                   marker="o" if p["scale"] == "scaled" else "x")
+    for opt in optims:
+        ax.scatter([], [], color=colors[opt], label=opt)
+    ax.scatter([], [], marker="o", color="gray", label="scaled")
+    ax.scatter([], [], marker="x", color="gray", label="unscaled")
+    ax.set_xscale("log")
+    ax.set_xlabel("predicted score std at init (variance argument)")
+    ax.set_ylabel("steps on the chance plateau")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+    plt.close(fig)
+
+
+def _fmt(x, spec=".3g"):
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def render(summaries: list[dict], fig_dir: Path) -> str | None:
+    runs = [s for s in summaries if s.get("exp") == EXP and s.get("config")
+            and s.get("status") in ("completed", "diverged")]
+    if not runs:
+        return None
+    fig_dir = Path(fig_dir)
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    points = [cell(s) for s in runs]
+    cells = aggregate(points)
+    budget = max(c["budget"] for c in cells)
+    _heatmaps(cells, "plateau", "steps on the chance plateau (loss/copy >= 0.9 ln V)",
+              fig_dir / "phase_plateau.png", vmax=budget)
+    _heatmaps(cells, "final", "final loss/copy", fig_dir / "phase_final_loss.png",
+              vmax=max(c["ln_V"] for c in points))
+    _scatter(points, fig_dir / "phase_plateau_vs_std.png")
+
+    flat = defaultdict(lambda: [0, 0])
+    for c in cells:
+        flat[c["scale"]][0] += c["flat"]
+        flat[c["scale"]][1] += 1
+    summary = "; ".join(f"{sc}: {n} of {m} cells flat for the whole budget" for sc, (n, m) in sorted(flat.items()))
+    flat_std = [c["pred_std"] for c in cells if c["flat"]]
+    moving_std = [c["pred_std"] for c in cells if not c["flat"]]
+    lines = [f"{len(runs)} runs, {len(cells)} cells, budget {budget} steps. {summary}."]
+    if flat_std and moving_std:
+        lines.append(f"Smallest predicted score std among flat cells: {min(flat_std):.3g}; largest among "
+                     f"cells that left the plateau: {max(moving_std):.3g}.")
+    lines += ["", "![plateau](figures/phase_plateau.png)", "",
+              "![final loss](figures/phase_final_loss.png)", "",
+              "![plateau vs predicted std](figures/phase_plateau_vs_std.png)", "",
+              "| optimizer | scale | q/k init | d_k | predicted score std | measured at step 0 "
+              "| plateau steps | final loss/copy | seeds |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for c in cells:
+        div = f" ({c['diverged']} diverged)" if c["diverged"] else ""
+        lines.append(f"| {c['optim']} | {c['scale']} | {c['init']} | {c['d_k']} | {_fmt(c['pred_std'])} "
+                     f"| {_fmt(c['init_std'])} | {_fmt(c['plateau'], '.0f')}{' (capped)' if c['flat'] else ''} "
+                     f"| {_fmt(c['final'])} | {c['seeds']}{div} |")
+    return "\n".join(lines)
