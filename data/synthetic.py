@@ -66,6 +66,45 @@ class CopyTask(Task):
         return Batch(x, y, {"copy": copy, "first_half": ~copy})
 
 
+class PaddedCopyTask(Task):
+    """Left-padded copy of variable length: [d_1..d_P, a_1..a_L, a_1..a_L], P = seq_len - 2L,
+    L drawn per example from [min_len, max_len]. The padding d_i are random tokens of the same
+    vocabulary (distractors a wrong mask lets through) and `key_padding_mask` hides them. Since
+    L varies, the copy is solvable only by content (an induction head: find the earlier a_j,
+    read the token after it); targets at padding are not scored."""
+    name = "padded_copy"
+
+    def __init__(self, vocab_size: int = 64, seq_len: int = 33, min_len: int = 4,
+                 max_len: int | None = None, seed: int = 0):
+        super().__init__(seed)
+        max_len = (seq_len - 1) // 2 if max_len is None else max_len
+        if not 2 <= min_len <= max_len or 2 * max_len > seq_len - 1:
+            raise ValueError(f"data.min_len={min_len}, data.max_len={max_len} need "
+                             f"2 <= min_len <= max_len <= (seq_len - 1) // 2 = {(seq_len - 1) // 2}")
+        self.vocab_size, self.seq_len = vocab_size, seq_len
+        self.min_len, self.max_len = min_len, max_len
+        self.input_len = seq_len - 1
+
+    def sample(self, g, batch_size):
+        T, V = self.seq_len, self.vocab_size
+        lengths = torch.randint(self.min_len, self.max_len + 1, (batch_size, 1), generator=g)
+        start = T - 2 * lengths                        # first real token
+        pos = torch.arange(T)[None, :]
+        a = torch.randint(0, V, (batch_size, T), generator=g)
+        d = torch.randint(0, V, (batch_size, T), generator=g)
+        src = (start + (pos - start) % lengths).clamp(0, T - 1)  # second half reads the first
+        s = torch.where(pos >= start, a.gather(1, src), d)
+        x, y = s[:, :-1], s[:, 1:].clone()
+        tpos = pos[:, 1:]                              # position of each target
+        real = tpos > start                            # the target a_1 follows padding: unscored
+        y[~real] = IGNORE
+        copy = tpos > start + lengths                  # a_2..a_L of the repeat: an earlier a_j names it
+        first = real & (tpos < start + lengths)        # a_2..a_L: random, floor ln V
+        # (the repeat's a_1 is in neither group: knowing where padding ends, a model can place it)
+        return Batch(x, y, {"copy": copy, "first_half": first},
+                     key_padding_mask=pos[:, :-1] >= start)
+
+
 class TwoFactsTask(Task):
     """[noise.. a ..a.. | ..b.. b ..noise.., Q] -> the pair token (a, b) at the query Q.
 
@@ -140,7 +179,7 @@ class TwoFactsTask(Task):
         return torch.stack([is_fact & first, is_fact & ~first], 1)
 
 
-TASKS: dict[str, type[Task]] = {"copy": CopyTask, "two_facts": TwoFactsTask}
+TASKS: dict[str, type[Task]] = {"copy": CopyTask, "two_facts": TwoFactsTask, "padded_copy": PaddedCopyTask}
 
 
 def build_task(data_cfg: dict, seed: int = 0) -> Task:
