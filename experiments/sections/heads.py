@@ -94,11 +94,15 @@ def statements(stats: dict, d_model: int) -> list[str]:
                 "neither one head nor several clear the average's ceiling (undertrained)")
         out.append(f"h=1: acc/answer {one['acc']:.3g} against the ceiling of an equal-weight average "
                    f"{ceil:.3g}; best h={best_h}: {multi[best_h]['acc']:.3g}. Verdict: {what}.")
-        if one["fa"] is not None:
-            even = abs(one["fa"] - one["fb"]) < 0.1 and min(one["fa"], one["fb"]) >= 0.25
-            out.append(f"One head's split: {one['fa']:.2f} on a, {one['fb']:.2f} on b "
-                       f"({'about 50/50' if even else 'not 50/50'}); "
-                       f"{one['split']:.0%} of its fact-reading rows mix both facts.")
+    elif one and one["ceiling"] is not None:
+        beats = one["acc"] > one["ceiling"] + LIMITED_MARGIN
+        out.append(f"h=1 only: acc/answer {one['acc']:.3g} against the equal-weight average's ceiling "
+                   f"{one['ceiling']:.3g}: one head {'is not' if beats else 'is'} limited to the average here.")
+    if one and one["fa"] is not None:
+        even = abs(one["fa"] - one["fb"]) < 0.1 and min(one["fa"], one["fb"]) >= 0.25
+        out.append(f"One head's split: {one['fa']:.2f} on a, {one['fb']:.2f} on b "
+                   f"({'about 50/50' if even else 'not 50/50'}); "
+                   f"{one['split']:.0%} of its fact-reading rows mix both facts.")
     hs = sorted(stats)
     if len(hs) >= 4:
         small = hs[-1]
