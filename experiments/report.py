@@ -143,7 +143,7 @@ def render_blocks(summaries: list[dict], fig_dir: Path) -> dict[str, str]:
 def header(summaries: list[dict]) -> str:
     primary = [s for s in summaries if s.get("role") != "control"]
     exps = sorted({s["exp"] for s in primary})
-    devices = sorted({s.get("device", "?") for s in summaries})
+    devices = sorted({s["device"] for s in summaries if s.get("device")}) or ["unknown"]
     return ("# Attention failure suite: report\n\n"
             f"{len(primary)} runs of {len(exps)} experiments, "
             f"{len(summaries) - len(primary)} controls; device: {', '.join(devices)}. "

@@ -248,3 +248,16 @@ def test_offline_wandb_run_writes_the_heatmap_image(tmp_path):
     images = list(tmp_path.glob("wandb/offline-run-*/files/media/images/attn/weights/L0_0_*.png"))
     assert len(images) == 1 and plt_imread(images[0]).shape == (20, 4 * (2 * 6 - 1), 3)
     assert not list(tmp_path.glob("wandb/offline-run-*/files/media/images/attn/weights/L0_1_*.png"))
+
+
+def test_a_crashed_job_summary_is_reported_and_counted(tmp_path):
+    """run.py's crash path leaves a minimal summary (no role, verdict, context): the report lists
+    it with its status, and the multirun exits non-zero."""
+    sweep = tmp_path / "sweep"
+    job(sweep, "0_ok")
+    (sweep / "1_crash" / ".hydra").mkdir(parents=True)
+    write_json(sweep / "1_crash" / "summary.json", {"exp": "crashy", "status": "error", "seed": 0,
+                                                     "error": "RuntimeError: boom", "config": make_cfg("crashy")})
+    assert finish_multirun(sweep) == 1
+    md = (sweep / "REPORT.md").read_text()
+    assert "| crashy |  | (no checks) |  |  |  | error | no | 0 |" in md and "device: cpu." in md
