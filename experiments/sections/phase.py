@@ -51,7 +51,7 @@ def labels(cfg: dict) -> dict:
     scale = att.get("scale", "sqrt_dk")
     return {"d_k": att.get("d_k") or m["d_model"] // m["n_heads"],
             "init": m["init"] + (f" x{gain:g}" if gain != 1 else ""),
-            "optim": opt, "scale": "scaled" if scale == "sqrt_dk" else f"scale={scale}"}
+            "optim": opt, "scale": {"sqrt_dk": "scaled", "none": "unscaled"}.get(scale, f"scale={scale}")}
 
 
 def cell(s: dict) -> dict:
