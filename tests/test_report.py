@@ -261,3 +261,14 @@ def test_a_crashed_job_summary_is_reported_and_counted(tmp_path):
     assert finish_multirun(sweep) == 1
     md = (sweep / "REPORT.md").read_text()
     assert "| crashy |  | (no checks) |  |  |  | error | no | 0 |" in md and "device: cpu." in md
+
+
+def test_multirun_with_a_job_that_left_no_summary_exits_non_zero(tiny, tmp_path):
+    sweep = tmp_path / "sweep"
+    r = subprocess.run([sys.executable, "run.py", "-m", "+exp=baseline", *tiny, "model.n_heads=3",
+                        f"results_dir={tmp_path}", f"hydra.sweep.dir={sweep}"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "WANDB_MODE": "disabled"})
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert "crashed: 0_baseline_seed0: no summary.json" in r.stderr
+    assert "No runs found." in (sweep / "REPORT.md").read_text()
