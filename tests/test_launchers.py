@@ -65,7 +65,7 @@ def _submitit_task(marker: str) -> int | None:
 
 
 def test_submitit_requeue_after_preemption_resumes_identically(tmp_path):
-    args = ["train.steps=3000", "train.ckpt_every=100", "train.log_every=50", "train.diag_every=0"]
+    args = ["train.steps=1500", "train.ckpt_every=100", "train.log_every=50", "train.diag_every=0"]
     ref = subprocess.run([sys.executable, "run.py", *TINY, *args, f"results_dir={tmp_path / 'ref'}"],
                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert ref.returncode == 0, ref.stderr[-2000:]
