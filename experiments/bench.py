@@ -7,7 +7,6 @@
 Each takes --tiny (a seconds-long smoke size, used by the tests).
 """
 import argparse
-import math
 import statistics
 import sys
 import tempfile
@@ -59,7 +58,7 @@ def bench_shakespeare(tiny=False, overrides=()) -> dict:
         sync(tr.device)
         wall = time.perf_counter() - t0
         val = tr.evaluate(n_eval, "val")["loss/train"]
-        train = tr.evaluate(n_eval, "train")["loss/train"]
+        train = unseen_train_loss(tr, n_eval)
         sample = tr.task.decode(tr.model.generate(tr.task.encode("\n").to(tr.device)[None],
                                                   tr.task.input_len - 1)[0].tolist())
     tokens = res.steps_done * cfg["train"]["batch_size"] * tr.task.input_len
@@ -71,6 +70,20 @@ def bench_shakespeare(tiny=False, overrides=()) -> dict:
           f"{'met' if val <= 1.88 else 'NOT met'}")
     print("greedy sample:", repr(sample[:120]))
     return out
+
+
+@torch.no_grad()
+def unseen_train_loss(tr, n_batches: int) -> float:
+    """Train-split loss on batches past the run's steps (evaluate() would reuse steps 0..n-1)."""
+    from experiments.train import mean_loss, token_losses
+    tr.model.eval()
+    total = 0.0
+    for i in range(n_batches):
+        b = tr.task.batch(10 ** 7 + i, tr.tc["batch_size"], "train").to(tr.device)
+        with tr.amp():
+            total += float(mean_loss(token_losses(tr.model(b.x), b), b)) / n_batches
+    tr.model.train()
+    return total
 
 
 # -- throughput --------------------------------------------------------------------------------
@@ -240,13 +253,17 @@ def bench_cost(tiny=False, d=None, lengths=None, reps=None) -> dict:
     timed_cpu = next((r["T"] for r in rows if r["attn_cpu_s"] >= r["proj_cpu_s"]), None)
     print(f"counted FLOPs equal the formulas exactly: {exact}")
     print(f"crossover (attention >= projections): predicted T = 2d = {2 * d}; counted T = {counted}; "
-          f"timed T = {timed} (wall), {timed_cpu} (CPU time); time also pays for the softmax and "
-          f"the T x T memory traffic, which FLOPs ignore")
+          f"timed: first T of the grid = {timed} (wall), {timed_cpu} (CPU time); time also pays for "
+          f"the softmax and the T x T memory traffic, which FLOPs ignore")
     return {"d": d, "rows": rows, "exact": exact, "predicted": 2 * d, "counted": counted,
             "timed": timed, "timed_cpu": timed_cpu}
 
 
 # -- memory ------------------------------------------------------------------------------------
+def human(n: int) -> str:
+    return f"{n / GiB:,.0f} GiB" if n >= GiB else f"{n / MiB:,.0f} MiB"
+
+
 def saved_bytes(module, x) -> dict:
     """Bytes the forward saves for backward, by distinct storage, parameters excluded;
     `square`: those of (..., T, T) tensors, the attention weights (and their mask)."""
@@ -303,7 +320,7 @@ def bench_memory(tiny=False, batch=None, heads=8, lengths=None) -> dict:
         per_layer = attention_matrix_bytes(32, 8, T, 2)
         lesson.append({"T": T, "per_layer": per_layer, "12_layers": 12 * per_layer})
         print(f"lesson (B=32, h=8, fp16, extrapolated by the verified formula): T = {T}: "
-              f"{per_layer / MiB:,.0f} MiB per layer, {12 * per_layer / GiB:,.0f} GiB for 12 layers")
+              f"{human(per_layer)} per layer, {human(12 * per_layer)} for 12 layers")
     out = {"rows": rows, "exact": exact, "sdpa_linear": sdpa_linear, "lesson": lesson}
     if torch.cuda.is_available() and not tiny:
         out["cuda_peak"] = cuda_peak_memory()
@@ -342,7 +359,7 @@ def main(argv=None):
     p.add_argument("--tiny", action="store_true", help="a seconds-long smoke size")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("overrides", nargs="*", help="Hydra overrides (shakespeare, throughput), e.g. device=cuda")
-    a = p.parse_args(argv)
+    a = p.parse_intermixed_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
     kwargs = {"tiny": a.tiny}
