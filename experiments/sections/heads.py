@@ -75,11 +75,12 @@ def heads_table(runs: list[dict]) -> tuple[str, dict]:
     return "\n".join(lines), stats
 
 
-def statements(stats: dict, d_model: int) -> list[str]:
+def statements(stats: dict, d_model: int, layers: int = 1) -> list[str]:
     out = []
     params = {p for s in stats.values() for p in s["params"]}
     out.append(f"Attention parameters are {'identical' if len(params) == 1 else 'NOT identical'} across h "
-               f"({', '.join(map(str, sorted(params)))}; 4 d_model^2 + 4 d_model = {4 * d_model ** 2 + 4 * d_model}).")
+               f"({', '.join(map(str, sorted(params)))}; layers x (4 d_model^2 + 4 d_model) = "
+               f"{layers * (4 * d_model ** 2 + 4 * d_model)}).")
     one, multi = stats.get(1), {h: s for h, s in stats.items() if h >= 2}
     if one and multi and one["ceiling"] is not None:
         ceil = one["ceiling"]
@@ -92,8 +93,12 @@ def statements(stats: dict, d_model: int) -> list[str]:
                 "**one head does not fail by interference here**: it beats the equal-weight average's "
                 "ceiling (it weights the facts unequally)" if not limited else
                 "neither one head nor several clear the average's ceiling (undertrained)")
-        out.append(f"h=1: acc/answer {one['acc']:.3g} against the ceiling of an equal-weight average "
-                   f"{ceil:.3g}; best h={best_h}: {multi[best_h]['acc']:.3g}. Verdict: {what}.")
+        out.append(f"h=1: acc/answer {one['acc']:.3g} (loss {one['loss']:.3g}) against the ceiling of an "
+                   f"equal-weight average {ceil:.3g}; best h={best_h}: {multi[best_h]['acc']:.3g} "
+                   f"(loss {multi[best_h]['loss']:.3g}). Verdict: {what}.")
+    elif one and one["ceiling"] is not None and one["ceiling"] >= 1:
+        out.append(f"h=1 only: acc/answer {one['acc']:.3g}; here an equal-weight average determines the answer "
+                   f"(ceiling 1), so there is no interference to fail by.")
     elif one and one["ceiling"] is not None:
         beats = one["acc"] > one["ceiling"] + LIMITED_MARGIN
         out.append(f"h=1 only: acc/answer {one['acc']:.3g} against the equal-weight average's ceiling "
@@ -206,7 +211,7 @@ def render(summaries: list[dict], fig_dir: Path) -> str | None:
     for i, (cond, runs) in enumerate(sorted(by_cond.items(), key=lambda kv: -len(kv[1]))):
         table, stats = heads_table(runs)
         parts.append(f"**{describe(cond)}**\n\n{table}\n")
-        parts.extend(f"- {line}" for line in statements(stats, dict(cond)["d_model"]))
+        parts.extend(f"- {line}" for line in statements(stats, dict(cond)["d_model"], dict(cond)["layers"]))
         if len(stats) >= 3:
             fig_dir.mkdir(parents=True, exist_ok=True)
             file = f"heads_{i}.png"
