@@ -177,7 +177,7 @@ class MultiHeadAttention(nn.Module):
         out = weights @ v
         if self.recorder is not None:
             self.recorder.record(self.name, q, k, scores, weights, mask, out=out, v=v,
-                                 scale=float(torch.as_tensor(self.scale_factor()).mean()))
+                                 scale=float(torch.as_tensor(self.scale_factor()).detach().mean()))
         return out, weights
 
     def _sdpa(self, q, k, v, mask, is_causal):

@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from experiments.io import write_json
+
 ROOT = Path(__file__).resolve().parents[1]
 NANOGPT = ["data=shakespeare_char", "model=nanogpt_cpu", "optim=nanogpt_cpu", "train=nanogpt_cpu",
            "logger=none", "train.progress=false"]
@@ -358,6 +360,8 @@ def main(argv=None):
     p.add_argument("name", choices=sorted(BENCHES))
     p.add_argument("--tiny", action="store_true", help="a seconds-long smoke size")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="also write the figures as JSON (results/bench/NAME.json feeds the report)")
     p.add_argument("overrides", nargs="*", help="Hydra overrides (shakespeare, throughput), e.g. device=cuda")
     a = p.parse_intermixed_args(argv)
     if a.threads:
@@ -368,7 +372,9 @@ def main(argv=None):
             p.error(f"{a.name} takes no config overrides")
         kwargs["overrides"] = a.overrides
     try:
-        BENCHES[a.name](**kwargs)
+        out = BENCHES[a.name](**kwargs)
+        if a.out:
+            write_json(a.out, {"bench": a.name, "threads": torch.get_num_threads(), **out})
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

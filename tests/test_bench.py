@@ -48,3 +48,11 @@ def test_shakespeare_tiny_trains_and_cli_prints(capsys):
 def test_cli_rejects_overrides_for_cost():
     with pytest.raises(SystemExit):
         bench.main(["cost", "model.d_model=8"])
+
+
+def test_bench_json_feeds_the_report_section(tmp_path):
+    from experiments.bench import main
+    from experiments.sections import bench as section
+    assert main(["cost", "--tiny", "--out", str(tmp_path / "bench" / "cost.json")]) == 0
+    assert section.render([], tmp_path / "figures").count("| 32 | 1,048,576 | 1,048,576 |") == 1
+    assert section.render([], tmp_path / "elsewhere" / "figures") is None
