@@ -38,7 +38,7 @@ def _jsonable(x):
 
 def write_rows_csv(path, rows: list[dict]):
     """Wide CSV: one row per logged step, the union of keys as columns (first-seen order)."""
-    cols: dict[str, None] = {}
+    cols: dict[str, None] = {"step": None}  # a run that logged nothing still gets a readable header
     for r in rows:
         cols.update(dict.fromkeys(r))
 

@@ -272,3 +272,18 @@ def test_multirun_with_a_job_that_left_no_summary_exits_non_zero(tiny, tmp_path)
     assert r.returncode == 1, r.stderr[-2000:]
     assert "crashed: 0_baseline_seed0: no summary.json" in r.stderr
     assert "No runs found." in (sweep / "REPORT.md").read_text()
+
+
+def test_a_run_that_logged_no_step_is_reported(tmp_path):
+    """A run that stops before its first logged step (the shape-error case) has an empty
+    metrics.csv; the report lists it instead of failing on it."""
+    from experiments.io import write_rows_csv
+    sweep = tmp_path / "sweep"
+    job(sweep, "0_ok")
+    d = sweep / "1_early"
+    (d / ".hydra").mkdir(parents=True)
+    write_rows_csv(d / "metrics.csv", [])
+    write_json(d / "summary.json", {"exp": "early", "status": "error", "seed": 0, "expected_error": True,
+                                    "error": "RuntimeError: shape", "config": make_cfg("early")})
+    assert finish_multirun(sweep) == 0
+    assert "| early |" in (sweep / "REPORT.md").read_text()

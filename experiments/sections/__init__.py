@@ -29,4 +29,7 @@ def discover() -> list:
 def metrics(summary: dict) -> pd.DataFrame:
     """A run's metrics.csv (one row per logged step); empty when the run left none."""
     path = Path(summary["_dir"]) / "metrics.csv"
-    return pd.read_csv(path) if path.exists() and path.stat().st_size else pd.DataFrame()
+    try:
+        return pd.read_csv(path)
+    except (FileNotFoundError, pd.errors.EmptyDataError):
+        return pd.DataFrame()
