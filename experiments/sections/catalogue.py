@@ -104,18 +104,19 @@ def _status(runs: list[dict]) -> str:
 def catalogue_table(summaries: list[dict]) -> str:
     rows = ["| experiment | claim | check | measured | threshold | control | status | reproduced | seeds |",
             "|---|---|---|---|---|---|---|---|---|"]
-    n_rep = n_runs = n_exp_rep = 0
+    n_rep = n_runs = n_exp_rep = n_sweeps = 0
     gs = groups(summaries)
     for exp, label, runs in gs:
         claim = runs[0].get("claim") or ""
         seeds = ", ".join(str(s) for s in sorted({s.get("seed") for s in runs}))
         reps = [bool((s.get("verdict") or {}).get("reproduced")) for s in runs]
-        n_rep, n_runs, n_exp_rep = n_rep + sum(reps), n_runs + len(reps), n_exp_rep + all(reps)
         first = [label, claim]
         tail = [_status(runs), _reproduced(runs), seeds]
-        if "sweep of" in label:
+        if "sweep of" in label:  # a sweep's per-cell verdict is a measurement: not in the tally
+            n_sweeps += 1
             rows.append("| " + " | ".join(map(_cell, first + ["see its section", "", "", ""] + tail)) + " |")
             continue
+        n_rep, n_runs, n_exp_rep = n_rep + sum(reps), n_runs + len(reps), n_exp_rep + all(reps)
         checks = (runs[0].get("verdict") or {}).get("checks") or []
         if not checks:
             rows.append("| " + " | ".join(map(_cell, first + ["(no checks)", "", "", ""] + tail)) + " |")
@@ -131,8 +132,9 @@ def catalogue_table(summaries: list[dict]) -> str:
             cells = (first if i == 0 else ["", ""]) + [c["name"], measured, c.get("expected", ""), control] + \
                 (tail if i == 0 else ["", "", ""])
             rows.append("| " + " | ".join(map(_cell, cells)) + " |")
-    summary = (f"**Reproduced: {n_exp_rep} of {len(gs)} experiments in every seed; "
-               f"{n_rep} of {n_runs} runs.** measured: the run's value (mean ± sample std over seeds "
+    swept = f" (and {n_sweeps} sweep(s), judged in their sections)" if n_sweeps else ""
+    summary = (f"**Reproduced: {n_exp_rep} of {len(gs) - n_sweeps} experiments in every seed; "
+               f"{n_rep} of {n_runs} runs{swept}.** measured: the run's value (mean ± sample std over seeds "
                "when several, with how many pass); control: the same check on the control run, which "
                "must not show the signature (ratio and plateau checks are 1 there by definition).")
     return "## Catalogue\n\n" + "\n".join(rows) + "\n\n" + summary + "\n"
