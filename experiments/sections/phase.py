@@ -147,6 +147,29 @@ def _fmt(x, spec=".3g"):
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
+def pairs_table(cells: list[dict]) -> list[str]:
+    """Unscaled against scaled at the same d_k, init and optimizer: the flatline holds where the
+    unscaled cell stays on the plateau >= 5x as long as its scaled twin, and that twin left it
+    (a scaled cell stuck too means the init or optimizer, not the scale, is what stalls)."""
+    by = {(c["optim"], c["init"], c["d_k"], c["scale"]): c for c in cells}
+    out = ["Where the flatline holds: the unscaled cell against its scaled twin (same d_k, init, "
+           "optimizer). *holds*: unscaled plateau >= 5x the scaled one, scaled left the plateau; "
+           "*confounded*: the scaled twin never left it either.", "",
+           "| optimizer | q/k init | d_k | predicted std unscaled | plateau scaled | plateau unscaled "
+           "| ratio | final loss/copy unscaled / scaled | flatline |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for (o, i, d, sc), u in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
+        s = by.get((o, i, d, "scaled"))
+        if sc != "unscaled" or s is None:
+            continue
+        ratio = u["plateau"] / max(s["plateau"], 1)
+        verdict = "confounded" if s["flat"] else ("holds" if ratio >= 5 else "no")
+        capped = lambda c: f"{c['plateau']:.0f}{'+' if c['flat'] else ''}"  # noqa: E731
+        out.append(f"| {o} | {i} | {d} | {_fmt(u['pred_std'])} | {capped(s)} | {capped(u)} | {ratio:.1f} "
+                   f"| {_fmt(u['final'])} / {_fmt(s['final'])} | {verdict} |")
+    return out + [""]
+
+
 def render(summaries: list[dict], fig_dir: Path) -> str | None:
     runs = [s for s in summaries if s.get("exp") == EXP and s.get("config")
             and s.get("status") in ("completed", "diverged")]
@@ -170,10 +193,12 @@ def render(summaries: list[dict], fig_dir: Path) -> str | None:
     summary = "; ".join(f"{sc}: {n} of {m} cells flat for the whole budget" for sc, (n, m) in sorted(flat.items()))
     flat_std = [c["pred_std"] for c in cells if c["flat"]]
     moving_std = [c["pred_std"] for c in cells if not c["flat"]]
-    lines = [f"{len(runs)} runs, {len(cells)} cells, budget {budget} steps. {summary}."]
+    lines = ["## When does a missing sqrt(d_k) flatline training? (phase_no_scaling)", "",
+             f"{len(runs)} runs, {len(cells)} cells, budget {budget} steps. {summary}."]
     if flat_std and moving_std:
         lines.append(f"Smallest predicted score std among flat cells: {min(flat_std):.3g}; largest among "
                      f"cells that left the plateau: {max(moving_std):.3g}.")
+    lines += ["", *pairs_table(cells)]
     lines += ["", "![plateau](figures/phase_plateau.png)", "",
               "![final loss](figures/phase_final_loss.png)", "",
               "![plateau vs predicted std](figures/phase_plateau_vs_std.png)", "",
