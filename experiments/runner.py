@@ -15,7 +15,10 @@ import sys
 import time
 from pathlib import Path
 
-from experiments.figures import plot_run
+import pandas as pd
+import torch
+
+from experiments.figures import plot_experiment
 from experiments.io import save_torch, write_json
 from experiments.logger import make_logger
 from experiments.train import Preempted, Trainer, write_metrics
@@ -171,6 +174,11 @@ def preflight(cfg: dict) -> None:
         build_trainer(control_config(cfg), Path(cfg["results_dir"]))
 
 
+def _weights(run_dir: Path):
+    p = Path(run_dir) / "attn_weights.pt"
+    return torch.load(p, weights_only=False) if p.exists() else None
+
+
 def run_experiment(cfg: dict, run_dir: Path, progress_factory=None) -> dict:
     """Train, judge against the control, write summary.json and curves.png; returns the summary."""
     from experiments.io import read_rows_csv
@@ -191,9 +199,11 @@ def run_experiment(cfg: dict, run_dir: Path, progress_factory=None) -> dict:
                                   control[0] if control else None)
     summary["expected_error"] = any(c.get("kind") == "status" and c.get("value") == "error"
                                     for c in cfg["exp"].get("expect") or [])
-    plot_run(run_dir / "curves.png", cfg["exp"]["name"], rows, control[1] if control else None,
-             control_name=cfg["exp"]["control"]["name"] if control else "control",
-             loss_metric=cfg["exp"].get("loss_metric", "loss/copy"), chance=summary["context"]["ln_V"])
+    name = cfg["exp"]["name"]
+    controls = [(summary["control"]["name"], pd.DataFrame(control[1]), _weights(cdir))] if control else []
+    plot_experiment(run_dir / "curves.png", name, [(name, pd.DataFrame(rows), _weights(run_dir))], controls,
+                    control_name=controls[0][0] if controls else "control",
+                    loss_metric=cfg["exp"].get("loss_metric", "loss/copy"), chance=summary["context"]["ln_V"])
     write_json(run_dir / "summary.json", summary)
     logger.summary({"status": summary["status"], "reproduced": summary["verdict"]["reproduced"],
                     "verdict": summary["verdict"], **{f"final/{k}": v for k, v in summary["final"].items()}})
