@@ -128,7 +128,7 @@ def first_nonfinite_module(model, batch: Batch, amp) -> str | None:
                 found.append(name)
         return f
     handles = [m.register_forward_hook(hook(n)) for n, m in model.named_modules() if n]
-    # the attention's inner softmax is not a module: record it through a recorder-free probe
+    # the softmax inside attention is not a module: wrap the explicit path to check its weights
     probes = []
     for a in model.attentions:
         orig = a._explicit
@@ -141,7 +141,7 @@ def first_nonfinite_module(model, batch: Batch, amp) -> str | None:
         a._explicit = probe
         probes.append((a, orig))
     try:
-        with torch.no_grad(), amp():  # need_weights-free, so force the explicit path via a recorder
+        with torch.no_grad(), amp():  # a recorder forces the explicit path: SDPA hides the weights
             for a in model.attentions:
                 a.recorder = Recorder()
             model(batch.x, key_padding_mask=batch.key_padding_mask)
