@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 
 from experiments.figures import plot_experiment
-from experiments.io import save_torch, write_json
+from experiments.io import read_rows_csv, save_torch, write_json
 from experiments.logger import make_logger
 from experiments.train import Preempted, Trainer, write_metrics
 from experiments.verdict import RunView, evaluate, validate_checks
@@ -121,6 +121,9 @@ def _train_run(cfg: dict, run_dir: Path, role: str, ckpt: Path, progress_factory
     write_metrics(run_dir, res)
     if res.attn_weights:
         save_torch(run_dir / "attn_weights.pt", res.attn_weights)
+    if res.status == "completed":
+        for ref in cfg["exp"].get("measures") or []:
+            res.final.update(run_measure(ref, trainer, cfg))
     tps = [p["perf/tokens_per_s"] for p in res.perf[1:]] or [p["perf/tokens_per_s"] for p in res.perf]
     summary = {
         "exp": name, "role": role, "claim": cfg["exp"].get("claim"), "status": res.status,
@@ -130,13 +133,15 @@ def _train_run(cfg: dict, run_dir: Path, role: str, ckpt: Path, progress_factory
         "perf": {"tokens_per_s": sum(tps) / len(tps) if tps else None},
         "context": _context(cfg, trainer, res), "config": cfg,
     }
-    if res.status == "completed":
-        for ref in cfg["exp"].get("measures") or []:
-            res.final.update(run_measure(ref, trainer, cfg))
     if ckpt.exists():
         ckpt.unlink()  # finished: a rerun starts afresh; only an interrupted run resumes
     summary["_logger"] = logger
     return summary
+
+
+def logged_rows(run_dir: Path) -> list[dict]:
+    p = Path(run_dir) / "metrics.csv"
+    return read_rows_csv(p) if p.exists() else []
 
 
 def view(summary: dict, rows: list[dict]) -> RunView:
@@ -145,7 +150,6 @@ def view(summary: dict, rows: list[dict]) -> RunView:
 
 
 def find_or_train_control(cfg: dict, progress_factory=None) -> tuple[dict, list[dict], Path]:
-    from experiments.io import read_rows_csv
     ccfg = control_config(cfg)
     h = config_hash(ccfg)
     cdir = Path(cfg["results_dir"]) / "controls" / f"{ccfg['exp']['name']}-{h}"
@@ -155,15 +159,13 @@ def find_or_train_control(cfg: dict, progress_factory=None) -> tuple[dict, list[
         summary_path = cdir / "summary.json"
         if summary_path.exists():
             summary = json.loads(summary_path.read_text())
-            rows = read_rows_csv(cdir / "metrics.csv") if (cdir / "metrics.csv").exists() else []
-            return summary, rows, cdir
+            return summary, logged_rows(cdir), cdir
         summary = train_run(ccfg, cdir, role="control", progress_factory=progress_factory)
         logger = summary.pop("_logger")
         logger.summary({"status": summary["status"], **{f"final/{k}": v for k, v in summary["final"].items()}})
         logger.finish()
         write_json(summary_path, summary)
-        rows = read_rows_csv(cdir / "metrics.csv") if (cdir / "metrics.csv").exists() else []
-        return summary, rows, cdir
+        return summary, logged_rows(cdir), cdir
 
 
 def preflight(cfg: dict) -> None:
@@ -181,13 +183,12 @@ def _weights(run_dir: Path):
 
 def run_experiment(cfg: dict, run_dir: Path, progress_factory=None) -> dict:
     """Train, judge against the control, write summary.json and curves.png; returns the summary."""
-    from experiments.io import read_rows_csv
     run_dir = Path(run_dir)
     preflight(cfg)
     summary = train_run(cfg, run_dir, role="failure" if cfg["exp"].get("control") else "baseline",
                         progress_factory=progress_factory)
     logger = summary.pop("_logger")
-    rows = read_rows_csv(run_dir / "metrics.csv") if (run_dir / "metrics.csv").exists() else []
+    rows = logged_rows(run_dir)
     control = None
     if cfg["exp"].get("control"):
         csum, crows, cdir = find_or_train_control(cfg, progress_factory)

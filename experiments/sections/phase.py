@@ -12,7 +12,7 @@ import numpy as np
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from experiments.io import read_rows_csv  # noqa: E402
+from experiments.runner import logged_rows  # noqa: E402
 from experiments.verdict import RunView  # noqa: E402
 
 NAME = "phase"
@@ -57,7 +57,7 @@ def labels(cfg: dict) -> dict:
 def cell(s: dict) -> dict:
     """One run's point of the diagram."""
     cfg = s["config"]
-    rows = read_rows_csv(Path(s["_dir"]) / "metrics.csv") if (Path(s["_dir"]) / "metrics.csv").exists() else []
+    rows = logged_rows(s["_dir"])
     ctx = dict(s.get("context") or {})
     ctx.setdefault("steps_done", s.get("steps_done", 0))
     ln_v = ctx.get("ln_V") or math.log(cfg["data"]["vocab_size"])
