@@ -11,6 +11,7 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -43,8 +44,11 @@ def sync(device):
 
 
 # -- shakespeare -------------------------------------------------------------------------------
-def bench_shakespeare(tiny=False, overrides=()) -> dict:
-    """Train nanoGPT's published CPU config; val loss on train.eval_batches (200) val batches."""
+def bench_shakespeare(tiny=False, overrides=(), reference=False) -> dict:
+    """Train nanoGPT's published CPU config; val loss on train.eval_batches (200) val batches.
+    reference: also train nanoGPT's own loop (transcribed) from the same seed, scored on the same
+    val batches: if the two agree, a gap to the published figure is not our loop's."""
+    from experiments import nanogpt_reference
     from experiments.train import Trainer
     over = NANOGPT + (TINY_MODEL + ["train.steps=20", "train.eval_batches=2"] if tiny else []) + list(overrides)
     cfg = compose(over)
@@ -52,22 +56,35 @@ def bench_shakespeare(tiny=False, overrides=()) -> dict:
     cfg["train"]["eval_batches"] = 0  # evaluated below, outside the timed loop
     with tempfile.TemporaryDirectory() as tmp:
         tr = Trainer(cfg, Path(tmp), ckpt_path=Path(tmp) / "ckpt.pt")
-        print(f"shakespeare: {tr.res.params['total']:,} parameters, vocab {tr.task.vocab_size}, "
-              f"{cfg['train']['steps']} steps of {cfg['train']['batch_size']}x{tr.task.input_len} chars "
-              f"on {tr.device}, corpus {tr.task.path}", flush=True)
+        task, bs = tr.task, cfg["train"]["batch_size"]
+        print(f"shakespeare: {tr.res.params['total']:,} parameters, vocab {task.vocab_size}, "
+              f"{cfg['train']['steps']} steps of {bs}x{task.input_len} chars "
+              f"on {tr.device}, corpus {task.path}", flush=True)
         t0 = time.perf_counter()
         res = tr.run()
         sync(tr.device)
         wall = time.perf_counter() - t0
-        val = tr.evaluate(n_eval, "val")["loss/train"]
-        train = unseen_train_loss(tr, n_eval)
-        sample = tr.task.decode(tr.model.generate(tr.task.encode("\n").to(tr.device)[None],
-                                                  tr.task.input_len - 1)[0].tolist())
-    tokens = res.steps_done * cfg["train"]["batch_size"] * tr.task.input_len
-    out = {"status": res.status, "steps": res.steps_done, "val_loss": val, "train_loss": train,
-           "eval_batches": n_eval, "wall_s": wall, "tokens_per_s": tokens / wall}
+    val_batches = batch_losses(tr.model, task, bs, "val", range(n_eval), tr.amp)
+    train = statistics.fmean(batch_losses(tr.model, task, bs, "train", range(10 ** 7, 10 ** 7 + n_eval), tr.amp))
+    sample = task.decode(tr.model.generate(task.encode("\n").to(tr.device)[None], task.input_len - 1)[0].tolist())
+    val = statistics.fmean(val_batches)
+    # nanoGPT printed its 1.88 from eval_iters=20 batches: the same estimate on disjoint 20-batch
+    # groups of our val batches shows how far one such estimate strays from the 200-batch mean
+    est20 = [statistics.fmean(val_batches[i:i + 20]) for i in range(0, len(val_batches) - 19, 20)]
+    tokens = res.steps_done * bs * task.input_len
+    out = {"status": res.status, "steps": res.steps_done, "seed": cfg["seed"], "val_loss": val,
+           "train_loss": train, "eval_batches": n_eval, "wall_s": wall, "tokens_per_s": tokens / wall,
+           "val_loss_20": {"n": len(est20), "min": min(est20, default=val), "max": max(est20, default=val)}}
     print(f"val loss {val:.4f} (train {train:.4f}) on {n_eval} batches | {res.status} | "
           f"{wall:.1f}s training, {out['tokens_per_s']:,.0f} tokens/s")
+    if est20:
+        print(f"nanoGPT's 20-batch estimate (eval_iters=20) on {len(est20)} disjoint groups of these "
+              f"batches: {min(est20):.4f} .. {max(est20):.4f}")
+    if reference:
+        ref = nanogpt_reference.train(task.splits["train"], task.vocab_size, cfg, tr.device)
+        out["reference_val_loss"] = statistics.fmean(batch_losses(ref, task, bs, "val", range(n_eval), nullcontext))
+        print(f"nanoGPT's own loop (experiments/nanogpt_reference.py), seed {cfg['seed']}, same val "
+              f"batches: val loss {out['reference_val_loss']:.4f}")
     print(f"target (nanoGPT's published CPU figure): val loss <= 1.88: "
           f"{'met' if val <= 1.88 else 'NOT met'}")
     print("greedy sample:", repr(sample[:120]))
@@ -75,17 +92,17 @@ def bench_shakespeare(tiny=False, overrides=()) -> dict:
 
 
 @torch.no_grad()
-def unseen_train_loss(tr, n_batches: int) -> float:
-    """Train-split loss on batches past the run's steps (evaluate() would reuse steps 0..n-1)."""
+def batch_losses(model, task, batch_size: int, split: str, steps, amp) -> list[float]:
+    """Mean loss of each batch `step` of `split` (train batches past the run's steps are unseen)."""
     from experiments.train import mean_loss, token_losses
-    tr.model.eval()
-    total = 0.0
-    for i in range(n_batches):
-        b = tr.task.batch(10 ** 7 + i, tr.tc["batch_size"], "train").to(tr.device)
-        with tr.amp():
-            total += float(mean_loss(token_losses(tr.model(b.x), b), b)) / n_batches
-    tr.model.train()
-    return total
+    model.eval()
+    out = []
+    for step in steps:
+        b = task.batch(step, batch_size, split).to(next(model.parameters()).device)
+        with amp():
+            out.append(float(mean_loss(token_losses(model(b.x), b), b)))
+    model.train()
+    return out
 
 
 # -- throughput --------------------------------------------------------------------------------
@@ -362,6 +379,8 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--out", type=Path, default=None,
                    help="also write the figures as JSON (results/bench/NAME.json feeds the report)")
+    p.add_argument("--reference", action="store_true",
+                   help="shakespeare: also train nanoGPT's own loop (transcribed) from the same seed")
     p.add_argument("overrides", nargs="*", help="Hydra overrides (shakespeare, throughput), e.g. device=cuda")
     a = p.parse_intermixed_args(argv)
     if a.threads:
@@ -371,6 +390,10 @@ def main(argv=None):
         if a.name not in ("shakespeare", "throughput"):
             p.error(f"{a.name} takes no config overrides")
         kwargs["overrides"] = a.overrides
+    if a.reference:
+        if a.name != "shakespeare":
+            p.error("--reference is for shakespeare")
+        kwargs["reference"] = True
     try:
         out = BENCHES[a.name](**kwargs)
         if a.out:

@@ -1,5 +1,6 @@
 """Each benchmark at a tiny size, so none can rot; the counted figures must equal the formulas."""
 import pytest
+import torch
 
 from conftest import SHAKESPEARE
 from experiments import bench
@@ -39,10 +40,26 @@ def test_throughput_runs_all_three_loops(capsys):
 
 
 @needs_corpus
-def test_shakespeare_tiny_trains_and_cli_prints(capsys):
-    assert bench.main(["shakespeare", "--tiny"]) == 0
+def test_shakespeare_tiny_seeds_and_reference_feed_the_report(tmp_path, capsys):
+    import json
+    from experiments.sections import bench as section
+    for seed in (0, 1):
+        out = tmp_path / "bench" / f"shakespeare_seed{seed}.json"
+        assert bench.main(["shakespeare", "--tiny", "--reference", f"seed={seed}",
+                           "train.eval_batches=40", "--out", str(out)]) == 0
+        j = json.loads(out.read_text())
+        assert j["seed"] == seed and j["val_loss_20"]["n"] == 2  # 40 batches: two 20-batch estimates
+        assert j["val_loss_20"]["min"] <= j["val_loss"] <= j["val_loss_20"]["max"]
+        assert abs(j["reference_val_loss"] - j["val_loss"]) < 0.1
     text = capsys.readouterr().out
-    assert "val loss" in text and "tokens/s" in text
+    assert "val loss" in text and "tokens/s" in text and "nanoGPT's own loop" in text
+    md = section.render([], tmp_path / "figures")
+    assert "(seed 0)" in md and "(seed 1)" in md and "transcribed" in md
+
+
+def test_cli_rejects_reference_outside_shakespeare():
+    with pytest.raises(SystemExit):
+        bench.main(["cost", "--tiny", "--reference"])
 
 
 def test_cli_rejects_overrides_for_cost():
@@ -56,3 +73,50 @@ def test_bench_json_feeds_the_report_section(tmp_path):
     assert main(["cost", "--tiny", "--out", str(tmp_path / "bench" / "cost.json")]) == 0
     assert section.render([], tmp_path / "figures").count("| 32 | 1,048,576 | 1,048,576 |") == 1
     assert section.render([], tmp_path / "elsewhere" / "figures") is None
+
+
+def _reference_from(ours):
+    """nanoGPT's GPT holding our model's weights (q, k, v rows fused into c_attn as nanoGPT has them)."""
+    from experiments.nanogpt_reference import GPT
+    c = ours.cfg
+    ref = GPT(c.vocab_size, c.block_size, c.n_layers, c.n_heads, c.d_model)
+    with torch.no_grad():
+        ref.wte.weight.copy_(ours.tok_emb.weight)
+        ref.wpe.weight.copy_(ours.pos_emb.weight)
+        ref.ln_f.weight.copy_(ours.ln_f.weight)
+        for r, b in zip(ref.h, ours.blocks):
+            r.ln_1.weight.copy_(b.ln_1.weight)
+            r.ln_2.weight.copy_(b.ln_2.weight)
+            r.attn.c_attn.weight.copy_(torch.cat([b.attn.W_q.weight, b.attn.W_k.weight, b.attn.W_v.weight]))
+            r.attn.c_proj.weight.copy_(b.attn.W_o.weight)
+            r.c_fc.weight.copy_(b.mlp[0].weight)
+            r.c_proj.weight.copy_(b.mlp[2].weight)
+    return ref
+
+
+@needs_corpus
+def test_our_loop_steps_in_lockstep_with_nanogpts(tmp_path):
+    """Same weights, same batches: after warmup, cosine decay and the floor past decay_steps, our
+    Trainer and nanoGPT's transcribed loop hold the same model; the recipe is the same recipe."""
+    from experiments import nanogpt_reference as ng
+    from experiments.train import Trainer
+    steps = 12
+    cfg = bench.compose(bench.NANOGPT + bench.TINY_MODEL + [
+        f"train.steps={steps}", "optim.warmup_steps=3", "optim.decay_steps=9", "optim.lr=1e-2",
+        "train.grad_clip=0.5", "train.eval_batches=0", "train.ckpt_every=0"])
+    tr = Trainer(cfg, tmp_path)
+    ref = _reference_from(tr.model)
+    opt = ng.configure_optimizer(ref, cfg["optim"])
+    x0 = tr.task.batch(0, 4, "val").x
+    with torch.no_grad():
+        before = tr.model(x0)
+        assert torch.allclose(ref(x0), before, atol=1e-5)  # the weight mapping is exact
+    tr.run()
+    for it in range(steps):
+        b = tr.task.batch(it, cfg["train"]["batch_size"])
+        ng.train_step(ref, opt, b.x, b.y, it, cfg["optim"], cfg["train"]["grad_clip"])
+    assert [g["lr"] for g in opt.param_groups] == tr.sched.get_last_lr() == [1e-4] * 2  # the floor
+    with torch.no_grad():
+        after, ref_after = tr.model(x0), ref(x0)
+    assert (after - before).abs().max() > 0.1          # both trained, far from where they started
+    assert (after - ref_after).abs().max() < 1e-4      # and to the same place
