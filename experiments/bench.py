@@ -7,6 +7,7 @@
 Each takes --tiny (a seconds-long smoke size, used by the tests).
 """
 import argparse
+import datetime
 import statistics
 import sys
 import tempfile
@@ -183,6 +184,7 @@ def bench_throughput(tiny=False, rounds=None, chunk=None, overrides=()) -> dict:
     times = cpu if device.type == "cpu" else wall
     tokens = chunk * bs * T * rounds
     out = {"chunk": chunk, "rounds": rounds, "diag_every": every, "device": str(device), "clock": clock,
+           "d_model": cfg["model"]["d_model"], "n_heads": cfg["model"]["n_heads"], "seq_len": T, "batch_size": bs,
            "tokens_per_s": {n: tokens / sum(wall[n]) for n in names},
            "tokens_per_cpu_s": {n: tokens / sum(cpu[n]) for n in names}, "ratio": {}}
     print(f"throughput: {rounds} rounds x {chunk} steps of {bs}x{T} tokens per loop, interleaved, "
@@ -397,7 +399,9 @@ def main(argv=None):
     try:
         out = BENCHES[a.name](**kwargs)
         if a.out:
-            write_json(a.out, {"bench": a.name, "threads": torch.get_num_threads(), **out})
+            write_json(a.out, {"bench": a.name, "date": datetime.date.today().isoformat(),
+                               "threads": torch.get_num_threads(),
+                               "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None, **out})
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -120,3 +120,27 @@ def test_our_loop_steps_in_lockstep_with_nanogpts(tmp_path):
         after, ref_after = tr.model(x0), ref(x0)
     assert (after - before).abs().max() > 0.1          # both trained, far from where they started
     assert (after - ref_after).abs().max() < 1e-4      # and to the same place
+
+
+def test_gpu_figures_get_their_own_lines_beside_the_cpu_ones(tmp_path):
+    """A GPU run's JSON (as bench writes it on CUDA) adds lines with GPU, date, MFU and peaks."""
+    import json
+    import shutil
+    from experiments.sections import bench as section
+    d = tmp_path / "bench"
+    d.mkdir()
+    for name in ("throughput", "memory"):
+        shutil.copy(bench.ROOT / "results" / "bench" / f"{name}.json", d)
+    cpu = json.loads((d / "throughput.json").read_text())
+    gpu = {**cpu, "device": "cuda", "gpu": "NVIDIA H200", "date": "2026-11-29", "mfu": 0.41,
+           "d_model": 512, "n_heads": 8, "seq_len": 1024, "batch_size": 16}
+    (d / "throughput_cuda.json").write_text(json.dumps(gpu))
+    mem = {**json.loads((d / "memory.json").read_text()), "gpu": "NVIDIA H200", "date": "2026-11-29",
+           "cuda_peak": [{"T": 1024, "backend": "explicit", "peak": 4 * bench.GiB},
+                         {"T": 1024, "backend": "sdpa", "peak": 512 * bench.MiB}]}
+    (d / "memory_cuda.json").write_text(json.dumps(mem))
+    md = section.render([], tmp_path / "figures")
+    assert md.count("- **throughput**") == 2 and "(CPU, 1 thread(s);" in md
+    assert "(NVIDIA H200, 2026-11-29; d_model 512, h 8, T 1024, batch 16;" in md
+    assert "MFU of the bare loop 41.0%" in md
+    assert "T = 1024: explicit 4.0 GiB, sdpa 512 MiB" in md

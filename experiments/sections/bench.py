@@ -38,6 +38,18 @@ def _shakespeare(runs: list[dict]) -> str:
     return text
 
 
+def _throughput(t: dict) -> str:
+    on_gpu = t.get("device", "cpu").startswith("cuda")
+    where = f"{t.get('gpu')}, {t.get('date', 'undated')}" if on_gpu else f"CPU, {t['threads']} thread(s)"
+    size = (f"d_model {t['d_model']}, h {t['n_heads']}, T {t['seq_len']}, batch {t['batch_size']}; "
+            if "d_model" in t else "")
+    ratios = ", ".join(f"{k}: **{v:.3f}**" for k, v in t["ratio"].items())
+    mfu = f"; MFU of the bare loop {t['mfu']:.1%}" if "mfu" in t else ""
+    return (f"- **throughput** ({where}; {size}{t['rounds']} interleaved rounds of {t['chunk']} steps, "
+            f"ratios on {t['clock']}): bare loop {t['tokens_per_s']['bare']:,.0f} tokens/s; our loop / "
+            f"bare loop = {ratios} (targets 0.95 and 0.90){mfu}.")
+
+
 def _mib(n: float) -> str:
     return f"{n / 2 ** 20:,.0f} MiB" if n < 2 ** 30 else f"{n / 2 ** 30:,.1f} GiB"
 
@@ -49,12 +61,8 @@ def render(summaries: list[dict], fig_dir: Path) -> str | None:
     out = ["## Benchmarks\n"]
     if "shakespeare" in b:
         out.append(_shakespeare(b["shakespeare"]))
-    if "throughput" in b:
-        t = b["throughput"][-1]
-        ratios = ", ".join(f"{k}: **{v:.3f}**" for k, v in t["ratio"].items())
-        out.append(f"- **throughput** ({t['rounds']} interleaved rounds of {t['chunk']} steps, ratios on "
-                   f"{t['clock']}, {t['threads']} thread(s)): our loop / bare loop = {ratios} "
-                   f"(targets 0.95 and 0.90).")
+    for t in b.get("throughput", []):
+        out.append(_throughput(t))
     if "cost" in b:
         c = b["cost"][-1]
         rows = "\n".join(f"| {r['T']} | {r['proj_flops']:,} | {r['proj_formula']:,} | {r['attn_flops']:,} | "
@@ -71,4 +79,11 @@ def render(summaries: list[dict], fig_dir: Path) -> str | None:
         out.append(f"- **memory**: explicit path's saved weights == B h T^2 bytes exactly: {m['exact']}; "
                    f"SDPA saves no T x T tensor and grows linearly in T: {m['sdpa_linear']}. The lesson's case "
                    f"(B = 32, h = 8, fp16) by the verified formula: {lesson}.")
+        for g in (m for m in b["memory"] if m.get("cuda_peak")):  # written by a run on a GPU
+            by_t = {}
+            for r in g["cuda_peak"]:
+                by_t.setdefault(r["T"], []).append(f"{r['backend']} {_mib(r['peak'])}")
+            out.append(f"- **peak memory** on {g.get('gpu')} ({g.get('date', 'undated')}; one attention layer, "
+                       f"forward + backward, B = 32, h = 8, d = 512, bf16): "
+                       + "; ".join(f"T = {T}: {', '.join(v)}" for T, v in by_t.items()) + ".")
     return "\n".join(out) + "\n"
