@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from experiments.config import compose
 from experiments.io import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,17 +27,6 @@ NANOGPT = ["data=shakespeare_char", "model=nanogpt_cpu", "optim=nanogpt_cpu", "t
 TINY_MODEL = ["model.n_layers=1", "model.d_model=32", "model.n_heads=2", "data.seq_len=16",
               "train.batch_size=4"]
 MiB, GiB = 2 ** 20, 2 ** 30
-
-
-def compose(overrides) -> dict:
-    from hydra import compose as hydra_compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import OmegaConf
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
-        cfg = hydra_compose("config", overrides=list(overrides))
-    GlobalHydra.instance().clear()
-    return OmegaConf.to_container(cfg, resolve=True)
 
 
 def sync(device):

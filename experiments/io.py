@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 
 
-def _atomic(path: Path, write, mode="w"):
+def atomic_write(path: Path, write, mode="w"):
+    """write(f) into a temp file beside `path`, fsync, then rename over it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -24,8 +25,12 @@ def _atomic(path: Path, write, mode="w"):
         raise
 
 
+def write_text(path, text: str):
+    atomic_write(path, lambda f: f.write(text))
+
+
 def write_json(path, obj):
-    _atomic(path, lambda f: json.dump(obj, f, indent=2, default=_jsonable))
+    atomic_write(path, lambda f: json.dump(obj, f, indent=2, default=_jsonable))
 
 
 def _jsonable(x):
@@ -46,7 +51,7 @@ def write_rows_csv(path, rows: list[dict]):
         w = csv.DictWriter(f, fieldnames=list(cols), lineterminator="\n")
         w.writeheader()
         w.writerows(rows)
-    _atomic(path, write)
+    atomic_write(path, write)
 
 
 def read_rows_csv(path) -> list[dict]:
@@ -55,4 +60,4 @@ def read_rows_csv(path) -> list[dict]:
 
 
 def save_torch(path, obj):
-    _atomic(path, lambda f: torch.save(obj, f), mode="wb")
+    atomic_write(path, lambda f: torch.save(obj, f), mode="wb")

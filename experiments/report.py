@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from experiments import sections
-from experiments.io import _atomic
+from experiments.io import atomic_write, write_text
 from experiments.runner import config_hash
 
 STAMP = re.compile(r"\d{4}-\d{2}-\d{2}_\d{2}-\d{2}-\d{2}(?:-\d+)?")
@@ -167,7 +167,7 @@ def update_readme(readme: Path, blocks: dict[str, str], out: Path) -> list[str]:
         return f"<!-- BEGIN report:{name} -->\n{body.strip()}\n<!-- END report:{name} -->"
     new = re.sub(r"<!-- BEGIN report:(\S+) -->.*?<!-- END report:\1 -->", fill, text, flags=re.S)
     if new != text:
-        _atomic(readme, lambda f: f.write(new))
+        write_text(readme, new)
     return missing
 
 
@@ -179,14 +179,14 @@ def build(dirs, out: Path, readme: Path | None = None) -> Path:
     summaries = load_summaries(dirs)
     table = runs_table(summaries)
     if not table.empty:
-        _atomic(out / "runs.csv", lambda f: table.to_csv(f, index=False, lineterminator="\n"))
+        atomic_write(out / "runs.csv", lambda f: table.to_csv(f, index=False, lineterminator="\n"))
     if summaries:
         blocks = render_blocks(summaries, fig_dir)
         text = header(summaries) + "".join(f"\n{b.strip()}\n" for b in blocks.values())
     else:
         blocks = {}
         text = "# Attention failure suite: report\n\nNo runs found.\n"
-    _atomic(out / "REPORT.md", lambda f: f.write(text))
+    write_text(out / "REPORT.md", text)
     # figures this report did not (re)write are stale: a regenerated report has exactly its own
     for p, mtime in before.items():
         if p.exists() and p.stat().st_mtime_ns == mtime:

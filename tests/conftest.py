@@ -15,16 +15,10 @@ SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 @pytest.fixture
 def compose_cfg():
     """Compose conf/ through Hydra's compose API, returning a plain dict as run.py sees it."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import OmegaConf
+    from experiments.config import compose
 
     def _compose(overrides=(), results_dir=None):
-        GlobalHydra.instance().clear()
-        with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
-            cfg = compose("config", overrides=list(overrides))
-        GlobalHydra.instance().clear()
-        d = OmegaConf.to_container(cfg, resolve=True)
+        d = compose(overrides)
         if results_dir is not None:
             d["results_dir"] = str(results_dir)
         return d

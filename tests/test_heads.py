@@ -154,13 +154,8 @@ def test_two_facts_bad_config(kw, field):
                                              ("kv_sharing", "model.n_kv_heads", "2,1"),
                                              ("dv_ne_dk", "model.attention.d_v", "8,32")])
 def test_exp_presets_compose_with_their_sweep(exp, key, values):
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from tests.conftest import ROOT
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
-        cfg = compose("config", overrides=[f"+exp={exp}"], return_hydra_config=True)
-    GlobalHydra.instance().clear()
+    from experiments.config import compose_config
+    cfg = compose_config([f"+exp={exp}"], return_hydra_config=True)
     assert cfg.exp.name == exp and cfg.hydra.sweeper.params[key] == values
     if exp == "heads":
         assert cfg.data.name == "two_facts" and cfg.model.n_layers == 1

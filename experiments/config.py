@@ -1,0 +1,21 @@
+"""conf/ composed outside run.py (benchmarks, tests, notebooks): the config run.py would train."""
+from pathlib import Path
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+def compose_config(overrides=(), return_hydra_config: bool = False):
+    """conf/config.yaml with overrides, as Hydra's DictConfig (with its `hydra` node if asked)."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF)):
+        cfg = hydra_compose("config", overrides=list(overrides), return_hydra_config=return_hydra_config)
+    GlobalHydra.instance().clear()
+    return cfg
+
+
+def compose(overrides=()) -> dict:
+    """The resolved plain dict run.py hands to run_experiment."""
+    from omegaconf import OmegaConf
+    return OmegaConf.to_container(compose_config(overrides), resolve=True)
