@@ -109,8 +109,8 @@ class Recorder:
             self.stats[f"attn/{key}/{name}"] = float(val)
         for h, val in enumerate(per_head_entropy.tolist()):
             self.stats[f"attn/entropy_head/{name}/H{h}"] = val
-        if self.keep_weights:
-            self.weights[name] = w[0].cpu()
+        if self.keep_weights:  # a float16 copy of example 0: w[0] alone is a view of the whole batch
+            self.weights[name] = w[0].to(device="cpu", dtype=torch.float16, copy=True)
         if scores.requires_grad:
             scores.retain_grad()
             self._scores[name] = (scores, mask)

@@ -22,13 +22,14 @@ def layer_mean(df, prefix: str):
 def pick_head(attn_weights: dict) -> tuple[str, int] | None:
     """The (layer, head) whose attention is most focused (lowest mean row entropy) at the last
     recorded step: where learning, or its failure, is easiest to see."""
-    from attention.diagnostics import entropy
+    import numpy as np
     if not attn_weights:
         return None
     last = attn_weights[max(attn_weights)]
     best = None
     for layer in sorted(last):
-        ent = entropy(last[layer].float()).mean(-1)  # (h,)
+        w = np.asarray(last[layer], dtype=np.float64)
+        ent = -(w * np.log(np.clip(w, 1e-12, None))).sum(-1).mean(-1)  # (h,) nats, as diagnostics.entropy
         for h, e in enumerate(ent.tolist()):
             if e == e and (best is None or e < best[0]):  # skip NaN heads
                 best = (e, layer, h)
@@ -36,7 +37,8 @@ def pick_head(attn_weights: dict) -> tuple[str, int] | None:
 
 
 def _heatmap(ax, w, title):
-    ax.imshow(w.float().numpy(), cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
+    import numpy as np
+    ax.imshow(np.asarray(w, dtype=np.float32), cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
     ax.set_title(title, fontsize=9)
     ax.set_xlabel("key", fontsize=8)
     ax.set_ylabel("query", fontsize=8)

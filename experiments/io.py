@@ -5,7 +5,7 @@ import os
 import tempfile
 from pathlib import Path
 
-import torch
+import numpy as np
 
 
 def atomic_write(path: Path, write, mode="w"):
@@ -60,4 +60,26 @@ def read_rows_csv(path) -> list[dict]:
 
 
 def save_torch(path, obj):
+    import torch  # the report reads run dirs without torch
     atomic_write(path, lambda f: torch.save(obj, f), mode="wb")
+
+
+# attn_weights.npz: the weights of example 0 at each diagnostic step, one array per layer of shape
+# (n_steps, h, T_q, T_k) in float16 (a picture's precision; weights outside +-65504, possible only
+# for normalize_by_sum, read as inf) plus `steps`. One array per layer, not per (step, layer), so
+# the file is its contents plus a few hundred bytes of zip headers.
+
+def save_attn_weights(path, weights: dict):
+    """{step: {layer: (h, T_q, T_k)}} -> attn_weights.npz, every array copied out to float16."""
+    steps = sorted(weights)
+    layers = sorted(weights[steps[0]]) if steps else []
+    arrays = {layer: np.stack([np.asarray(weights[s][layer], dtype=np.float16) for s in steps])
+              for layer in layers}
+    atomic_write(path, lambda f: np.savez(f, steps=np.asarray(steps, dtype=np.int64), **arrays), mode="wb")
+
+
+def load_attn_weights(path) -> dict:
+    """attn_weights.npz -> {step: {layer: (h, T_q, T_k) float16 array}}."""
+    with np.load(path) as z:
+        layers = {k: z[k] for k in z.files if k != "steps"}
+        return {int(s): {layer: a[i] for layer, a in layers.items()} for i, s in enumerate(z["steps"])}

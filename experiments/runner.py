@@ -1,6 +1,6 @@
 """One experiment: train the failure run, find or train its control, judge, write the run dir.
 
-Run dir: metrics.csv, perf.csv, summary.json, curves.png, attn_weights.pt, wandb/.
+Run dir: metrics.csv, perf.csv, summary.json, curves.png, attn_weights.npz, wandb/.
 Controls live under <results_dir>/controls/<name>-<hash>/, keyed by the hash of everything that
 shapes training, so every experiment with the same control config reuses one run (a file lock
 keeps two parallel jobs from training it twice).
@@ -16,12 +16,11 @@ import time
 from pathlib import Path
 
 import pandas as pd
-import torch
 
 from experiments.figures import plot_experiment
-from experiments.io import read_rows_csv, save_torch, write_json
+from experiments.io import load_attn_weights, read_rows_csv, save_attn_weights, write_json
 from experiments.logger import make_logger
-from experiments.train import Preempted, Trainer, write_metrics
+from experiments.train import Preempted, Trainer, remove_checkpoint, write_metrics
 from experiments.verdict import RunView, evaluate, validate_checks
 
 # keys that do not change what is trained
@@ -120,7 +119,7 @@ def _train_run(cfg: dict, run_dir: Path, role: str, ckpt: Path, progress_factory
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0  # cpu: honest on a shared box
     write_metrics(run_dir, res)
     if res.attn_weights:
-        save_torch(run_dir / "attn_weights.pt", res.attn_weights)
+        save_attn_weights(run_dir / "attn_weights.npz", res.attn_weights)
     if res.status == "completed":
         for ref in cfg["exp"].get("measures") or []:
             res.final.update(run_measure(ref, trainer, cfg))
@@ -133,8 +132,7 @@ def _train_run(cfg: dict, run_dir: Path, role: str, ckpt: Path, progress_factory
         "perf": {"tokens_per_s": sum(tps) / len(tps) if tps else None},
         "context": _context(cfg, trainer, res), "config": cfg,
     }
-    if ckpt.exists():
-        ckpt.unlink()  # finished: a rerun starts afresh; only an interrupted run resumes
+    remove_checkpoint(ckpt)  # finished: a rerun starts afresh; only an interrupted run resumes
     summary["_logger"] = logger
     return summary
 
@@ -177,8 +175,8 @@ def preflight(cfg: dict) -> None:
 
 
 def _weights(run_dir: Path):
-    p = Path(run_dir) / "attn_weights.pt"
-    return torch.load(p, weights_only=False) if p.exists() else None
+    p = Path(run_dir) / "attn_weights.npz"
+    return load_attn_weights(p) if p.exists() else None
 
 
 def run_experiment(cfg: dict, run_dir: Path, progress_factory=None) -> dict:

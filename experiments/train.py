@@ -183,6 +183,7 @@ class Trainer:
         self.progress = progress
         self.res = RunResult(params=self.model.param_count())
         self.step = 0
+        self._chunked_upto = 0  # rows and weights of steps before this are in checkpoint chunks
         self._stop = False
 
     def amp(self):
@@ -191,16 +192,25 @@ class Trainer:
         return torch.autocast(self.device.type, dtype=self.amp_dtype)
 
     # -- checkpoints -------------------------------------------------------------------------
+    # ckpt.pt holds what resuming needs and is the same size at every step. What grows with the
+    # step count (the logged rows, the recorded attention weights) goes beside it, one chunk per
+    # checkpoint holding only what was logged since the previous one: nothing is rewritten.
     def state(self) -> dict:
         return {"model": self.model.state_dict(), "optim": self.optim.state_dict(),
-                "sched": self.sched.state_dict(), "step": self.step, "rows": self.res.rows,
-                "attn_weights": self.res.attn_weights,
+                "sched": self.sched.state_dict(), "step": self.step,
                 "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
                         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
 
     def save_checkpoint(self):
-        if self.ckpt_path is not None:
-            save_torch(self.ckpt_path, self.state())
+        if self.ckpt_path is None:
+            return
+        since = self._chunked_upto
+        rows = [r for r in self.res.rows if since <= r["step"] < self.step]
+        weights = {s: w for s, w in self.res.attn_weights.items() if since <= s < self.step}
+        # the chunk first: a kill between the two leaves a chunk newer than ckpt.pt, ignored on resume
+        save_torch(chunk_path(self.ckpt_path, self.step), {"rows": rows, "attn_weights": weights})
+        save_torch(self.ckpt_path, self.state())
+        self._chunked_upto = self.step
 
     def try_resume(self) -> bool:
         if self.ckpt_path is None or not self.ckpt_path.exists():
@@ -209,7 +219,12 @@ class Trainer:
         self.model.load_state_dict(s["model"])
         self.optim.load_state_dict(s["optim"])
         self.sched.load_state_dict(s["sched"])
-        self.step, self.res.rows, self.res.attn_weights = s["step"], s["rows"], s["attn_weights"]
+        self.step = self._chunked_upto = s["step"]
+        self.res.rows, self.res.attn_weights = [], {}
+        for p in chunks(self.ckpt_path, upto=self.step):
+            c = torch.load(p, weights_only=False)
+            self.res.rows += c["rows"]
+            self.res.attn_weights.update(c["attn_weights"])
         torch.set_rng_state(s["rng"]["torch"])
         random.setstate(s["rng"]["python"])
         if s["rng"]["cuda"] is not None and torch.cuda.is_available():
@@ -347,6 +362,22 @@ class Trainer:
         row = {"step": self.step, **{k: float(v) for k, v in metrics.items()}}
         self.res.rows.append(row)
         return row
+
+
+def chunk_path(ckpt_path: Path, step: int) -> Path:
+    return Path(ckpt_path).parent / f"log-{step:08d}.pt"
+
+
+def chunks(ckpt_path: Path, upto: int | None = None) -> list[Path]:
+    """The chunks beside ckpt_path in step order (up to and including step `upto`)."""
+    found = sorted(Path(ckpt_path).parent.glob("log-*.pt"))
+    return [p for p in found if upto is None or int(p.stem[4:]) <= upto]
+
+
+def remove_checkpoint(ckpt_path: Path):
+    """A finished run leaves nothing to resume from: ckpt.pt and its chunks go."""
+    for p in [Path(ckpt_path), *chunks(ckpt_path)]:
+        p.unlink(missing_ok=True)
 
 
 def _main_thread() -> bool:

@@ -15,7 +15,7 @@ import torch
 
 from experiments import report
 from experiments.callbacks import crashed_jobs, finish_multirun, job_dirs
-from experiments.io import write_json, write_rows_csv
+from experiments.io import save_attn_weights, write_json, write_rows_csv
 from experiments.logger import entropy_by_layer, heads_image, image_steps, payload
 from experiments.sections import catalogue
 
@@ -32,7 +32,7 @@ def make_cfg(exp="no_scaling", seed=0, scale="none", steps=20):
 
 def fake_run(d: Path, exp="no_scaling", seed=0, role="failure", loss_end=4.0, measured=3.0,
              control_dir=None, status="completed", expected_error=False, steps=20, scale="none"):
-    """A run dir as runner.run_experiment leaves it: summary.json, metrics.csv, attn_weights.pt."""
+    """A run dir as runner.run_experiment leaves it: summary.json, metrics.csv, attn_weights.npz."""
     d.mkdir(parents=True)
     rows = [{"step": s, "loss/copy": 4.0 + (loss_end - 4.0) * s / (steps - 1),
              "attn/entropy/L0": 2.0 - s / steps, "attn/entropy/L1": 2.0,
@@ -40,7 +40,7 @@ def fake_run(d: Path, exp="no_scaling", seed=0, role="failure", loss_end=4.0, me
             for s in range(0, steps, 5)]
     write_rows_csv(d / "metrics.csv", rows)
     w = torch.softmax(torch.randn(2, 7, 7, generator=torch.Generator().manual_seed(seed)), -1)
-    torch.save({0: {"L0": w, "L1": w}, steps - 1: {"L0": w, "L1": w.flip(-1)}}, d / "attn_weights.pt")
+    save_attn_weights(d / "attn_weights.npz", {0: {"L0": w, "L1": w}, steps - 1: {"L0": w, "L1": w.flip(-1)}})
     cfg = make_cfg(exp, seed, scale, steps)
     check = {"name": "plateau", "kind": "threshold", "metric": "loss/copy", "passed": measured >= 2.0,
              "measured": measured, "expected": ">= 2"}

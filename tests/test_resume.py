@@ -7,9 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import ROOT, TINY
+from experiments.io import load_attn_weights
 
 # 24 steps, a checkpoint every 5; one torch thread so every process computes the same sums
 ARGS = [*TINY, "train.steps=24", "train.ckpt_every=5", "train.log_every=1", "train.diag_every=4"]
@@ -30,7 +32,7 @@ if where in ("KILL", "TERM"):  # signalled during training step k
     train.Trainer.train_step = train_step
 else:                        # killed halfway through writing the checkpoint of step k
     def save_torch(path, obj):
-        if obj["step"] == k:
+        if obj.get("step") == k:  # ckpt.pt (the chunk written before it carries no step)
             with open(str(path) + ".partial", "wb") as f:
                 f.write(b"half a checkpoint")
             os.kill(os.getpid(), signal.SIGKILL)
@@ -98,8 +100,12 @@ def test_killed_and_preempted_run_resumes_bitwise_identical(tmp_path):
     [done] = completed(res)
 
     assert (done / "metrics.csv").read_bytes() == (ref_dir / "metrics.csv").read_bytes()
+    wa, wb = (load_attn_weights(d / "attn_weights.npz") for d in (done, ref_dir))
+    assert sorted(wa) == sorted(wb) == [0, 4, 8, 12, 16, 20, 23]
+    assert all(np.array_equal(wa[s]["L0"], wb[s]["L0"]) for s in wa)
     a, b = (json.loads((d / "summary.json").read_text()) for d in (done, ref_dir))
     assert a["final"] == b["final"] and a["steps_done"] == b["steps_done"] == 24
     assert a["verdict"]["checks"] == b["verdict"]["checks"]
     assert not checkpoints(res)                # a finished run leaves no checkpoint to resume from
+    assert not list((Path(res) / "checkpoints").glob("*/log-*.pt"))
     assert len(run_dirs(res)) == 4             # the interrupted attempts recorded nothing as run

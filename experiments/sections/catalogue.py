@@ -6,9 +6,8 @@ import re
 from collections import Counter
 from pathlib import Path
 
-import torch
-
 from experiments.figures import plot_experiment
+from experiments.io import load_attn_weights
 from experiments.sections import metrics
 
 NAME = "catalogue"
@@ -157,11 +156,11 @@ def per_seed_table(summaries: list[dict]) -> str | None:
 
 
 def _attn(s: dict | None):
-    p = Path(s["_dir"]) / "attn_weights.pt" if s else None
+    p = Path(s["_dir"]) / "attn_weights.npz" if s else None
     if p is None or not p.exists():
         return None
     try:
-        return torch.load(p, map_location="cpu", weights_only=True)
+        return load_attn_weights(p)
     except Exception:
         return None
 
