@@ -5,6 +5,7 @@
     python run.py -m '+exp=glob(*)'    # the catalogue, one report at the end
 """
 import os
+import shutil
 import sys
 import traceback
 from pathlib import Path
@@ -38,6 +39,7 @@ def main(cfg: DictConfig) -> int:
         if multirun:
             print(f"error: [{cfg.exp.name}] {e}", file=sys.stderr)
             return 2
+        remove_if_only_hydra(run_dir)
         fail(str(e))
     except Exception as e:  # an unexpected crash: recorded as status error, the sweep goes on
         traceback.print_exc()
@@ -54,6 +56,15 @@ def main(cfg: DictConfig) -> int:
     if code and not multirun:
         sys.exit(code)
     return code
+
+
+def remove_if_only_hydra(run_dir: Path):
+    """Hydra made the run dir before the config was checked; a rejected config leaves no run dir."""
+    if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {".hydra", "run.log"}:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        for parent in (run_dir.parent, run_dir.parent.parent):  # runs/<exp>/, runs/, if now empty
+            if parent.is_dir() and not any(parent.iterdir()):
+                parent.rmdir()
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import pandas as pd
 from experiments.figures import plot_experiment
 from experiments.io import load_attn_weights, read_rows_csv, save_attn_weights, write_json
 from experiments.logger import make_logger
+from experiments.schema import validate
 from experiments.train import Preempted, Trainer, remove_checkpoint, write_metrics
 from experiments.verdict import RunView, evaluate, validate_checks
 
@@ -167,8 +168,11 @@ def find_or_train_control(cfg: dict, progress_factory=None) -> tuple[dict, list[
 
 
 def preflight(cfg: dict) -> None:
-    """Build everything a run and its control need, train nothing: a bad config raises
-    ValueError here, before any run is recorded."""
+    """Check a run and its control against the schema, then build what they need, train nothing:
+    a bad config raises ValueError here, before any run is recorded."""
+    validate(cfg)
+    if cfg["exp"].get("control"):
+        validate(control_config(cfg))
     build_trainer(cfg, Path(cfg["results_dir"]))
     if cfg["exp"].get("control"):
         build_trainer(control_config(cfg), Path(cfg["results_dir"]))

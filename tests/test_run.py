@@ -60,4 +60,6 @@ def test_every_experiment_config_composes(compose_cfg, exp):
     assert cfg["exp"]["name"] == exp
     assert cfg["exp"].get("claim")
     from experiments.verdict import validate_checks
+    from experiments.schema import validate
     validate_checks(cfg["exp"].get("expect"))
+    validate(cfg)  # every shipped experiment passes the schema
