@@ -1,0 +1,289 @@
+"""Sweeps through `hydra/launcher=slurm` on a real one-node SLURM cluster (slurmctld + slurmd,
+brought up by experiments/slurm/local_cluster.sh): a job array with its report, a bad cell, a
+control shared by two jobs, preemption (`scontrol requeue`) and a time limit, each resumed from
+its checkpoint to the uninterrupted run's metrics.csv, byte for byte.
+
+Without a cluster these tests skip, saying how to start one; under CI (CI=true or
+ATTN_REQUIRE_SLURM=1, which .ci/run sets) they fail instead. Every job takes one CPU."""
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from hydra.experimental.callback import Callback
+
+sys.path.insert(0, str(Path(__file__).parent))  # also imported inside the SLURM jobs (Instrument)
+from conftest import ROOT, TINY  # noqa: E402
+
+SCRIPT = ROOT / "experiments" / "slurm" / "local_cluster.sh"
+REQUIRED = os.environ.get("CI") == "true" or os.environ.get("ATTN_REQUIRE_SLURM") == "1"
+ENV = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}  # never a job's own env
+ENV.update(OMP_NUM_THREADS="1", WANDB_MODE="disabled", PYTHONWARNINGS="ignore")
+SLURM = ["hydra/launcher=slurm", "hydra.launcher.partition=debug", "hydra.launcher.gpus_per_node=0",
+         "hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=1"]
+# 200 steps, no periodic checkpoint: the only checkpoint a run writes is the one a signal asks for
+LONG = [*TINY, "train.steps=200", "train.ckpt_every=0", "train.log_every=5", "train.diag_every=50"]
+
+
+class Instrument(Callback):
+    """A Hydra callback that runs inside each SLURM job: it appends what the job does (trainings,
+    checkpoints, (re)starts) to a JSON-lines file the test reads, and slows the steps of a job's
+    first attempt only, so a signal finds it training and the resumed attempt is quick. Sleeping
+    changes no number in metrics.csv."""
+
+    def __init__(self, record: str, first_attempt_step_s: float = 0.0):
+        self.record, self.step_s = record, float(first_attempt_step_s)
+
+    def _rec(self, event: str, **kw):
+        with open(self.record, "a") as f:
+            f.write(json.dumps({"event": event, "t": time.time(), **self.ids, **kw}) + "\n")
+
+    def on_job_start(self, config, **kwargs):
+        from experiments import runner, train
+        attempt = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+        array = os.environ.get("SLURM_ARRAY_JOB_ID")  # a sweep of one job is not an array
+        task = f"{array}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array else os.environ["SLURM_JOB_ID"]
+        self.ids = {"job": os.environ["SLURM_JOB_ID"], "task": task, "attempt": attempt}
+        info = subprocess.run(["scontrol", "show", "job", os.environ["SLURM_JOB_ID"]],
+                              capture_output=True, text=True).stdout
+        times = {k: _epoch(v) for k, v in (f.split("=", 1) for f in info.split() if "=" in f)
+                 if k in ("StartTime", "EndTime")}
+        self._rec("job", **times)
+        rec, step_s = self._rec, self.step_s if attempt == 0 else 0.0
+        train_run, save, resume, step = (runner.train_run, train.Trainer.save_checkpoint,
+                                         train.Trainer.try_resume, train.Trainer.train_step)
+
+        def train_run_(cfg, run_dir, role, *a, **kw):
+            rec("train", name=cfg["exp"]["name"], role=role)
+            out = train_run(cfg, run_dir, role, *a, **kw)
+            rec("trained", name=cfg["exp"]["name"], role=role)
+            return out
+
+        def save_(self):
+            save(self)
+            rec("checkpoint", step=self.step)
+
+        def resume_(self):
+            resumed = resume(self)
+            rec("start", step=self.step, resumed=resumed)
+            return resumed
+
+        def step_(self, *a, **kw):
+            time.sleep(step_s)
+            return step(self, *a, **kw)
+
+        runner.train_run, train.Trainer.save_checkpoint = train_run_, save_
+        train.Trainer.try_resume, train.Trainer.train_step = resume_, step_
+
+
+def _epoch(s: str) -> float:
+    return time.mktime(datetime.strptime(s, "%Y-%m-%dT%H:%M:%S").timetuple())
+
+
+def instrument(record: Path, step_s: float = 0.0) -> list[str]:
+    cb = "+hydra.callbacks.instrument"
+    return [f"{cb}._target_=tests.test_slurm.Instrument", f"{cb}.record={record}",
+            f"{cb}.first_attempt_step_s={step_s}"]
+
+
+def events(record: Path) -> list[dict]:
+    return [json.loads(l) for l in record.read_text().splitlines()] if record.exists() else []
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """The local cluster must be up (`.ci/run` brings it up); the tests never start daemons."""
+    p = subprocess.run(["bash", str(SCRIPT), "status"], capture_output=True, text=True, timeout=30)
+    if p.returncode != 0:
+        why = subprocess.run(["bash", str(SCRIPT), "check"], capture_output=True, text=True, timeout=30)
+        reason = (f"no SLURM cluster ({p.stdout.strip()}; {(why.stdout + why.stderr).strip()}); "
+                  f"start one with `sudo {SCRIPT.relative_to(ROOT)} up`")
+        if REQUIRED:
+            pytest.fail(reason + " [required: CI / ATTN_REQUIRE_SLURM=1]")
+        pytest.skip(reason)
+
+
+def squeue(*args) -> list[str]:
+    p = subprocess.run(["squeue", "-h", *args], capture_output=True, text=True, timeout=30, env=ENV)
+    return p.stdout.split()
+
+
+def sweep(results: Path, args: list[str], timeout: float, on_poll=None) -> tuple[int, str, Path]:
+    """`python run.py -m ... hydra/launcher=slurm` until it exits; returns (code, output, sweep dir).
+    SLURM holds a requeued job for 120 s (BeginTime, fixed in slurmctld); each poll releases it
+    at once, as an operator would with `scontrol update StartTime=now`. On a timeout the jobs
+    are cancelled and the test fails with the jobs' logs."""
+    results.mkdir(parents=True, exist_ok=True)
+    out = results / "sweep.out"
+    with open(out, "w") as f:
+        p = subprocess.Popen([sys.executable, "run.py", "-m", *args, f"results_dir={results}", *SLURM],
+                             cwd=ROOT, env=ENV, stdout=f, stderr=subprocess.STDOUT)
+    deadline = time.time() + timeout
+    try:
+        while p.poll() is None and time.time() < deadline:
+            held = squeue("-t", "PD", "-o", "%i|%r")
+            for job in (j.split("|")[0] for j in held if j.endswith("|BeginTime")):
+                subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=ENV,
+                               capture_output=True, timeout=30)
+            if on_poll:
+                on_poll()
+            time.sleep(0.5)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+            code = None
+        else:
+            code = p.returncode
+    [sweep_dir] = (results / "multirun").iterdir()
+    if code is None:
+        jobs = {t.split("_")[0] for t in array_tasks(sweep_dir)}
+        subprocess.run(["scancel", *sorted(jobs)], env=ENV, capture_output=True, timeout=30)
+        pytest.fail(f"sweep still running after {timeout} s\n{out.read_text()[-2000:]}\n{logs(sweep_dir)[-4000:]}")
+    return code, out.read_text(), sweep_dir
+
+
+def array_tasks(sweep_dir: Path) -> list[str]:
+    """The SLURM ids (ARRAY_TASK) of a sweep's jobs, from submitit's folders."""
+    return sorted(d.name for d in (sweep_dir / ".submitit").iterdir() if d.name.replace("_", "").isdigit())
+
+
+def logs(sweep_dir: Path) -> str:
+    return "".join(f"== {p.name}\n{p.read_text()}" for p in sorted(sweep_dir.glob(".submitit/*/*_log.*")))
+
+
+def reference_metrics(results: Path, args: list[str]) -> bytes:
+    """The same run, uninterrupted, without SLURM."""
+    p = subprocess.run([sys.executable, "run.py", *args, f"results_dir={results}"], cwd=ROOT, env=ENV,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    [run] = (results / "runs" / "baseline").iterdir()
+    return (run / "metrics.csv").read_bytes()
+
+
+# -- one job array: two good cells that share a control, two bad cells ------------------------
+@pytest.fixture(scope="module")
+def array_sweep(cluster, tmp_path_factory):
+    """sum_normalize with softmax=sum and softmax=naive: two failures, one control (softmax=stable,
+    everything else equal); n_heads=3 does not divide d_model=32, so those two cells are bad
+    input. Jobs 0 and 1 start together on two CPUs and reach the control's lock together."""
+    results = tmp_path_factory.mktemp("array")
+    record = results / "record.jsonl"
+    args = [*TINY, "+exp=sum_normalize", "model.n_heads=2,3", "model.attention.softmax=sum,naive",
+            "hydra.launcher.timeout_min=5", *instrument(record, 0.2)]
+    code, out, sweep_dir = sweep(results, args, timeout=240)
+    return code, out, sweep_dir, events(record)
+
+
+def test_job_array_runs_the_sweep_and_writes_its_report(array_sweep):
+    code, out, sweep_dir, rec = array_sweep
+    jobs = array_tasks(sweep_dir)
+    assert len(jobs) == 4 and {j.split("_")[0] for j in jobs} == {jobs[0].split("_")[0]}, jobs  # an array
+    good = [json.loads(p.read_text()) for p in sorted(sweep_dir.glob("*/summary.json"))]
+    good = [s for s in good if s["status"] != "error"]
+    assert sorted(s["config"]["model"]["attention"]["softmax"] for s in good) == ["naive", "sum"]
+    assert all(s["status"] in ("completed", "diverged") and s["verdict"] for s in good)
+    assert (sweep_dir / "REPORT.md").exists() and f"report: {sweep_dir / 'REPORT.md'}" in out
+    assert sorted({e["task"] for e in rec if e["event"] == "trained"}) == jobs[:2]
+
+
+def test_bad_cell_is_recorded_with_its_line_and_the_exit_code_says_so(array_sweep):
+    code, out, sweep_dir, _ = array_sweep
+    assert code == 1, out[-3000:]
+    line = "model.d_model=32 is not divisible by model.n_heads=3"
+    bad = sorted(d for d in sweep_dir.iterdir() if (d / "summary.json").exists()
+                 and json.loads((d / "summary.json").read_text())["status"] == "error")
+    assert [d.name for d in bad] == ["2_sum_normalize_seed0", "3_sum_normalize_seed0"]
+    for d in bad:
+        s = json.loads((d / "summary.json").read_text())
+        assert line in s["error"] and "\n" not in s["error"] and "final" not in s
+        assert f"crashed: {d.name}: status error: bad config: {line}" in out
+    assert "2 of 4 jobs crashed unexpectedly" in out
+    errs = [p.read_text() for p in sorted(sweep_dir.glob(".submitit/*_[23]/*_log.err"))]
+    assert len(errs) == 2 and all(f"error: [sum_normalize] {line}" in e for e in errs)
+    assert all("Traceback" not in e for e in errs)
+
+
+def test_two_jobs_sharing_a_control_train_it_once(array_sweep):
+    _, out, sweep_dir, rec = array_sweep
+    controls = [e for e in rec if e["event"] == "train" and e["role"] == "control"]
+    assert len(controls) == 1, rec                       # trained once, by one of the two jobs
+    fails = {e["task"]: e["t"] for e in rec if e["event"] == "train" and e["role"] == "failure"}
+    done = {e["task"]: e["t"] for e in rec if e["event"] == "trained" and e["role"] == "failure"}
+    assert len(fails) == 2
+    # the two jobs ran at the same time, so the second met the first's lock on the control
+    assert max(fails.values()) < min(done.values()), rec
+    dirs = {json.loads(p.read_text())["control"]["dir"] for p in sweep_dir.glob("*/summary.json")
+            if json.loads(p.read_text())["status"] != "error"}
+    assert len(dirs) == 1 and len(list(Path(dirs.pop()).parent.iterdir())) == 1
+
+
+# -- preemption and time limit: checkpoint, requeue, resume, same bytes -----------------------
+def resumed_once(rec: list[dict]) -> int:
+    """The step the first attempt checkpointed at, which the second attempt resumed from."""
+    ckpts = [e for e in rec if e["event"] == "checkpoint"]
+    starts = [(e["attempt"], e["step"], e["resumed"]) for e in rec if e["event"] == "start"]
+    assert len(ckpts) == 1 and ckpts[0]["attempt"] == 0, rec
+    k = ckpts[0]["step"]
+    assert 0 < k < 200 and starts == [(0, 0, False), (1, k, True)], rec
+    return k
+
+
+def test_preempted_job_is_requeued_and_resumes_identically(cluster, tmp_path):
+    ref = reference_metrics(tmp_path / "ref", LONG)
+    res, record = tmp_path / "slurm", tmp_path / "record.jsonl"
+    requeued = []
+
+    def preempt():  # once the first attempt has trained a second: requeue it, as a preemption would
+        starts = [e for e in events(record) if e["event"] == "start"]
+        if not requeued and starts and time.time() - starts[0]["t"] > 1.0:
+            requeued.append(starts[0]["task"])
+            subprocess.run(["scontrol", "requeue", starts[0]["task"]], env=ENV, check=True, timeout=30)
+
+    code, out, sweep_dir = sweep(res, [*LONG, "hydra.launcher.timeout_min=5", *instrument(record, 0.1)],
+                                 timeout=180, on_poll=preempt)
+    assert code == 0 and requeued, out[-3000:]
+    rec = events(record)
+    k = resumed_once(rec)
+    log = logs(sweep_dir)
+    # scontrol requeue sends SIGTERM: the trainer checkpoints at the next step and exits
+    assert f"preempted: signal SIGTERM at step {k}; checkpoint written" in log, log[-3000:]
+    [job] = [d for d in sweep_dir.iterdir() if (d / "summary.json").exists()]
+    assert json.loads((job / "summary.json").read_text())["status"] == "completed"
+    assert (job / "metrics.csv").read_bytes() == ref
+    assert not list(res.glob("checkpoints/*/ckpt.pt"))
+
+
+SIGNAL_DELAY_S = 5
+
+
+def test_time_limit_signals_checkpoints_requeues_and_resumes_identically(cluster, tmp_path):
+    """A 1-minute limit and a first attempt slowed to 100 s. slurmctld checks limits every 30 s
+    and sends USR2 at the first check within 30 s of (limit - signal_delay_s), so it arrives
+    15..45 s into the job, 15..45 s before the limit (measured): submitit's handler takes it as
+    a time-out (max_num_timeout), the trainer checkpoints, the job is requeued and finishes."""
+    ref = reference_metrics(tmp_path / "ref", LONG)
+    res, record = tmp_path / "slurm", tmp_path / "record.jsonl"
+    args = [*LONG, "hydra.launcher.timeout_min=1", f"hydra.launcher.signal_delay_s={SIGNAL_DELAY_S}",
+            "hydra.launcher.max_num_timeout=1", *instrument(record, 0.3)]
+    code, out, sweep_dir = sweep(res, args, timeout=200)
+    log = logs(sweep_dir)
+    assert code == 0, out[-3000:] + log[-3000:]
+    rec = events(record)
+    k = resumed_once(rec)
+    assert "Caught signal SIGUSR2" in log and "this job is timed-out" in log, log[-3000:]
+    assert "Requeued job" in log and "0 remaining timeouts" in log, log[-3000:]
+    [job0] = [e for e in rec if e["event"] == "job" and e["attempt"] == 0]
+    [ckpt] = [e for e in rec if e["event"] == "checkpoint"]
+    lead = job0["EndTime"] - ckpt["t"]  # how long before the limit the checkpoint was on disk
+    print(f"time limit: checkpoint at step {k}, {ckpt['t'] - job0['StartTime']:.1f} s into the job, "
+          f"{lead:.1f} s before its limit (signal_delay_s={SIGNAL_DELAY_S})")
+    assert job0["EndTime"] - job0["StartTime"] == 60
+    assert SIGNAL_DELAY_S - 2 <= lead <= SIGNAL_DELAY_S + 60, (lead, rec)
+    [job] = [d for d in sweep_dir.iterdir() if (d / "summary.json").exists()]
+    assert (job / "metrics.csv").read_bytes() == ref
+    assert json.loads((job / "summary.json").read_text())["steps_done"] == 200
