@@ -36,9 +36,7 @@ def main(cfg: DictConfig) -> int:
         sys.stdout.flush()
         os._exit(143)  # at once, leaving no job result behind (a requeued job writes it)
     except ValueError as e:  # a bad config: one line, exit 2, nothing recorded as run
-        if multirun:  # the sweep goes on; the job's record carries the line (status error, not a run)
-            write_json(run_dir / "summary.json", {"exp": cfg.exp.name, "status": "error", "seed": cfg.seed,
-                                                  "error": f"bad config: {e}", "config": container})
+        if multirun:
             print(f"error: [{cfg.exp.name}] {e}", file=sys.stderr)
             return 2
         remove_if_only_hydra(run_dir)
