@@ -16,9 +16,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from experiments.io import write_json
 from experiments.preflight import check_argv, exclude_sweep_presets
-from experiments.progress import progress_factory
-from experiments.runner import exit_code, fail, run_experiment, verdict_line
-from experiments.train import Preempted
+from experiments.records import RunRecord
+from experiments.training.preemption import Preempted
+from experiments.training.progress import progress_factory
+from experiments.training.runner import exit_code, fail, run_experiment, verdict_line
 
 os.environ.setdefault("WANDB_SILENT", "true")
 
@@ -30,7 +31,7 @@ def main(cfg: DictConfig) -> int:
     container = OmegaConf.to_container(cfg, resolve=True)
     multirun = hc.mode.name == "MULTIRUN"
     try:
-        summary = run_experiment(container, run_dir, progress_factory)
+        record = run_experiment(container, run_dir, progress_factory)
     except Preempted as e:  # SIGTERM/USR2: the checkpoint is written; a rerun resumes from it
         print(f"preempted: {e}; rerun the same command to resume", file=sys.stderr, flush=True)
         sys.stdout.flush()
@@ -45,14 +46,14 @@ def main(cfg: DictConfig) -> int:
         traceback.print_exc()
         msg = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
         if not (run_dir / "summary.json").exists():
-            write_json(run_dir / "summary.json", {"exp": cfg.exp.name, "status": "error", "error": msg,
-                                                  "seed": cfg.seed, "config": container})
+            write_json(run_dir / "summary.json", RunRecord(exp=cfg.exp.name, status="error", error=msg,
+                                                           seed=cfg.seed, config=container).to_summary())
         print(f"error: [{cfg.exp.name}] {msg}", file=sys.stderr)
         if multirun:
             return 1
         sys.exit(1)
-    print(verdict_line(summary, run_dir), flush=True)
-    code = exit_code(summary)
+    print(verdict_line(record, run_dir), flush=True)
+    code = exit_code(record)
     if code and not multirun:
         sys.exit(code)
     return code

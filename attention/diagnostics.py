@@ -62,27 +62,79 @@ def kv_cache_bytes(n_layers: int, n_kv_heads: int, d_k: int, t: int, bytes_per: 
     return batch * n_layers * n_kv_heads * (d_k + d_v) * t * bytes_per
 
 
+def saved_tensor_bytes(forward, params=(), T: int | None = None):
+    """Bytes autograd saves for backward while `forward()` runs: the activation memory of a step,
+    each storage counted once, `params` excluded. Returns (forward's output, {"total", "square"}),
+    square: the storages of (..., T, T) non-boolean tensors (the attention weights)."""
+    skip = {p.untyped_storage().data_ptr() for p in params}
+    seen: dict[int, tuple[int, bool]] = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        if s.data_ptr() not in skip:
+            sq = T is not None and t.dim() >= 2 and t.shape[-2:] == (T, T) and t.dtype != torch.bool
+            seen[s.data_ptr()] = (s.nbytes(), seen.get(s.data_ptr(), (0, False))[1] or sq)
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = forward()
+    return out, {"total": sum(b for b, _ in seen.values()), "square": sum(b for b, sq in seen.values() if sq)}
+
+
 def attention_matrix_bytes(batch: int, n_heads: int, t: int, bytes_per: int) -> int:
     """One layer's weights saved for backward by the explicit path: B * h * T^2 * bytes."""
     return batch * n_heads * t * t * bytes_per
 
 
-class Recorder:
-    """Collects per-layer attention statistics on diagnostic steps.
+def example_0(weights: torch.Tensor) -> torch.Tensor:
+    """A float16 copy of example 0's weights: weights[0] alone is a view of the whole batch."""
+    return weights[0].detach().to(device="cpu", dtype=torch.float16, copy=True)
 
-    A layer holding no recorder (the default) computes nothing extra. Forward statistics are
-    reduced at once; the scores tensor is kept only to read its gradient after backward,
-    the "saturation gradient" mean |dL/dscores|.
+
+class Recorder:
+    """The one way into a layer's internals: set `layer.recorder = Recorder(...)` for a forward.
+
+    A layer holding no recorder (the default) computes nothing extra and may run the fused SDPA
+    kernel; a recorder that needs the weights sends the layer down the explicit path.
+      stats          per-layer statistics of scores and weights (`stats`), and after backward the
+                     "saturation gradient" mean |dL/dscores| (`collect_grads`); the scores tensor
+                     is kept only to read its gradient
+      keep_weights   example 0's weights per layer (`weights`: {layer: (h, T_q, T_k)}), for heatmaps
+      check_finite   names of the layers whose weights were not finite, in the order met (`nonfinite`)
+      capture_weights  every call's full weights, detached (`captured`: [(layer, (B, h, T_q, T_k))])
+      capture_inputs   every call's inputs (`inputs`: [(module, args, kwargs)]), to rerun a layer alone
     """
 
-    def __init__(self, keep_weights: bool = False):
-        self.keep_weights = keep_weights
+    def __init__(self, stats: bool = True, keep_weights: bool = False, check_finite: bool = False,
+                 capture_weights: bool = False, capture_inputs: bool = False):
+        self.keep_stats, self.keep_weights, self.check_finite = stats, keep_weights, check_finite
+        self.capture_weights, self.capture_inputs = capture_weights, capture_inputs
         self.stats: dict[str, float] = {}
         self.weights: dict[str, torch.Tensor] = {}
+        self.nonfinite: list[str] = []
+        self.captured: list[tuple[str, torch.Tensor]] = []
+        self.inputs: list[tuple] = []
         self._scores: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
+
+    @property
+    def needs_weights(self) -> bool:
+        return self.keep_stats or self.keep_weights or self.check_finite or self.capture_weights
+
+    def record_inputs(self, layer, args: tuple, kwargs: dict):
+        if self.capture_inputs:
+            self.inputs.append((layer, args, kwargs))
 
     @torch.no_grad()
     def record(self, name, q, k, scores, weights, mask, out=None, v=None, scale=1.0):
+        if self.check_finite and not torch.isfinite(weights).all():
+            self.nonfinite.append(name)
+        if self.capture_weights:
+            self.captured.append((name, weights.detach()))
+        if self.keep_stats:
+            self._record_stats(name, q, k, scores, weights, mask, out, v, scale)
+        elif self.keep_weights:
+            self.weights[name] = example_0(weights)
+
+    def _record_stats(self, name, q, k, scores, weights, mask, out, v, scale):
         valid = None if mask is None else mask.expand_as(weights)
         w = weights.detach().float()
         rows = entropy(w)
@@ -109,8 +161,8 @@ class Recorder:
             self.stats[f"attn/{key}/{name}"] = float(val)
         for h, val in enumerate(per_head_entropy.tolist()):
             self.stats[f"attn/entropy_head/{name}/H{h}"] = val
-        if self.keep_weights:  # a float16 copy of example 0: w[0] alone is a view of the whole batch
-            self.weights[name] = w[0].to(device="cpu", dtype=torch.float16, copy=True)
+        if self.keep_weights:
+            self.weights[name] = example_0(w)
         if scores.requires_grad:
             scores.retain_grad()
             self._scores[name] = (scores, mask)

@@ -2,6 +2,8 @@
 
 The explicit path (scores -> softmax -> weights @ V) is the reference and the only one that
 can show its weights; the SDPA path is the fused kernel for whatever it can express.
+A Recorder (attention.diagnostics) is the one way in: set `layer.recorder` to see statistics,
+weights or inputs of a forward.
 """
 import math
 from dataclasses import dataclass
@@ -12,9 +14,10 @@ import torch.nn.functional as F
 
 from attention.diagnostics import Recorder
 from attention.masks import MASK_FILLS, MASK_MODES, causal_mask, combine_masks, fill_value
+from attention.scoring import SCORINGS
 from attention.softmax import SOFTMAXES
+from attention.variance import initial_score_scale
 
-SCORES = ("dot", "additive", "cosine", "bilinear")
 SCALES = ("sqrt_dk", "none", "learned")
 MERGES = ("correct", "no_transpose")
 BACKENDS = ("auto", "explicit", "sdpa")
@@ -65,7 +68,7 @@ class AttentionConfig:
         if not isinstance(self.scale, (int, float)) or isinstance(self.scale, bool):
             _choice("scale", self.scale, SCALES + ("<a number>",))
         _choice("softmax", self.softmax, tuple(SOFTMAXES))
-        _choice("score", self.score, SCORES)
+        _choice("score", self.score, tuple(SCORINGS))
         _choice("mask_mode", self.mask_mode, MASK_MODES)
         _choice("mask_fill", self.mask_fill, MASK_FILLS)
         _choice("merge", self.merge, MERGES)
@@ -78,7 +81,7 @@ class AttentionConfig:
 
     @property
     def sdpa_expressible(self) -> bool:
-        return self.softmax == "stable" and self.score != "additive"
+        return self.softmax == "stable" and SCORINGS[self.score].sdpa_q is not None
 
     @property
     def use_sdpa(self) -> bool:
@@ -123,67 +126,48 @@ class MultiHeadAttention(nn.Module):
         self.W_o = nn.Linear(h * d_v, cfg.d_model, bias=cfg.bias)
         if cfg.qk_norm:
             self.q_norm, self.k_norm = nn.LayerNorm(d_k), nn.LayerNorm(d_k)
-        if cfg.score == "bilinear":  # q^T W k: W is redundant with W_q^T W_k, the lesson's point
-            self.W_b = nn.Parameter(torch.eye(d_k).repeat(h, 1, 1))
-        if cfg.score == "additive":  # Bahdanau: v^T tanh(q_i + k_j), W_q and W_k as the MLP's input
-            self.v_a = nn.Parameter(torch.randn(h, d_k) / math.sqrt(d_k))
-        if cfg.scale == "learned":  # start where the score std is ~1: cosine scores have std 1/sqrt(d_k)
-            start = math.sqrt(d_k) if cfg.score == "cosine" else 1 / math.sqrt(d_k)
-            self.log_scale = nn.Parameter(torch.full((h, 1, 1), math.log(start)))
+        self.scoring = SCORINGS[cfg.score]
+        for name, p in self.scoring.params(h, d_k).items():
+            self.register_parameter(name, p)
+        if cfg.scale == "learned":  # one log-scale per head, started where the score std is ~1
+            self.log_scale = nn.Parameter(torch.full((h, 1, 1), math.log(initial_score_scale("learned", cfg.score, d_k))))
         self.name = "L0"          # set by the LM; names this layer's metrics
         self.layer_idx = 0
         self.recorder: Recorder | None = None  # off: a step without diagnostics pays nothing
 
     def scale_factor(self):
-        s = self.cfg.scale
-        if s == "sqrt_dk":
-            return 1.0 / math.sqrt(self.d_k)
-        if s == "none":
-            return 1.0
-        if s == "learned":
+        """The multiplier on the scores: a float, or the learned per-head tensor."""
+        if self.cfg.scale == "learned":
             return self.log_scale.exp()
-        return float(s)
+        return initial_score_scale(self.cfg.scale, self.cfg.score, self.d_k)
 
-    def _heads(self, x, n, d):
+    def split_heads(self, x, n, d):
         B, T, _ = x.shape
-        return x.view(B, T, n, d).transpose(1, 2)  # (B, n, T, d)
-
-    def _qk(self, q, k):
-        """Per-head transforms that leave a plain dot product to take."""
-        if self.cfg.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        if self.cfg.score == "cosine":
-            q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
-        return q, k
+        return x.view(B, T, n, d).transpose(1, 2)  # (B, T, n d) -> (B, n, T, d)
 
     def scores(self, q, k):
         """(B, h, T_q, T_k) scaled scores; k already repeated to h heads."""
-        if self.cfg.score == "additive":
-            s = torch.tanh(q.unsqueeze(-2) + k.unsqueeze(-3)) @ self.v_a[None, :, None, :, None]
-            s = s.squeeze(-1)
-        elif self.cfg.score == "bilinear":
-            s = (q @ self.W_b) @ k.transpose(-2, -1)
-        else:
-            s = q @ k.transpose(-2, -1)
-        return s * self.scale_factor()
+        return self.scoring.scores(self, q, k) * self.scale_factor()
 
-    def _explicit(self, q, k, v, mask):
-        scores = self.scores(q, k)
+    def attend(self, q, k, v, mask=None):
+        """The explicit path on heads: q (B, h, T_q, d_k), k (B, h, T_k, d_k), v (B, h, T_k, d_v),
+        mask bool (True = attend) broadcastable to (B, h, T_q, T_k).
+        Returns (out (B, h, T_q, d_v), weights (B, h, T_q, T_k) as applied to V)."""
+        scores = self.scores(q, k)                                   # (B, h, T_q, T_k)
         if mask is not None:
             fill = 0.0 if self.cfg.softmax == "sum" else fill_value(scores, self.cfg.mask_fill)
             scores = scores.masked_fill(~mask, fill)
-        weights = SOFTMAXES[self.cfg.softmax](scores, dim=-1)
+        weights = SOFTMAXES[self.cfg.softmax](scores, dim=-1)         # (B, h, T_q, T_k)
         weights = F.dropout(weights, self.cfg.dropout, self.training)
-        out = weights @ v
+        out = weights @ v                                             # (B, h, T_q, d_v)
         if self.recorder is not None:
             self.recorder.record(self.name, q, k, scores, weights, mask, out=out, v=v,
                                  scale=float(torch.as_tensor(self.scale_factor()).detach().mean()))
         return out, weights
 
     def _sdpa(self, q, k, v, mask, is_causal):
-        if self.cfg.score == "bilinear":
-            q = q @ self.W_b
-        s = self.scale_factor()
+        """The fused kernel: what `attend` computes, for configs SDPA can express."""
+        q, s = self.scoring.sdpa_q(self, q), self.scale_factor()
         if not isinstance(s, float):  # a learned scale is a tensor: fold it into q
             q, s = q * s, 1.0
         if mask is not None:  # same fill as the explicit path, so fully masked rows agree too
@@ -199,29 +183,35 @@ class MultiHeadAttention(nn.Module):
         """query (B, T_q, d_model), key/value (B, T_k, d_model); mask: bool, True = attend,
         broadcastable to (B, h, T_q, T_k); key_padding_mask: (B, T_k), expanded per mask_mode.
         Returns (out (B, T_q, d_model), weights (B, h, T_q, T_k) as applied to V, or None)."""
+        if self.recorder is not None:
+            self.recorder.record_inputs(self, (query, key, value), dict(
+                mask=mask, key_padding_mask=key_padding_mask, is_causal=is_causal, cache=cache))
         B, T_q, _ = query.shape
-        q = self._heads(self.W_q(query), self.n_heads, self.d_k)
-        k = self._heads(self.W_k(key), self.n_kv_heads, self.d_k)
-        v = self._heads(self.W_v(value), self.n_kv_heads, self.d_v)
-        q, k = self._qk(q, k)
-        if cache is not None:
-            k, v = cache.append(self.layer_idx, k, v)
+        q = self.split_heads(self.W_q(query), self.n_heads, self.d_k)     # (B, h, T_q, d_k)
+        k = self.split_heads(self.W_k(key), self.n_kv_heads, self.d_k)    # (B, h_kv, T_k, d_k)
+        v = self.split_heads(self.W_v(value), self.n_kv_heads, self.d_v)  # (B, h_kv, T_k, d_v)
+        if self.cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.scoring.qk(q, k)
+        if cache is not None:                                             # + the tokens decoded so far
+            k, v = cache.append(self.layer_idx, k, v)                     # (B, h_kv, T_cache + T_k, d)
         T_k = k.shape[2]
-        explicit = not self.cfg.use_sdpa or need_weights or self.recorder is not None
+        explicit = not self.cfg.use_sdpa or need_weights or (self.recorder is not None and self.recorder.needs_weights)
+        # SDPA's own causal flag covers the square, unmasked case; otherwise one boolean mask
         if is_causal and (explicit or T_q != T_k or mask is not None or key_padding_mask is not None):
-            causal = causal_mask(T_q, T_k, device=query.device)
+            causal = causal_mask(T_q, T_k, device=query.device)           # (T_q, T_k)
             mask = causal if mask is None else mask & causal
             is_causal = False
-        mask = combine_masks(mask, key_padding_mask, self.cfg.mask_mode)
+        mask = combine_masks(mask, key_padding_mask, self.cfg.mask_mode)  # broadcastable to (B, h, T_q, T_k)
         if explicit:
             if self.n_kv_heads != self.n_heads:  # query head i reads kv head i // group (as SDPA)
                 group = self.n_heads // self.n_kv_heads
-                k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-            out, weights = self._explicit(q, k, v, mask)
+                k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)  # (B, h, T_k, d)
+            out, weights = self.attend(q, k, v, mask)                     # (B, h, T_q, d_v)
         else:
-            out, weights = self._sdpa(q, k, v, mask, is_causal), None
+            out, weights = self._sdpa(q, k, v, mask, is_causal), None     # (B, h, T_q, d_v)
         if self.cfg.merge == "correct":
-            out = out.transpose(1, 2).reshape(B, T_q, self.n_heads * self.d_v)
+            out = out.transpose(1, 2).reshape(B, T_q, self.n_heads * self.d_v)  # (B, T_q, h d_v)
         else:  # the bug: (B, h, T, d_v) flattened as if it were (B, T, h, d_v)
             out = out.reshape(B, T_q, self.n_heads * self.d_v)
-        return self.W_o(out), (weights if need_weights else None)
+        return self.W_o(out), (weights if need_weights else None)         # (B, T_q, d_model)

@@ -1,7 +1,19 @@
-"""conf/ composed outside run.py (benchmarks, tests, notebooks): the config run.py would train."""
+"""conf/ composed outside run.py (benchmarks, tests, notebooks), and reading it: conf/ is the one
+place a default lives, so code reads keys without fallbacks and a missing one is an error naming it."""
 from pathlib import Path
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+def need(section: dict, path: str):
+    """section[last part of path]; a missing key is an error naming the dotted `path`, as the
+    schema's (experiments.schema checks whole configs in preflight; this guards direct callers)."""
+    from experiments.schema import ConfigError
+    key = path.rsplit(".", 1)[-1]
+    try:
+        return section[key]
+    except (KeyError, TypeError):
+        raise ConfigError(f"{path} is missing from the config") from None
 
 
 def compose_config(overrides=(), return_hydra_config: bool = False):

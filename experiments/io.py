@@ -54,11 +54,6 @@ def write_rows_csv(path, rows: list[dict]):
     atomic_write(path, write)
 
 
-def read_rows_csv(path) -> list[dict]:
-    with open(path) as f:
-        return [{k: (float(v) if v != "" else None) for k, v in r.items()} for r in csv.DictReader(f)]
-
-
 def save_torch(path, obj):
     import torch  # the report reads run dirs without torch
     atomic_write(path, lambda f: torch.save(obj, f), mode="wb")

@@ -1,6 +1,6 @@
 """Checks that must happen before Hydra starts: an unknown config option (`+exp=typo`,
-`optim=adam`) or a results dir that cannot be written ends with one line and exit 2,
-instead of Hydra's traceback and exit 1."""
+`optim=adam`), a results dir that cannot be written, or a sweep preset run without -m ends with
+one line and exit 2, instead of Hydra's traceback and exit 1 (or one arbitrary cell of a sweep)."""
 import os
 import re
 import sys
@@ -24,6 +24,8 @@ def _options(value: str) -> list[str]:
 
 def check_argv(argv: list[str], conf_dir: Path) -> None:
     results_dir = "results"
+    if not {"-m", "--multirun"} & set(argv):
+        check_single_run(argv, conf_dir)
     for arg in argv:
         if arg.startswith("-") or "=" not in arg:
             continue
@@ -54,13 +56,32 @@ def check_argv(argv: list[str], conf_dir: Path) -> None:
 # `+exp=glob(*)` it would train one arbitrary cell under the preset's name: the catalogue
 # leaves presets out, before Hydra expands the glob, and launches no job for them.
 
-def sweep_presets(conf_dir: Path) -> list[str]:
-    out = []
+def swept_keys(conf_dir: Path) -> dict[str, list[str]]:
+    """{preset name: the keys its grid sweeps}."""
+    out = {}
     for f in sorted((Path(conf_dir) / "exp").glob("*.yaml")):
         d = yaml.safe_load(f.read_text()) or {}
-        if ((d.get("hydra") or {}).get("sweeper") or {}).get("params"):
-            out.append(f.stem)
+        params = ((d.get("hydra") or {}).get("sweeper") or {}).get("params")
+        if params:
+            out[f.stem] = list(params)
     return out
+
+
+def sweep_presets(conf_dir: Path) -> list[str]:
+    return list(swept_keys(conf_dir))
+
+
+def check_single_run(argv: list[str], conf_dir: Path) -> None:
+    """A preset run without -m would train one arbitrary cell under the preset's name: it is one
+    run only when the command line pins every key the grid sweeps (the seed aside)."""
+    args = dict(a.lstrip("+~").split("=", 1) for a in argv if "=" in a and not a.startswith("-"))
+    keys = swept_keys(conf_dir).get(args.get("exp", ""))
+    if keys is None:
+        return
+    unpinned = [k for k in keys if k != "seed" and k not in args]
+    if unpinned:
+        name = args["exp"]
+        _fail(f"{name} is a sweep: python run.py -m +exp={name} (one cell: pin {', '.join(unpinned)})")
 
 
 def exclude_sweep_presets(argv: list[str], conf_dir: Path) -> list[str]:

@@ -109,6 +109,11 @@ def _attention(name):
     return f
 
 
+def _scores():
+    from attention.scoring import SCORINGS
+    return tuple(SCORINGS)
+
+
 def _inits():
     from attention.lm import INITS
     return INITS
@@ -144,7 +149,7 @@ SCHEMA: dict[str, Key] = {
     "model.attention.d_v": Key("int", lo=1, null=True),
     "model.attention.scale": Key("str", choices=_attention("SCALES"), number=True, lo=0, lo_open=True),
     "model.attention.softmax": Key("str", choices=_softmaxes),
-    "model.attention.score": Key("str", choices=_attention("SCORES")),
+    "model.attention.score": Key("str", choices=_scores),
     "model.attention.qk_norm": Key("bool"),
     "model.attention.mask_mode": Key("str", choices=_attention("MASK_MODES")),
     "model.attention.mask_fill": Key("str", choices=_attention("MASK_FILLS")),
@@ -229,7 +234,8 @@ def _cross(cfg: dict):
     kv = m["n_kv_heads"]
     if kv is not None and m["n_heads"] % kv:
         raise ConfigError(f"model.n_kv_heads={kv} does not divide model.n_heads={m['n_heads']}")
-    if a["backend"] == "sdpa" and (a["softmax"] != "stable" or a["score"] == "additive"):
+    from attention.scoring import SCORINGS
+    if a["backend"] == "sdpa" and (a["softmax"] != "stable" or SCORINGS[a["score"]].sdpa_q is None):
         raise ConfigError(f"model.attention.backend='sdpa' cannot express softmax={a['softmax']!r} "
                           f"score={a['score']!r}: use backend=explicit or auto")
     o = cfg["optim"]

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from conftest import SHAKESPEARE
+from conftest import ROOT, SHAKESPEARE
 from experiments import bench
 
 needs_corpus = pytest.mark.skipif(not SHAKESPEARE.is_file(), reason=f"no corpus at {SHAKESPEARE}")
@@ -42,7 +42,7 @@ def test_throughput_runs_all_three_loops(capsys):
 @needs_corpus
 def test_shakespeare_tiny_seeds_and_reference_feed_the_report(tmp_path, capsys):
     import json
-    from experiments.sections import bench as section
+    from experiments.report.sections import bench as section
     for seed in (0, 1):
         out = tmp_path / "bench" / f"shakespeare_seed{seed}.json"
         assert bench.main(["shakespeare", "--tiny", "--reference", f"seed={seed}",
@@ -69,7 +69,7 @@ def test_cli_rejects_overrides_for_cost():
 
 def test_bench_json_feeds_the_report_section(tmp_path):
     from experiments.bench import main
-    from experiments.sections import bench as section
+    from experiments.report.sections import bench as section
     assert main(["cost", "--tiny", "--out", str(tmp_path / "bench" / "cost.json")]) == 0
     assert section.render([], tmp_path / "figures").count("| 32 | 1,048,576 | 1,048,576 |") == 1
     assert section.render([], tmp_path / "elsewhere" / "figures") is None
@@ -77,7 +77,7 @@ def test_bench_json_feeds_the_report_section(tmp_path):
 
 def _reference_from(ours):
     """nanoGPT's GPT holding our model's weights (q, k, v rows fused into c_attn as nanoGPT has them)."""
-    from experiments.nanogpt_reference import GPT
+    from experiments.bench.nanogpt_reference import GPT
     c = ours.cfg
     ref = GPT(c.vocab_size, c.block_size, c.n_layers, c.n_heads, c.d_model)
     with torch.no_grad():
@@ -98,8 +98,8 @@ def _reference_from(ours):
 def test_our_loop_steps_in_lockstep_with_nanogpts(tmp_path):
     """Same weights, same batches: after warmup, cosine decay and the floor past decay_steps, our
     Trainer and nanoGPT's transcribed loop hold the same model; the recipe is the same recipe."""
-    from experiments import nanogpt_reference as ng
-    from experiments.train import Trainer
+    from experiments.bench import nanogpt_reference as ng
+    from experiments.training.loop import Trainer
     steps = 12
     cfg = bench.compose(bench.NANOGPT + bench.TINY_MODEL + [
         f"train.steps={steps}", "optim.warmup_steps=3", "optim.decay_steps=9", "optim.lr=1e-2",
@@ -126,11 +126,11 @@ def test_gpu_figures_get_their_own_lines_beside_the_cpu_ones(tmp_path):
     """A GPU run's JSON (as bench writes it on CUDA) adds lines with GPU, date, MFU and peaks."""
     import json
     import shutil
-    from experiments.sections import bench as section
+    from experiments.report.sections import bench as section
     d = tmp_path / "bench"
     d.mkdir()
     for name in ("throughput", "memory"):
-        shutil.copy(bench.ROOT / "results" / "bench" / f"{name}.json", d)
+        shutil.copy(ROOT / "results" / "bench" / f"{name}.json", d)
     cpu = json.loads((d / "throughput.json").read_text())
     gpu = {**cpu, "device": "cuda", "gpu": "NVIDIA H200", "date": "2026-11-29", "mfu": 0.41,
            "d_model": 512, "n_heads": 8, "seq_len": 1024, "batch_size": 16}

@@ -100,7 +100,7 @@ def test_no_transpose_merge_lets_position_t_depend_on_later_inputs(merge, leaks)
 def test_cosine_scores_are_bounded_and_weights_within_e_squared():
     m = mha(score="cosine", scale="none")
     q, k = torch.randn(2, 2, 5, 8) * 100, torch.randn(2, 2, 5, 8) * 100
-    q, k = m._qk(q, k)
+    q, k = m.scoring.qk(q, k)
     s = m.scores(q, k)
     assert s.abs().max() <= 1 + 1e-5
     with torch.no_grad():
@@ -162,42 +162,42 @@ def test_padded_copy_left_padding_mask_and_targets():
 # -- the overlays ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", CATALOGUE)
 def test_catalogue_overlay_composes_and_builds(name, compose_cfg, tmp_path):
-    from experiments.runner import control_config, preflight
+    from experiments.training.runner import control_config, preflight
     cfg = compose_cfg([f"+exp={name}", "logger=none"], results_dir=tmp_path)
     e = cfg["exp"]
     assert e["name"] == name and e["claim"] and e["expect"] and e["control"]["overrides"]
-    preflight(cfg)  # the run and its control build; every check kind is known
+    preflight(cfg)  # the run and its control would build; every check and expression parses
     ctrl = control_config(cfg)
     assert any(ctrl_diff for ctrl_diff in e["control"]["overrides"])
     assert ctrl["model"] != cfg["model"] or ctrl["train"] != cfg["train"]
 
 
 def _run(compose_cfg, tmp_path, overrides):
-    from experiments.runner import run_experiment
+    from experiments.training.runner import run_experiment
     cfg = compose_cfg(overrides, results_dir=tmp_path)
     return run_experiment(cfg, tmp_path / "run")
 
 
 def test_shape_error_variant_is_a_reproduced_error(compose_cfg, tiny, tmp_path):
-    from experiments.runner import exit_code
+    from experiments.training.runner import exit_code
     s = _run(compose_cfg, tmp_path, ["+exp=mask_broadcast_shape_error", *tiny, "data.max_len=7",
                                      "train.steps=2"])
-    assert s["status"] == "error" and "must match the size" in s["error"]
-    assert s["verdict"]["reproduced"] and s["control"]["status"] == "completed"
+    assert s.status == "error" and "must match the size" in s.error
+    assert s.verdict["reproduced"] and s.control["status"] == "completed"
     assert exit_code(s) == 0
 
 
 def test_fully_masked_rows_diverge_at_step_zero(compose_cfg, tiny, tmp_path):
     s = _run(compose_cfg, tmp_path, ["+exp=fully_masked_rows", *tiny, "data.max_len=7",
                                      "train.batch_size=8", "train.steps=2"])
-    assert s["status"] == "diverged" and s["nonfinite"]["step"] == 0
-    assert "attn.softmax" in s["nonfinite"]["module"]
-    assert s["verdict"]["reproduced"]
+    assert s.status == "diverged" and s.nonfinite["step"] == 0
+    assert "attn.softmax" in s.nonfinite["module"]
+    assert s.verdict["reproduced"]
 
 
 def test_measures_on_a_tiny_untrained_model(compose_cfg, tiny, tmp_path):
-    from experiments import measures_catalogue as mc
-    from experiments.train import Trainer
+    from experiments.training.measures import catalogue as mc
+    from experiments.training.loop import Trainer
 
     def trainer(*ov):
         return Trainer(compose_cfg([*tiny, *ov]), tmp_path), compose_cfg([*tiny, *ov])

@@ -2,7 +2,10 @@
 fused AdamW, and the compiled and bf16 loops train as the eager float32 one does."""
 import torch
 
-from experiments.train import Trainer, autocast_dtype, build_optimizer, pick_device
+import pytest
+
+from experiments.training.build import autocast_dtype, build_optimizer, pick_device
+from experiments.training.loop import Trainer
 from tests.conftest import TINY
 
 
@@ -16,9 +19,16 @@ def test_auto_picks_cuda_with_bf16_when_cuda_is_there(monkeypatch):
 
 def test_adamw_is_fused_on_cuda_only():
     model = torch.nn.Linear(4, 4)
-    cfg = {"name": "adamw", "lr": 1e-3}
+    cfg = {"name": "adamw", "lr": 1e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.0}
     assert build_optimizer(cfg, model, torch.device("cuda")).defaults["fused"] is True
     assert not build_optimizer(cfg, model, torch.device("cpu")).defaults["fused"]
+
+
+def test_a_missing_config_key_is_an_error_naming_it_not_a_default():
+    """conf/ is where a default lives: code that finds no betas says so instead of using its own."""
+    model = torch.nn.Linear(4, 4)
+    with pytest.raises(ValueError, match=r"^optim\.betas is missing from the config$"):
+        build_optimizer({"name": "adamw", "lr": 1e-3, "eps": 1e-8, "weight_decay": 0.0}, model, torch.device("cpu"))
 
 
 def _losses(compose_cfg, tmp_path, *extra):

@@ -6,9 +6,10 @@ import numpy as np
 import torch
 
 from conftest import TINY
-from experiments import train
 from experiments.io import load_attn_weights
-from experiments.runner import build_trainer, run_experiment
+from experiments.training import checkpoint
+from experiments.training import loop as train
+from experiments.training.runner import run_experiment
 
 
 def test_attn_weights_file_is_its_contents(compose_cfg, tmp_path):
@@ -50,20 +51,20 @@ def test_checkpoint_size_does_not_grow_with_the_step(compose_cfg, tmp_path, monk
         sizes[self.step] = self.ckpt_path.stat().st_size
     monkeypatch.setattr(train.Trainer, "save_checkpoint", save_and_measure)
     ckpt = tmp_path / "ckpt" / "ckpt.pt"
-    t = build_trainer(cfg, tmp_path / "run", ckpt_path=ckpt)
+    t = train.Trainer(cfg, tmp_path / "run", ckpt_path=ckpt)
     t.run()
     assert sorted(sizes) == list(range(5, 60, 5))
     assert abs(sizes[55] - sizes[5]) <= 0.02 * sizes[5], sizes
     # the growing part lives beside it, one chunk per checkpoint, each with only its own steps
-    chunks = train.chunks(ckpt)
+    chunks = checkpoint.chunks(ckpt)
     assert [p.name for p in chunks] == [f"log-{s:08d}.pt" for s in range(5, 60, 5)]
     last = torch.load(chunks[-1], weights_only=False)
     assert [r["step"] for r in last["rows"]] == list(range(50, 55)) and sorted(last["attn_weights"]) == list(range(50, 55))
     # resuming from the last checkpoint rebuilds every row and weight recorded before it
-    t2 = build_trainer(cfg, tmp_path / "run2", ckpt_path=ckpt)
-    assert t2.try_resume() and t2.step == 55
+    t2 = train.Trainer(cfg, tmp_path / "run2", ckpt_path=ckpt)
+    assert checkpoint.resume(t2) and t2.step == 55
     assert t2.res.rows == [r for r in t.res.rows if r["step"] < 55]
     assert sorted(t2.res.attn_weights) == list(range(55))
     assert torch.equal(t2.res.attn_weights[54]["L0"], t.res.attn_weights[54]["L0"])
-    train.remove_checkpoint(ckpt)
+    checkpoint.remove_checkpoint(ckpt)
     assert not list(ckpt.parent.iterdir())

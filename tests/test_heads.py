@@ -7,7 +7,8 @@ import torch
 
 from attention import AttentionConfig, KVCache, ModelConfig, MultiHeadAttention, TransformerLM
 from data.synthetic import IGNORE, TwoFactsTask
-from experiments.measures_heads import attention_params_formula, kv_cache_formula
+from attention.diagnostics import kv_cache_bytes
+from experiments.training.measures.heads import attention_params_formula
 
 D = 32
 
@@ -111,8 +112,8 @@ def test_kv_cache_bytes_from_tensors_equal_formula(h_kv):
     cache = KVCache(2)
     with torch.no_grad():
         model(torch.randint(0, 20, (1, 13)), cache=cache)
-    assert cache.nbytes() == 2 * 2 * h_kv * (D // 4) * 13 * 4 == kv_cache_formula(2, h_kv, D // 4, 13, 4)
-    assert kv_cache_formula(2, 4, D // 4, 13, 4) // cache.nbytes() == 4 // h_kv  # MQA: h times smaller
+    assert cache.nbytes() == 2 * 2 * h_kv * (D // 4) * 13 * 4 == kv_cache_bytes(2, h_kv, D // 4, 13, 4)
+    assert kv_cache_bytes(2, 4, D // 4, 13, 4) // cache.nbytes() == 4 // h_kv  # MQA: h times smaller
 
 
 def test_two_facts_task_answers_ordered_pair():
@@ -163,7 +164,7 @@ def test_exp_presets_compose_with_their_sweep(exp, key, values):
 
 def test_runs_record_measurements(compose_cfg, tiny, tmp_path):
     """A tiny heads run and a tiny kv_sharing run: the measurements land in summary.json."""
-    from experiments.runner import run_experiment
+    from experiments.training.runner import run_experiment
     small = [o for o in tiny if not o.startswith(("data.", "model.n_heads"))]
     cfg = compose_cfg(["+exp=heads", *small, "data.seq_len=9", "data.n_values=3", "model.n_heads=2"], tmp_path)
     s = run_experiment(cfg, tmp_path / "heads")
@@ -171,26 +172,27 @@ def test_runs_record_measurements(compose_cfg, tiny, tmp_path):
     assert f["params/attention"] == f["params/attention_4d2"] == 4 * 32 * 32 + 4 * 32
     assert 0 <= f["attn/fact_a"] <= 1 and 0 <= f["attn/fact_b"] <= 1 and 0 <= f["attn/split"] <= 1
     assert f["acc/answer_above_average"] == pytest.approx(f["acc/answer"] - 4 / 6)
-    assert s["verdict"]["checks"][0]["passed"]
+    assert s.verdict["checks"][0]["passed"]
 
     cfg = compose_cfg(["+exp=kv_sharing", *tiny, "model.n_kv_heads=1"], tmp_path)
     s = run_experiment(cfg, tmp_path / "kv")
-    f = s["final"]
+    f = s.final
     assert f["kv/bytes"] == f["kv/bytes_formula"] == 2 * 1 * 1 * 16 * 15 * 4
     assert f["kv/mha_over_this"] == 2 and f["decode/ms_per_token"] > 0
-    assert s["control"]["final"]["kv/bytes"] == 2 * f["kv/bytes"]  # the MHA control measured too
-    names = {c["name"]: c["passed"] for c in s["verdict"]["checks"]}
+    assert s.control["final"]["kv/bytes"] == 2 * f["kv/bytes"]  # the MHA control measured too
+    names = {c["name"]: c["passed"] for c in s.verdict["checks"]}
     assert names["cache bytes = 2 L n_kv d_k T bytes"] and names["cache n_heads/n_kv_heads times smaller than MHA"]
 
 
 def _summary(exp, h, seed, final, **kw):
     cfg = {"data": {"max_copies": 4, "ordered": True, "shared_values": True, "n_values": 8},
            "model": {"n_heads": h, "n_layers": 1, "d_model": 32}, "train": {"steps": 800}}
-    return {"exp": exp, "status": "completed", "seed": seed, "final": final, "config": cfg, **kw}
+    from experiments.records import RunRecord
+    return RunRecord(exp=exp, status="completed", seed=seed, final=final, config=cfg, **kw)
 
 
 def test_heads_section_computes_its_statements(tmp_path):
-    from experiments.sections import heads
+    from experiments.report.sections import heads
     runs = []
     for h, acc in [(1, 0.55), (2, 0.99), (4, 1.0), (8, 1.0), (16, 0.9), (32, 0.5)]:
         for seed in (0, 1):
@@ -203,6 +205,6 @@ def test_heads_section_computes_its_statements(tmp_path):
     assert "**one head fails by interference**" in md and "about 50/50" in md
     assert "Smallest d_k (1, h=32)" in md and "it hurts" in md and "identical across h" in md
     assert (tmp_path / "heads_0.png").exists()
-    runs[0]["final"]["acc/answer"] = runs[1]["final"]["acc/answer"] = 0.9
+    runs[0].final["acc/answer"] = runs[1].final["acc/answer"] = 0.9
     assert "does not fail by interference here" in heads.render(runs, tmp_path)
     assert heads.render([_summary("baseline", 4, 0, {})], tmp_path) is None

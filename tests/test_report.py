@@ -16,8 +16,8 @@ import torch
 from experiments import report
 from experiments.callbacks import crashed_jobs, finish_multirun, job_dirs
 from experiments.io import save_attn_weights, write_json, write_rows_csv
-from experiments.logger import entropy_by_layer, heads_image, image_steps, payload
-from experiments.sections import catalogue
+from experiments.training.logger import entropy_by_layer, heads_image, image_steps, payload
+from experiments.report.sections import catalogue
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -118,8 +118,8 @@ def test_newest_run_of_the_same_config_wins(tmp_path):
     fake_run(res / "runs" / "baseline" / "2026-01-01_00-00-00-000001", exp="baseline", role="baseline", measured=2.1)
     fake_run(res / "runs" / "baseline" / "2026-01-02_00-00-00-000001", exp="baseline", role="baseline", measured=2.2)
     fake_run(res / "runs" / "baseline" / "2025-12-31_00-00-00-000001", exp="baseline", role="baseline", measured=2.0)
-    summaries = report.load_summaries([res])
-    assert [s["verdict"]["checks"][0]["measured"] for s in summaries] == [2.2]
+    runs = report.load_runs([res])
+    assert [r.verdict["checks"][0]["measured"] for r in runs] == [2.2]
 
 
 def test_variants_of_one_experiment_are_labelled_by_what_differs(tmp_path):
@@ -139,7 +139,7 @@ def test_readme_blocks_are_replaced_with_links_relative_to_the_readme(results, t
     readme.write_text("intro\n<!-- BEGIN report:catalogue -->\nstale text\n<!-- END report:catalogue -->\n"
                       "<!-- BEGIN report:figure:no_scaling -->\n<!-- END report:figure:no_scaling -->\n"
                       "<!-- BEGIN report:nope -->\nkept\n<!-- END report:nope -->\nend\n")
-    missing = report.update_readme(readme, report.render_blocks(report.load_summaries([results]),
+    missing = report.update_readme(readme, report.render_blocks(report.load_runs([results]),
                                                                 results / "figures"), results)
     text = readme.read_text()
     assert missing == ["nope"] and "kept" in text and "stale text" not in text
@@ -235,9 +235,9 @@ def test_payload_keeps_csv_names_and_adds_media():
 
 def test_offline_wandb_run_writes_the_heatmap_image(tmp_path):
     import wandb
-    from experiments.logger import WandbLogger
+    from experiments.training.logger import WandbLogger
     cfg = {"train": {"steps": 6, "diag_every": 3}, "seed": 0}
-    lg = WandbLogger({"mode": "offline", "project": "test"}, tmp_path, cfg, "x-seed0", "x",
+    lg = WandbLogger({"mode": "offline", "project": "test", "entity": None}, tmp_path, cfg, "x-seed0", "x",
                      ["x", "failure", "seed0"])
     lg.log({"loss/train": 1.0, "attn/entropy_head/L0/H0": 0.3}, 0,
            attn={"L0": torch.softmax(torch.randn(2, 5, 5), -1)})

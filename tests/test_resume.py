@@ -21,7 +21,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "PYTHONWA
 KILLER = """
 import os, runpy, signal, sys
 sys.path.insert(0, {root!r})
-from experiments import train
+from experiments.training import checkpoint, loop as train
 where, k = sys.argv[1], int(sys.argv[2])
 if where in ("KILL", "TERM"):  # signalled during training step k
     orig = train.Trainer.train_step
@@ -36,8 +36,8 @@ else:                        # killed halfway through writing the checkpoint of 
             with open(str(path) + ".partial", "wb") as f:
                 f.write(b"half a checkpoint")
             os.kill(os.getpid(), signal.SIGKILL)
-        train.__dict__["_orig_save"](path, obj)
-    train._orig_save, train.save_torch = train.save_torch, save_torch
+        checkpoint.__dict__["_orig_save"](path, obj)
+    checkpoint._orig_save, checkpoint.save_torch = checkpoint.save_torch, save_torch
 sys.argv = ["run.py", *sys.argv[3:]]
 runpy.run_path({run!r}, run_name="__main__")
 """

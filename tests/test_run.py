@@ -38,19 +38,19 @@ def test_tiny_run_writes_metrics_summary_figure_and_offline_wandb(tmp_path):
 
 
 def test_experiment_with_control_trains_the_control_once_and_reuses_it(compose_cfg, tmp_path):
-    from experiments.runner import run_experiment
+    from experiments.training.runner import run_experiment
     cfg = compose_cfg(TINY, results_dir=tmp_path)
-    cfg["exp"] = {"name": "unscaled_tiny", "claim": "test", "control": {
-        "name": "baseline", "overrides": {"model.attention.scale": "sqrt_dk"}},
-        "expect": [{"name": "std", "kind": "threshold", "metric": "attn/score_std/L0", "at": 0, "op": ">", "value": 0}]}
+    cfg["exp"].update(name="unscaled_tiny", claim="test", control={
+        "name": "baseline", "overrides": {"model.attention.scale": "sqrt_dk"}}, expect=["std"],
+        checks={"std": {"kind": "threshold", "metric": "attn/score_std/L0", "at": 0, "op": ">", "value": 0}})
     cfg["model"]["attention"]["scale"] = "none"
     s1 = run_experiment(cfg, tmp_path / "a")
     s2 = run_experiment(cfg, tmp_path / "b")
-    assert s1["control"]["dir"] == s2["control"]["dir"]
+    assert s1.control["dir"] == s2.control["dir"]
     assert len(list((tmp_path / "controls").iterdir())) == 1
     # the signature (score std > 0) also holds on the control: a broken signature, not a reproduction
-    assert s1["verdict"]["signature_broken"] and not s1["verdict"]["reproduced"]
-    ctrl = json.loads((Path(s1["control"]["dir"]) / "summary.json").read_text())
+    assert s1.verdict["signature_broken"] and not s1.verdict["reproduced"]
+    ctrl = json.loads((Path(s1.control["dir"]) / "summary.json").read_text())
     assert ctrl["config"]["model"]["attention"]["scale"] == "sqrt_dk"
 
 
@@ -59,7 +59,39 @@ def test_every_experiment_config_composes(compose_cfg, exp):
     cfg = compose_cfg([f"+exp={exp}"])
     assert cfg["exp"]["name"] == exp
     assert cfg["exp"].get("claim")
-    from experiments.verdict import validate_checks
+    from experiments.judging.checks import signature
     from experiments.schema import validate
-    validate_checks(cfg["exp"].get("expect"))
+    assert signature(cfg["exp"])
     validate(cfg)  # every shipped experiment passes the schema
+
+
+def test_a_typo_in_a_check_exits_2_before_any_step(tmp_path):
+    p = run_py([*TINY, "+exp=no_scaling", "exp.checks.plateau.level=0.9*ln_v", f"results_dir={tmp_path}"],
+               cwd=tmp_path)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1, p.stderr[-2000:]
+    assert "exp.checks.plateau.level" in lines[0] and "'ln_v'" in lines[0]
+    assert not list(tmp_path.rglob("metrics.csv"))  # nothing trained, the control neither
+
+
+def test_one_threshold_is_overridden_by_its_name(compose_cfg):
+    from experiments.judging.checks import signature
+    cfg = compose_cfg(["+exp=additive_scores", "exp.checks.slower_per_step.value=9"])
+    checks = {c["name"]: c for c in signature(cfg["exp"])}
+    assert checks["slower per step"]["value"] == 9
+    assert checks["same final copy loss"]["value"] == "0.1 * ln_V"  # shared, defined once in config.yaml
+    assert cfg["exp"]["control"].get("measures") is None and cfg["exp"]["measures"]  # the control's: its exp's
+
+
+def test_a_sweep_preset_without_m_exits_2_saying_what_to_run(tmp_path):
+    p = run_py(["+exp=heads", f"results_dir={tmp_path}"], cwd=tmp_path)
+    assert p.returncode == 2 and p.stderr.startswith("error: heads is a sweep: python run.py -m +exp=heads")
+    assert len(p.stderr.strip().splitlines()) == 1 and not list(tmp_path.rglob("summary.json"))
+
+
+def test_the_report_package_loads_neither_torch_nor_wandb():
+    code = ("import sys, experiments.report, experiments.report.sections.catalogue, experiments.report.sections.heads, "
+            "experiments.report.sections.phase, experiments.report.sections.bench, experiments.records; "
+            "print(sorted(m for m in ('torch', 'wandb') if m in sys.modules))")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "[]", p.stderr[-2000:] + p.stdout

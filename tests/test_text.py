@@ -68,7 +68,7 @@ def test_download_writes_the_cache_once(tmp_path, monkeypatch):
 
 @needs_corpus
 def test_nanogpt_presets_compose_and_build(compose_cfg):
-    from experiments.train import Trainer
+    from experiments.training.loop import Trainer
     cfg = compose_cfg(["data=shakespeare_char", f"data.path={SHAKESPEARE}", "model=nanogpt_cpu",
                        "optim=nanogpt_cpu", "train=nanogpt_cpu", "logger=none"])
     assert (cfg["model"]["n_layers"], cfg["model"]["n_heads"], cfg["model"]["d_model"]) == (4, 4, 128)

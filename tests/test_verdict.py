@@ -3,7 +3,9 @@ import math
 
 import pytest
 
-from experiments.verdict import RunView, evaluate, expr, validate_checks
+from experiments.judging.checks import signature
+from experiments.judging.expressions import evaluate as expr
+from experiments.judging.verdict import RunView, evaluate
 
 LN = math.log(64)
 
@@ -58,5 +60,30 @@ def test_status_check_reads_module_and_message():
 def test_no_checks_never_reproduce_and_bad_checks_are_rejected():
     assert not evaluate([], run([(0, 1.0)]), None)["reproduced"]
     with pytest.raises(ValueError, match="unknown kind"):
-        validate_checks([{"name": "x", "kind": "vibes"}])
+        signature({"expect": ["x"], "checks": {"x": {"kind": "vibes"}}})
+    with pytest.raises(ValueError, match="no check named 'y'"):
+        signature({"expect": ["y"], "checks": {"x": {"kind": "status", "value": "error"}}})
     assert expr("0.9 * ln_V", {"ln_V": LN}) == pytest.approx(0.9 * LN)
+
+
+def test_checks_are_keyed_by_name_and_shown_by_label():
+    exp = {"expect": ["b", "a"], "checks": {"a": {"kind": "status", "value": "completed"},
+                                             "b": {"name": "shown", "kind": "threshold", "metric": "m", "value": 1}}}
+    assert [c["name"] for c in signature(exp)] == ["shown", "a"]
+
+
+@pytest.mark.parametrize("text,value", [
+    ("0.9 * ln_V", 0.9 * LN), ("ln_V - 0.5", LN - 0.5), ("0.5 * sqrt(d_k)", 2.0), ("2 ** 3 / 4", 2.0),
+    ("-log(V) + max(1, d_k, 2) - min(3, 1)", -math.log(64) + 16 - 1), (5, 5.0), ("1e-6", 1e-6)])
+def test_expressions_are_arithmetic_over_the_named_constants(text, value):
+    assert expr(text, {"ln_V": LN, "V": 64, "d_k": 16}) == pytest.approx(value)
+
+
+@pytest.mark.parametrize("text", [
+    "ln_v", "().__class__.__base__.__subclasses__()", "__import__('os')", "open('x')", "d_k[0]",
+    "V if V else 1", "lambda: 1", "ln_V ; 1", "1 < 2", "'a'", "True"])
+def test_anything_else_is_a_one_line_error_at_parse_time(text):
+    """Not eval: the sandbox escape and a typo fail alike, before anything runs."""
+    with pytest.raises(ValueError) as e:
+        signature({"expect": ["c"], "checks": {"c": {"kind": "threshold", "metric": "m", "value": text}}})
+    assert "\n" not in str(e.value) and "exp.checks.c.value" in str(e.value)

@@ -12,8 +12,9 @@ import numpy as np
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from experiments.runner import logged_rows  # noqa: E402
-from experiments.verdict import RunView  # noqa: E402
+from attention.variance import predicted_score_std  # noqa: E402
+from experiments.judging.verdict import RunView  # noqa: E402
+from experiments.records import RunRecord  # noqa: E402
 
 NAME = "phase"
 ORDER = 40
@@ -21,26 +22,11 @@ EXP = "phase_no_scaling"
 METRIC, LEVEL = "loss/copy", 0.9  # plateau: steps before loss/copy first drops below 0.9 ln V
 
 
-def weight_std(init: str, d_model: int) -> float:
-    """Std of a W_q / W_k entry at init (lm.py's schemes; torch_default is U(+-1/sqrt(fan_in)))."""
-    return {"gpt2": 0.02, "unit_variance": 1 / math.sqrt(d_model),
-            "torch_default": 1 / math.sqrt(3 * d_model)}[init]
-
-
-def score_multiplier(scale, d_k: int) -> float:
-    if scale in ("sqrt_dk", "learned"):  # learned starts at 1/sqrt(d_k)
-        return 1 / math.sqrt(d_k)
-    return 1.0 if scale == "none" else float(scale)
-
-
-def predicted_score_std(model: dict) -> float:
-    """The variance argument: q = W_q x with x LayerNorm'd (unit variance per component) gives
-    q components of std s = w gain sqrt(d_model) (biases ignored); q.k sums d_k products of
-    std s^2, so std(q.k) = sqrt(d_k) s^2, times the scale (1/sqrt(d_k) when scaled)."""
-    att = model.get("attention") or {}
-    d_k = att.get("d_k") or model["d_model"] // model["n_heads"]
-    s = weight_std(model["init"], model["d_model"]) * model.get("qk_gain", 1.0) * math.sqrt(model["d_model"])
-    return math.sqrt(d_k) * s * s * score_multiplier(att.get("scale", "sqrt_dk"), d_k)
+def model_score_std(model: dict) -> float:
+    """The variance argument's score std at init for a model config (attention.variance)."""
+    att = model["attention"]
+    d_k = att["d_k"] or model["d_model"] // model["n_heads"]
+    return predicted_score_std(model["init"], model["d_model"], d_k, model["qk_gain"], att["scale"], att["score"])
 
 
 def labels(cfg: dict) -> dict:
@@ -54,20 +40,20 @@ def labels(cfg: dict) -> dict:
             "optim": opt, "scale": {"sqrt_dk": "scaled", "none": "unscaled"}.get(scale, f"scale={scale}")}
 
 
-def cell(s: dict) -> dict:
+def cell(run: RunRecord) -> dict:
     """One run's point of the diagram."""
-    cfg = s["config"]
-    rows = logged_rows(s["_dir"])
-    ctx = dict(s.get("context") or {})
-    ctx.setdefault("steps_done", s.get("steps_done", 0))
+    cfg = run.config
+    rows = run.metrics()
+    ctx = dict(run.context)
+    ctx.setdefault("steps_done", run.steps_done)
     ln_v = ctx.get("ln_V") or math.log(cfg["data"]["vocab_size"])
-    view = RunView(status=s["status"], rows=rows, context=ctx)
+    view = RunView(status=run.status, rows=rows, context=ctx)
     first = next((r for r in rows if r.get("step") == 0), {})
-    return {**labels(cfg), "seed": s.get("seed"), "status": s["status"],
+    return {**labels(cfg), "seed": run.seed, "status": run.status,
             "budget": cfg["train"]["steps"],
             "plateau": min(view.plateau_steps(METRIC, LEVEL * ln_v), cfg["train"]["steps"]),
-            "final": (s.get("final") or {}).get(METRIC) if s["status"] == "completed" else math.nan,
-            "pred_std": predicted_score_std(cfg["model"]),
+            "final": run.final.get(METRIC) if run.status == "completed" else math.nan,
+            "pred_std": model_score_std(cfg["model"]),
             "init_std": first.get("attn/score_std/L0"), "ln_V": ln_v}
 
 
@@ -170,9 +156,8 @@ def pairs_table(cells: list[dict]) -> list[str]:
     return out + [""]
 
 
-def render(summaries: list[dict], fig_dir: Path) -> str | None:
-    runs = [s for s in summaries if s.get("exp") == EXP and s.get("config")
-            and s.get("status") in ("completed", "diverged")]
+def render(runs: list[RunRecord], fig_dir: Path) -> str | None:
+    runs = [r for r in runs if r.exp == EXP and r.config and r.status in ("completed", "diverged")]
     if not runs:
         return None
     fig_dir = Path(fig_dir)

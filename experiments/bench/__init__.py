@@ -18,10 +18,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from attention.diagnostics import saved_tensor_bytes
 from experiments.config import compose
 from experiments.io import write_json
 
-ROOT = Path(__file__).resolve().parents[1]
 NANOGPT = ["data=shakespeare_char", "model=nanogpt_cpu", "optim=nanogpt_cpu", "train=nanogpt_cpu",
            "logger=none", "train.progress=false"]
 TINY_MODEL = ["model.n_layers=1", "model.d_model=32", "model.n_heads=2", "data.seq_len=16",
@@ -39,8 +39,8 @@ def bench_shakespeare(tiny=False, overrides=(), reference=False) -> dict:
     """Train nanoGPT's published CPU config; val loss on train.eval_batches (200) val batches.
     reference: also train nanoGPT's own loop (transcribed) from the same seed, scored on the same
     val batches: if the two agree, a gap to the published figure is not our loop's."""
-    from experiments import nanogpt_reference
-    from experiments.train import Trainer
+    from experiments.bench import nanogpt_reference
+    from experiments.training.loop import Trainer
     over = NANOGPT + (TINY_MODEL + ["train.steps=20", "train.eval_batches=2"] if tiny else []) + list(overrides)
     cfg = compose(over)
     n_eval = cfg["train"]["eval_batches"]
@@ -85,7 +85,7 @@ def bench_shakespeare(tiny=False, overrides=(), reference=False) -> dict:
 @torch.no_grad()
 def batch_losses(model, task, batch_size: int, split: str, steps, amp) -> list[float]:
     """Mean loss of each batch `step` of `split` (train batches past the run's steps are unseen)."""
-    from experiments.train import mean_loss, token_losses
+    from experiments.training.loop import mean_loss, token_losses
     model.eval()
     out = []
     for step in steps:
@@ -120,7 +120,8 @@ def bench_throughput(tiny=False, rounds=None, chunk=None, overrides=()) -> dict:
     written every 200). The ratio is total bare time / total time of ours, on CPU time when
     training on the CPU (a shared machine's other processes inflate wall time at random; CPU
     time counts what this process spent) and on wall time on a GPU."""
-    from experiments.train import Trainer, build_model, build_optimizer, lr_lambda
+    from experiments.training.build import build_model, build_optimizer, lr_lambda
+    from experiments.training.loop import Trainer
     over = NANOGPT + ["model.attention.backend=sdpa", "train.eval_batches=0"]
     over += (TINY_MODEL + ["train.diag_every=5", "train.ckpt_every=10"] if tiny else []) + list(overrides)
     cfg = compose(over)
@@ -142,7 +143,7 @@ def bench_throughput(tiny=False, rounds=None, chunk=None, overrides=()) -> dict:
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg["optim"], cfg["train"]["steps"]))
     model.train()
     clip = cfg["train"]["grad_clip"]
-    fwd = torch.compile(model) if cfg["train"].get("compile") else model  # as the Trainer does
+    fwd = torch.compile(model) if cfg["train"]["compile"] else model  # as the Trainer does
 
     def run(name, start, n):
         if name == "bare":
@@ -246,11 +247,11 @@ def bench_cost(tiny=False, d=None, lengths=None, reps=None) -> dict:
         counts = fc.get_flop_counts()
         proj = sum(sum(counts[f"MultiHeadAttention.{w}"].values()) for w in ("W_q", "W_k", "W_v", "W_o"))
         attn = fc.get_total_flops() - proj
-        q = m._heads(m.W_q(x), 8, m.d_k)
-        k, v = m._heads(m.W_k(x), 8, m.d_k), m._heads(m.W_v(x), 8, m.d_k)
-        ctx = m._explicit(q, k, v, None)[0].transpose(1, 2).reshape(1, T, d)
+        q = m.split_heads(m.W_q(x), 8, m.d_k)
+        k, v = m.split_heads(m.W_k(x), 8, m.d_k), m.split_heads(m.W_v(x), 8, m.d_k)
+        ctx = m.attend(q, k, v)[0].transpose(1, 2).reshape(1, T, d)
         t_proj = _median_time(lambda: (m.W_q(x), m.W_k(x), m.W_v(x), m.W_o(ctx)), reps)
-        t_attn = _median_time(lambda: m._explicit(q, k, v, None), reps)
+        t_attn = _median_time(lambda: m.attend(q, k, v), reps)
         row = {"T": T, "proj_flops": proj, "proj_formula": 2 * 4 * T * d * d, "attn_flops": attn,
                "attn_formula": 2 * 2 * T * T * d, "proj_s": t_proj[0], "attn_s": t_attn[0],
                "proj_cpu_s": t_proj[1], "attn_cpu_s": t_attn[1]}
@@ -277,23 +278,10 @@ def human(n: int) -> str:
 
 def saved_bytes(module, x) -> dict:
     """Bytes the forward saves for backward, by distinct storage, parameters excluded;
-    `square`: those of (..., T, T) tensors, the attention weights (and their mask)."""
-    T = x.shape[1]
-    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
-    seen: dict[int, tuple[int, bool, torch.dtype]] = {}
-
-    def pack(t):
-        s = t.untyped_storage()
-        if s.data_ptr() not in params:
-            sq = t.dim() >= 2 and t.shape[-2:] == (T, T) and t.dtype != torch.bool
-            prev = seen.get(s.data_ptr(), (0, False, t.dtype))
-            seen[s.data_ptr()] = (s.nbytes(), prev[1] or sq, t.dtype)
-        return t
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out, _ = module(x, x, x, is_causal=True)
+    `square`: those of (..., T, T) tensors, the attention weights."""
+    (out, _), saved = saved_tensor_bytes(lambda: module(x, x, x, is_causal=True), module.parameters(), T=x.shape[1])
     out.float().sum().backward()  # the saved tensors really are what backward needs
-    return {"total": sum(b for b, _, _ in seen.values()),
-            "square": sum(b for b, sq, _ in seen.values() if sq)}
+    return saved
 
 
 def bench_memory(tiny=False, batch=None, heads=8, lengths=None) -> dict:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments.config import need
+
 N_IMAGES = 5  # attention heatmaps logged per run: step 0, the last step, and evenly between
 
 
@@ -73,17 +75,16 @@ class WandbLogger:
                  tags: list[str]):
         import wandb
         env = os.environ.get("WANDB_MODE")
-        mode = env if env in ("online", "disabled") else logger_cfg.get("mode", "offline")
+        mode = env if env in ("online", "disabled") else need(logger_cfg, "logger.mode")
         self.wandb = wandb
-        self.run = wandb.init(project=logger_cfg.get("project"), entity=logger_cfg.get("entity"),
+        self.run = wandb.init(project=need(logger_cfg, "logger.project"), entity=need(logger_cfg, "logger.entity"),
                               mode=mode, dir=str(run_dir), config=config, name=name, group=group,
                               tags=tags, reinit="finish_previous")
         self.run.define_metric("step")
         self.run.define_metric("*", step_metric="step")  # every panel's x axis is the training step
         for key in ("loss/*", "attn/entropy/*"):
             self.run.define_metric(key, step_metric="step", summary="min,last")
-        train = config.get("train") or {}
-        self.image_steps = image_steps(train.get("steps", 0), train.get("diag_every", 0))
+        self.image_steps = image_steps(config["train"]["steps"], config["train"]["diag_every"])
 
     def log(self, metrics: dict, step: int, attn=None):
         """attn: on diagnostic steps, {layer: (h, T_q, T_k) weights of example 0}."""
@@ -96,9 +97,20 @@ class WandbLogger:
         self.run.finish()
 
 
+LOGGERS = ("wandb", "none")
+
+
+def check_logger(logger_cfg: dict) -> None:
+    name = need(logger_cfg, "logger.name")
+    if name not in LOGGERS:
+        raise ValueError(f"logger={name!r} is not one of {', '.join(LOGGERS)}")
+    if name == "wandb":
+        for k in ("mode", "project", "entity"):
+            need(logger_cfg, f"logger.{k}")
+
+
 def make_logger(logger_cfg: dict, run_dir, config: dict, name: str, group: str, tags: list[str]):
-    if logger_cfg.get("name") == "wandb":
+    check_logger(logger_cfg)
+    if logger_cfg["name"] == "wandb":
         return WandbLogger(logger_cfg, Path(run_dir), config, name, group, tags)
-    if logger_cfg.get("name") == "none":
-        return NullLogger()
-    raise ValueError(f"logger={logger_cfg.get('name')!r} is not one of wandb, none")
+    return NullLogger()

@@ -8,6 +8,7 @@ import time
 
 import torch
 
+from attention.diagnostics import Recorder, kv_cache_bytes
 from attention.mha import KVCache
 
 SPLIT_TOL = 0.1   # a head "splits 50/50" when both facts get >= 0.25 and their shares differ by < this
@@ -22,23 +23,15 @@ def _query_weights(trainer, n_batches: int):
     for i in range(n_batches):
         b = task.batch(i, trainer.tc["batch_size"], "val")
         x = b.x.to(trainer.device)
-        grabbed = []
-        # need_weights through the explicit path: wrap each attention's forward once
-        originals = []
-        for a in model.attentions:
-            f = a.forward
-
-            def fwd(*args, f=f, **kw):
-                out, w = f(*args, **{**kw, "need_weights": True})
-                grabbed.append(w[:, :, -1].float().cpu())
-                return out, None
-            a.forward, originals = fwd, originals + [(a, f)]
+        rec = Recorder(stats=False, capture_weights=True)  # every layer on the explicit path
         try:
+            for a in model.attentions:
+                a.recorder = rec
             model(x)
         finally:
-            for a, f in originals:
-                a.forward = f
-        ws.append(torch.stack(grabbed, 1))
+            for a in model.attentions:
+                a.recorder = None
+        ws.append(torch.stack([w[:, :, -1].float().cpu() for _, w in rec.captured], 1))
         pos.append(task.fact_masks(b.x))
     model.train()
     return torch.cat(ws), torch.cat(pos)
@@ -52,7 +45,7 @@ def fact_weights(trainer, cfg) -> dict:
     attn/split: fraction of (example, head) pairs, among heads with >= 1/2 of their weight on
     facts, that put >= 1/4 on each fact: heads that average the two.
     attn/separated: fraction of examples where one head puts > 1/2 on a and another > 1/2 on b."""
-    w, facts = _query_weights(trainer, cfg["train"].get("eval_batches", 8))
+    w, facts = _query_weights(trainer, cfg["train"]["eval_batches"])
     f = torch.einsum("nht,nft->nhf", w[:, 0], facts.float())  # (N, h, 2): weight on a, on b
     best = f.max(1).values                                    # (N, 2)
     fact_heads = f.sum(-1) >= 0.5
@@ -93,13 +86,6 @@ def param_accounting(trainer, cfg) -> dict:
             "attn/dv_dk_log2_gap": abs(math.log2(a.d_v / a.d_k))}
 
 
-def kv_cache_formula(n_layers: int, n_kv_heads: int, d_k: int, t: int, bytes_per: int,
-                     batch: int = 1, d_v: int | None = None) -> int:
-    """2 * layers * n_kv_heads * d_k * T * bytes per sequence (keys d_k wide, values d_v)."""
-    d_v = d_k if d_v is None else d_v
-    return batch * n_layers * n_kv_heads * (d_k + d_v) * t * bytes_per
-
-
 @torch.no_grad()
 def _decode_ms_per_token(model, prompt, n_new: int, repeats: int) -> float:
     best = float("inf")
@@ -124,8 +110,8 @@ def kv_cache(trainer, cfg) -> dict:
     t = cache.length
     elt = cache.k[0].element_size()
     out = {"kv/bytes": cache.nbytes(),
-           "kv/bytes_formula": kv_cache_formula(L, a.n_kv_heads, a.d_k, t, elt, d_v=a.d_v),
-           "kv/bytes_mha": kv_cache_formula(L, a.n_heads, a.d_k, t, elt, d_v=a.d_v),
+           "kv/bytes_formula": kv_cache_bytes(L, a.n_kv_heads, a.d_k, t, elt, d_v=a.d_v),
+           "kv/bytes_mha": kv_cache_bytes(L, a.n_heads, a.d_k, t, elt, d_v=a.d_v),
            "kv/context": t}
     out["kv/mha_over_this"] = out["kv/bytes_mha"] / out["kv/bytes"]
     out["kv/mha_over_this_predicted"] = a.n_heads / a.n_kv_heads

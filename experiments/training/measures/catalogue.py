@@ -1,33 +1,34 @@
 """Post-training measurements for the failure catalogue, wired through
-`exp.measures: ["experiments.measures_catalogue:FN"]`. Each FN(trainer, cfg) -> {metric: float}
-is merged into the run's final metrics, where `exp.expect` checks read it."""
+`exp.measures: ["catalogue:FN"]`. Each FN(trainer, cfg) -> {metric: float} is merged into the
+run's final metrics, where the experiment's checks read it."""
 import copy
 import math
 import time
 
 import torch
 
-from attention.diagnostics import entropy
-from experiments.train import build_model
+from attention.diagnostics import Recorder, entropy, saved_tensor_bytes
+from experiments.training.build import build_model
 
 
 @torch.no_grad()
-def _attention_inputs(trainer, batch_size: int | None = None):
+def _attention_inputs(trainer):
     """(layer, args, kwargs) of every attention call in an eval-mode forward of validation batch 0:
     each layer can then be rerun alone, in train or eval mode, on identical inputs."""
-    model, calls = trainer.model, []
-    hooks = [a.register_forward_pre_hook(lambda m, args, kw: calls.append((m, args, dict(kw))),
-                                         with_kwargs=True) for a in model.attentions]
-    b = trainer.task.batch(0, batch_size or trainer.tc["batch_size"], "val").to(trainer.device)
+    model = trainer.model
+    rec = Recorder(stats=False, capture_inputs=True)  # needs no weights: the layers keep their path
+    b = trainer.task.batch(0, trainer.tc["batch_size"], "val").to(trainer.device)
     was_training = model.training
     model.eval()
     try:
+        for a in model.attentions:
+            a.recorder = rec
         model(b.x, key_padding_mask=b.key_padding_mask)
     finally:
-        for h in hooks:
-            h.remove()
+        for a in model.attentions:
+            a.recorder = None
         model.train(was_training)
-    return calls
+    return rec.inputs
 
 
 def _weights(layer, args, kw, train: bool):
@@ -46,7 +47,7 @@ def row_sums(trainer, cfg) -> dict:
     mode, on the same inputs. Dropout zeroes a fraction p of the weights and rescales the rest by
     1/(1-p): rows sum to 1 only in expectation. Also measured: the zeroed fraction (~p) and the
     scale of the kept weights (exactly 1/(1-p))."""
-    p = float(cfg["model"]["attention"].get("dropout", 0.0))
+    p = float(cfg["model"]["attention"]["dropout"])
     torch.manual_seed(cfg["seed"])
     dev_train, dev_eval, zeroed, scale, var_pred = [], [], [], [], []
     for layer, args, kw in _attention_inputs(trainer):
@@ -94,19 +95,9 @@ def _dot_twin(trainer, cfg):
 
 
 def _saved_bytes(model, b) -> int:
-    """Bytes autograd saves for backward in one forward: the activation memory of a step
-    (each storage counted once; parameters excluded)."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: dict[int, int] = {}
-
-    def pack(t):
-        s = t.untyped_storage()
-        if s.data_ptr() not in params:
-            seen[s.data_ptr()] = s.nbytes()
-        return t
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(b.x, key_padding_mask=b.key_padding_mask)
-    return sum(seen.values())
+    """Bytes autograd saves for backward in one forward: the activation memory of a step."""
+    _, saved = saved_tensor_bytes(lambda: model(b.x, key_padding_mask=b.key_padding_mask), model.parameters())
+    return saved["total"]
 
 
 def _step_time(model, b) -> float:

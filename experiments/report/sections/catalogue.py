@@ -4,11 +4,11 @@ figure per experiment (failure vs control curves, entropy, saturation gradient, 
 import math
 import re
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
-from experiments.figures import plot_experiment
-from experiments.io import load_attn_weights
-from experiments.sections import metrics
+from experiments.records import RunRecord, flatten
+from experiments.report.figures import plot_experiment
 
 NAME = "catalogue"
 ORDER = 0
@@ -59,69 +59,75 @@ def slug(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.=-]+", "_", s).strip("_")
 
 
-def groups(summaries: list[dict]) -> list[tuple[str, str, list[dict]]]:
-    """(exp, label, runs) per experiment variant: a variant is one config, seeds aside. When one
-    exp name was run with a few different configs, the label names the keys that differ."""
-    from experiments.report import flatten
+@dataclass
+class Group:
+    """The runs of one experiment variant (one config, seeds aside), or of a whole sweep."""
+    exp: str
+    label: str
+    runs: list[RunRecord]
+    is_sweep: bool = False   # more configs than MAX_VARIANTS: one row here, judged in its own section
+
+
+def groups(runs: list[RunRecord]) -> list[Group]:
+    """One group per experiment variant. When one exp name was run with a few different configs,
+    the label names the keys that differ."""
     by_exp: dict[str, dict[str, list]] = {}
-    for s in summaries:
-        if s.get("role") != "control":
-            by_exp.setdefault(s["exp"], {}).setdefault(s["_variant"], []).append(s)
+    for r in runs:
+        if not r.is_control:
+            by_exp.setdefault(r.exp, {}).setdefault(r.variant, []).append(r)
     out = []
     for exp in sorted(by_exp):
         variants = by_exp[exp]
         if len(variants) == 1 or len(variants) > MAX_VARIANTS:
-            runs = [s for v in sorted(variants) for s in variants[v]]
-            out.append((exp, exp if len(variants) == 1 else f"{exp} (sweep of {len(variants)} configs)", runs))
+            members = [r for v in sorted(variants) for r in variants[v]]
+            sweep = len(variants) > 1
+            out.append(Group(exp, f"{exp} (sweep of {len(variants)} configs)" if sweep else exp, members, sweep))
             continue
-        flat = {v: flatten({k: c for k, c in runs[0]["config"].items() if k != "seed"})
-                for v, runs in variants.items()}
+        flat = {v: flatten({k: c for k, c in members[0].config.items() if k != "seed"})
+                for v, members in variants.items()}
         keys = sorted(k for k in set().union(*flat.values())
-                      if len({json_key(f.get(k)) for f in flat.values()}) > 1)
-        for v in sorted(variants, key=lambda v: [json_key(flat[v].get(k)) for k in keys]):
+                      if len({repr(f.get(k)) for f in flat.values()}) > 1)
+        for v in sorted(variants, key=lambda v: [repr(flat[v].get(k)) for k in keys]):
             label = ", ".join(f"{k}={flat[v].get(k)}" for k in keys)
-            out.append((exp, f"{exp} [{label}]", variants[v]))
+            out.append(Group(exp, f"{exp} [{label}]", variants[v]))
     return out
 
 
-def json_key(x) -> str:
-    return repr(x)
-
-
-def _reproduced(runs: list[dict]) -> str:
-    rep = [bool((s.get("verdict") or {}).get("reproduced")) for s in runs]
-    broken = any((s.get("verdict") or {}).get("signature_broken") for s in runs)
+def _reproduced(runs: list[RunRecord]) -> str:
+    rep = [r.reproduced for r in runs]
+    broken = any((r.verdict or {}).get("signature_broken") for r in runs)
     text = fmt(rep[0]) if len(rep) == 1 else f"{sum(rep)} of {len(rep)}"
     return text + (" (signature also holds on the control)" if broken else "")
 
 
-def _status(runs: list[dict]) -> str:
-    c = Counter(s.get("status", "?") for s in runs)
+def _status(runs: list[RunRecord]) -> str:
+    c = Counter(r.status for r in runs)
     return ", ".join(f"{k} ×{n}" if len(runs) > 1 else k for k, n in sorted(c.items()))
 
 
-def catalogue_table(summaries: list[dict]) -> str:
+def catalogue_table(runs_found: list[RunRecord]) -> str:
     rows = ["| experiment | claim | check | measured | threshold | control | status | reproduced | seeds |",
             "|---|---|---|---|---|---|---|---|---|"]
     n_rep = n_runs = n_exp_rep = n_sweeps = 0
-    gs = groups(summaries)
-    for exp, label, runs in gs:
-        claim = runs[0].get("claim") or ""
-        seeds = ", ".join(str(s) for s in sorted({s.get("seed") for s in runs}))
-        reps = [bool((s.get("verdict") or {}).get("reproduced")) for s in runs]
-        first = [label, claim]
+    gs = groups(runs_found)
+    for g in gs:
+        runs = g.runs
+        claim = runs[0].claim or ""
+        seeds = ", ".join(str(s) for s in sorted({r.seed for r in runs}))
+        reps = [r.reproduced for r in runs]
+        first = [g.label, claim]
         tail = [_status(runs), _reproduced(runs), seeds]
-        if "sweep of" in label:  # a sweep's per-cell verdict is a measurement: not in the tally
+        if g.is_sweep:  # a sweep's per-cell verdict is a measurement: not in the tally
             n_sweeps += 1
             rows.append("| " + " | ".join(map(_cell, first + ["see its section", "", "", ""] + tail)) + " |")
             continue
         n_rep, n_runs, n_exp_rep = n_rep + sum(reps), n_runs + len(reps), n_exp_rep + all(reps)
-        checks = (runs[0].get("verdict") or {}).get("checks") or []
+        checks = (runs[0].verdict or {}).get("checks") or []
         if not checks:
             rows.append("| " + " | ".join(map(_cell, first + ["(no checks)", "", "", ""] + tail)) + " |")
         for i, c in enumerate(checks):
-            per_run = [next((x for x in (s.get("verdict") or {}).get("checks", []) if x["name"] == c["name"]), None)
-                       for s in runs]
+            per_run = [next((x for x in (r.verdict or {}).get("checks", []) if x["name"] == c["name"]), None)
+                       for r in runs]
             per_run = [x for x in per_run if x is not None]
             measured = spread([x.get("measured") for x in per_run])
             passed = sum(bool(x.get("passed")) for x in per_run)
@@ -139,74 +145,67 @@ def catalogue_table(summaries: list[dict]) -> str:
     return "## Catalogue\n\n" + "\n".join(rows) + "\n\n" + summary + "\n"
 
 
-def per_seed_table(summaries: list[dict]) -> str | None:
-    multi = [(exp, label, runs) for exp, label, runs in groups(summaries)
-             if len({s.get("seed") for s in runs}) > 1 and "sweep of" not in label]
+def per_seed_table(runs_found: list[RunRecord]) -> str | None:
+    multi = [g for g in groups(runs_found) if len({r.seed for r in g.runs}) > 1 and not g.is_sweep]
     if not multi:
         return None
     rows = ["| experiment | seed | status | reproduced | checks |", "|---|---|---|---|---|"]
-    for _, label, runs in multi:
-        for s in sorted(runs, key=lambda s: s.get("seed", 0)):
-            v = s.get("verdict") or {}
+    for g in multi:
+        for s in sorted(g.runs, key=lambda r: r.seed or 0):
+            v = s.verdict or {}
             checks = "; ".join(f"{c['name']}: {fmt(c.get('measured'))} {'✓' if c.get('passed') else '✗'}"
                                for c in v.get("checks", []))
-            rows.append("| " + " | ".join(map(_cell, [label, s.get("seed"), s.get("status"),
+            rows.append("| " + " | ".join(map(_cell, [g.label, s.seed, s.status,
                                                       fmt(bool(v.get("reproduced"))), checks])) + " |")
     return "## Verdict per seed\n\n" + "\n".join(rows) + "\n"
 
 
-def _attn(s: dict | None):
-    p = Path(s["_dir"]) / "attn_weights.npz" if s else None
-    if p is None or not p.exists():
-        return None
-    try:
-        return load_attn_weights(p)
-    except Exception:
-        return None
-
-
-def figure(label: str, runs: list[dict], fig_dir: Path) -> str:
-    runs = sorted(runs, key=lambda s: s.get("seed", 0))
+def figure(label: str, runs: list[RunRecord], fig_dir: Path) -> str:
+    runs = sorted(runs, key=lambda r: r.seed or 0)
     first = runs[0]
-    cfg_exp = (first.get("config") or {}).get("exp") or {}
-    seeds = [s.get("seed") for s in runs]
-    name = first["exp"]
-    curves = [(f"{name} seed {s.get('seed')}" if len(runs) > 1 else name, metrics(s), _attn(s) if i == 0 else None)
-              for i, s in enumerate(runs)]
+    seeds = [r.seed for r in runs]
+    name = first.exp
+    curves = [(f"{name} seed {r.seed}" if len(runs) > 1 else name, r.metrics_frame(),
+               r.attn_weights() if i == 0 else None) for i, r in enumerate(runs)]
     controls, seen = [], set()
-    for s in runs:
-        c = s.get("_control")
-        if c is not None and str(c["_dir"]) not in seen:
-            seen.add(str(c["_dir"]))
-            controls.append((c["exp"] + (f" seed {c.get('seed')}" if len(runs) > 1 else ""),
-                             metrics(c), _attn(c) if not controls else None))
+    for r in runs:
+        c = r.control_run
+        if c is not None and str(c.dir) not in seen:
+            seen.add(str(c.dir))
+            controls.append((c.exp + (f" seed {c.seed}" if len(runs) > 1 else ""),
+                             c.metrics_frame(), c.attn_weights() if not controls else None))
     file = f"{slug(label)}.png"
     plot_experiment(fig_dir / file, label, curves, controls,
-                    loss_metric=cfg_exp.get("loss_metric", "loss/copy"),
-                    chance=(first.get("context") or {}).get("ln_V"))
+                    loss_metric=loss_metric(first), chance=first.context.get("ln_V"))
     vs = f" vs its control `{controls[0][0].split(' seed')[0]}`" if controls else ""
     seed_note = f", seeds {', '.join(map(str, seeds))}" if len(seeds) > 1 else ""
-    return (f"### {label}\n\n{first.get('claim') or ''}\n\n"
+    return (f"### {label}\n\n{first.claim or ''}\n\n"
             f"![{label}](figures/{file})\n\n"
             f"*{name}{vs}{seed_note}. Top: loss, attention entropy and mean |dL/dscores| over steps "
             f"(mean over layers). Bottom: the most focused head at the end, at step 0 and at the end.*\n")
 
 
-def blocks(summaries: list[dict], fig_dir: Path) -> dict[str, str]:
-    out = {"catalogue": catalogue_table(summaries)}
-    per_seed = per_seed_table(summaries)
+def loss_metric(run: RunRecord) -> str:
+    """The loss an experiment is judged on; summaries written before exp.loss_metric was a
+    config key lack it, and their experiments all used loss/copy."""
+    return (run.config.get("exp") or {}).get("loss_metric") or "loss/copy"
+
+
+def blocks(runs: list[RunRecord], fig_dir: Path) -> dict[str, str]:
+    out = {"catalogue": catalogue_table(runs)}
+    per_seed = per_seed_table(runs)
     if per_seed:
         out["per_seed"] = per_seed
     figs = {}
-    for exp, label, runs in groups(summaries):
-        if "sweep of" not in label:
-            figs[f"figure:{slug(label)}"] = figure(label, runs, fig_dir)
+    for g in groups(runs):
+        if not g.is_sweep:
+            figs[f"figure:{slug(g.label)}"] = figure(g.label, g.runs, fig_dir)
     if figs:
         out["figures"] = "## Per experiment\n"
         out.update(figs)
     return out
 
 
-def render(summaries: list[dict], fig_dir: Path) -> str | None:
-    b = blocks(summaries, fig_dir)
+def render(runs: list[RunRecord], fig_dir: Path) -> str | None:
+    b = blocks(runs, fig_dir)
     return "\n".join(b.values()) if b else None

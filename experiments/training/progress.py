@@ -20,6 +20,6 @@ class Progress:
 
 
 def progress_factory(cfg: dict) -> Progress:
-    setting = cfg["train"].get("progress", "auto")
+    setting = cfg["train"]["progress"]
     enabled = sys.stderr.isatty() if setting == "auto" else bool(setting)
     return Progress(cfg["train"]["steps"], cfg["exp"]["name"], enabled)

@@ -15,6 +15,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from experiments.records import RunRecord  # noqa: E402
+
 NAME = "heads"
 ORDER = 45
 # Vaswani et al. 2017, Table 3 row (A): dev perplexity (per wordpiece) at constant compute, d_model 512
@@ -51,11 +53,11 @@ def describe(cond: tuple) -> str:
             f"{'one shared' if c['shared'] else 'separate'} value set(s)")
 
 
-def heads_table(runs: list[dict]) -> tuple[str, dict]:
+def heads_table(runs: list[RunRecord]) -> tuple[str, dict]:
     by_h = defaultdict(list)
-    for s in runs:
-        by_h[s["config"]["model"]["n_heads"]].append(s["final"])
-    d = runs[0]["config"]["model"]["d_model"]
+    for r in runs:
+        by_h[r.config["model"]["n_heads"]].append(r.final)
+    d = runs[0].config["model"]["d_model"]
     lines = ["| h | d_k | attention params | acc/answer | loss/answer | PPL (ours) | PPL (Vaswani (A)) "
              "| weight on a | weight on b | mixing heads | a, b in separate heads | loss/train | seeds |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -140,22 +142,22 @@ def heads_figure(stats: dict, label: str, path: Path):
     plt.close(fig)
 
 
-def _pairs(summaries: list[dict], exp: str) -> list[tuple[dict, dict]]:
-    """(config, final) of each completed run of exp and of its control, controls once."""
+def _pairs(runs: list[RunRecord], exp: str) -> list[tuple]:
+    """(config, final, seed, is_control) of each completed run of exp and of its control, controls once."""
     rows, seen = [], set()
-    for s in summaries:
-        if s["exp"] != exp or s.get("status") != "completed":
+    for r in runs:
+        if r.exp != exp or r.status != "completed":
             continue
-        rows.append((s["config"], s["final"], s["seed"], False))
-        c = s.get("control")
+        rows.append((r.config, r.final, r.seed, False))
+        c = r.control
         if c and c.get("status") == "completed" and c["config_hash"] not in seen:
             seen.add(c["config_hash"])
-            rows.append((None, c["final"], s["seed"], True))
+            rows.append((None, c["final"], r.seed, True))
     return rows
 
 
-def dv_table(summaries: list[dict]) -> str | None:
-    rows = _pairs(summaries, "dv_ne_dk")
+def dv_table(runs: list[RunRecord]) -> str | None:
+    rows = _pairs(runs, "dv_ne_dk")
     if not rows:
         return None
     ctrl = defaultdict(list)
@@ -178,8 +180,8 @@ def dv_table(summaries: list[dict]) -> str | None:
     return "\n".join(out)
 
 
-def kv_table(summaries: list[dict]) -> str | None:
-    rows = _pairs(summaries, "kv_sharing")
+def kv_table(runs: list[RunRecord]) -> str | None:
+    rows = _pairs(runs, "kv_sharing")
     if not rows:
         return None
     ctrl = {seed: f.get("loss/copy") for _, f, seed, is_c in rows if is_c}
@@ -200,12 +202,12 @@ def kv_table(summaries: list[dict]) -> str | None:
     return "\n".join(out)
 
 
-def render(summaries: list[dict], fig_dir: Path) -> str | None:
-    heads = [s for s in summaries if s["exp"] == "heads" and s.get("status") == "completed"]
+def render(runs: list[RunRecord], fig_dir: Path) -> str | None:
+    heads = [r for r in runs if r.exp == "heads" and r.status == "completed"]
     parts = []
     by_cond = defaultdict(list)
-    for s in heads:
-        by_cond[condition(s["config"])].append(s)
+    for r in heads:
+        by_cond[condition(r.config)].append(r)
     if by_cond:
         parts.append("## Heads: one softmax against several\n")
     for i, (cond, runs) in enumerate(sorted(by_cond.items(), key=lambda kv: -len(kv[1]))):
@@ -218,10 +220,10 @@ def render(summaries: list[dict], fig_dir: Path) -> str | None:
             heads_figure(stats, describe(cond), fig_dir / file)
             parts.append(f"\n![answer accuracy against h](figures/{file})\n")
         parts.append("")
-    dv = dv_table(summaries)
+    dv = dv_table(runs)
     if dv:
         parts.append("## d_v != d_k\n\n" + dv + "\n")
-    kv = kv_table(summaries)
+    kv = kv_table(runs)
     if kv:
         parts.append("## Shared keys and values (GQA / MQA)\n\n" + kv + "\n")
     return "\n".join(parts) if parts else None

@@ -31,7 +31,7 @@ def _shakespeare(runs: list[dict]) -> str:
         text += (f" nanoGPT printed its figure from 20 val batches (eval_iters=20); one such estimate of "
                  f"these runs ranges {min(e['min'] for e in est20):.4f} .. {max(e['max'] for e in est20):.4f}.")
     if refs:
-        text += (" nanoGPT's own loop, transcribed in `experiments/nanogpt_reference.py` and trained from "
+        text += (" nanoGPT's own loop, transcribed in `experiments/bench/nanogpt_reference.py` and trained from "
                  "the same seeds, scored on the same batches: "
                  + ", ".join(f"{r['reference_val_loss']:.4f}" for r in refs)
                  + f" (mean {sum(r['reference_val_loss'] for r in refs) / len(refs):.4f}).")

@@ -3,6 +3,7 @@ control, and the diagnostics that explain it."""
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -19,17 +20,21 @@ def layer_mean(df, prefix: str):
     return df[cols].mean(axis=1) if cols else None
 
 
+def row_entropy(w) -> np.ndarray:
+    """Entropy per row in nats (attention.diagnostics.entropy, in numpy: the report loads no torch)."""
+    w = np.asarray(w, dtype=np.float64)
+    return -(w * np.log(np.clip(w, 1e-12, None))).sum(-1)
+
+
 def pick_head(attn_weights: dict) -> tuple[str, int] | None:
     """The (layer, head) whose attention is most focused (lowest mean row entropy) at the last
     recorded step: where learning, or its failure, is easiest to see."""
-    import numpy as np
     if not attn_weights:
         return None
     last = attn_weights[max(attn_weights)]
     best = None
     for layer in sorted(last):
-        w = np.asarray(last[layer], dtype=np.float64)
-        ent = -(w * np.log(np.clip(w, 1e-12, None))).sum(-1).mean(-1)  # (h,) nats, as diagnostics.entropy
+        ent = row_entropy(last[layer]).mean(-1)  # (h,)
         for h, e in enumerate(ent.tolist()):
             if e == e and (best is None or e < best[0]):  # skip NaN heads
                 best = (e, layer, h)
@@ -37,7 +42,6 @@ def pick_head(attn_weights: dict) -> tuple[str, int] | None:
 
 
 def _heatmap(ax, w, title):
-    import numpy as np
     ax.imshow(np.asarray(w, dtype=np.float32), cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
     ax.set_title(title, fontsize=9)
     ax.set_xlabel("key", fontsize=8)
@@ -51,7 +55,6 @@ def plot_experiment(path: Path, name: str, runs: list, controls: list, control_n
     Top: loss (failure vs control on the same axes), attention entropy and the saturation
     gradient mean |dL/dscores| (both averaged over layers); log scale where a panel spans
     decades. Bottom: one head's weights at step 0 and at the end, for the first run of each."""
-    import numpy as np
     n_heat = 2 * (1 + bool(controls))
     fig = plt.figure(figsize=(14, 7.6))
     grid = fig.add_gridspec(2, max(3, n_heat) * 4)

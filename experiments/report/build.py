@@ -10,128 +10,29 @@ README blocks: the text between `<!-- BEGIN report:NAME -->` and `<!-- END repor
 replaced by the report block NAME (`catalogue`, `per_seed`, `figure:<exp>`, or a section's NAME).
 """
 import argparse
-import json
 import os
 import re
 import sys
 import traceback
 from pathlib import Path
 
-import pandas as pd
-
-from experiments import sections
 from experiments.io import atomic_write, write_text
-from experiments.runner import config_hash
-
-STAMP = re.compile(r"\d{4}-\d{2}-\d{2}_\d{2}-\d{2}-\d{2}(?:-\d+)?")
-SKIP_PARTS = ("wandb", "checkpoints", "figures")
-
-
-def _display(path: Path) -> str:
-    """A path as the report shows it: relative to the working directory when it lies below it."""
-    try:
-        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
-
-
-def variant(summary: dict) -> str:
-    """What was trained, seed aside: runs of one variant differ only by seed."""
-    cfg = dict(summary.get("config") or {})
-    if not cfg.get("train"):
-        return summary.get("config_hash", "")
-    cfg["seed"] = None
-    return config_hash(cfg)
-
-
-def _summary_files(d: Path):
-    for p in sorted(Path(d).rglob("summary.json")):
-        rel = p.relative_to(d).parts[:-1]
-        if any(part.startswith(".") or part in SKIP_PARTS for part in rel):
-            continue
-        yield p
-
-
-def _read(path: Path) -> dict | None:
-    try:
-        s = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        print(f"report: skipping {path}: {e}", file=sys.stderr)
-        return None
-    s["_dir"] = path.parent
-    s["_id"] = _display(path.parent)
-    s["_variant"] = variant(s)
-    return s
-
-
-def load_summaries(dirs) -> list[dict]:
-    """Every run under `dirs` and the control of each, newest run per (exp, role, config).
-    Each summary gets `_dir`, `_id` (display path), `_variant`, and `_control` (its control's
-    summary, or None)."""
-    found = [s for d in dirs for p in _summary_files(Path(d)) if (s := _read(p))]
-    for s in list(found):
-        cdir = (s.get("control") or {}).get("dir")
-        if cdir and (Path(cdir) / "summary.json").exists():
-            found.append(_read(Path(cdir) / "summary.json"))
-    latest: dict = {}
-    for s in found:
-        key = (s["exp"], s.get("role"), s.get("config_hash") or s["_id"])
-        stamp = (STAMP.findall(str(s["_dir"])) or [""])[-1]
-        rank = (stamp, str(s["_dir"]))
-        if key not in latest or rank > latest[key][0]:
-            latest[key] = (rank, s)
-    out = sorted((s for _, s in latest.values()),
-                 key=lambda s: (s["exp"], s.get("role") == "control", s["_variant"], s.get("seed", 0), s["_id"]))
-    by_dir = {Path(s["_dir"]).resolve(): s for s in out}
-    for s in out:
-        cdir = (s.get("control") or {}).get("dir")
-        s["_control"] = by_dir.get(Path(cdir).resolve()) if cdir else None
-    return out
-
-
-def flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flatten(v, key + "."))
-        elif isinstance(v, list):
-            out[key] = json.dumps(v)
-        else:
-            out[key] = v
-    return out
-
-
-def runs_table(summaries: list[dict]) -> pd.DataFrame:
-    """Tidy: one row per run and logged step; run fields and config fields as columns, then
-    the metrics (slash names, as in metrics.csv and W&B)."""
-    frames = []
-    for s in summaries:
-        m = sections.metrics(s)
-        if m.empty:
-            m = pd.DataFrame({"step": [None]})
-        cfg = {k: v for k, v in flatten(s.get("config") or {}).items()
-               if not k.startswith("exp.") or k == "exp.name"}
-        meta = {"run": s["_id"], "exp": s["exp"], "role": s.get("role"), "seed": s.get("seed"),
-                "status": s.get("status"), "reproduced": (s.get("verdict") or {}).get("reproduced"),
-                "variant": s["_variant"], **{f"config.{k}": v for k, v in cfg.items()}}
-        meta_df = pd.DataFrame({k: [v] * len(m) for k, v in meta.items()}, index=m.index)
-        frames.append(pd.concat([meta_df, m], axis=1))
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-
+from experiments.records import RunRecord
+from experiments.report import sections
+from experiments.report.runs import display, load_runs, runs_table
 
 # -- assembly ------------------------------------------------------------------------------------
 
-def render_blocks(summaries: list[dict], fig_dir: Path) -> dict[str, str]:
+def render_blocks(runs: list[RunRecord], fig_dir: Path) -> dict[str, str]:
     """Every section's markdown blocks, in report order. A section that raises is reported as
     failed (with the reason) instead of taking the whole report down."""
     blocks: dict[str, str] = {}
     for mod in sections.discover():
         try:
             if hasattr(mod, "blocks"):
-                blocks.update(mod.blocks(summaries, fig_dir))
+                blocks.update(mod.blocks(runs, fig_dir))
             else:
-                md = mod.render(summaries, fig_dir)
+                md = mod.render(runs, fig_dir)
                 if md:
                     blocks[mod.NAME] = md
         except Exception as e:
@@ -140,13 +41,13 @@ def render_blocks(summaries: list[dict], fig_dir: Path) -> dict[str, str]:
     return blocks
 
 
-def header(summaries: list[dict]) -> str:
-    primary = [s for s in summaries if s.get("role") != "control"]
-    exps = sorted({s["exp"] for s in primary})
-    devices = sorted({s["device"] for s in summaries if s.get("device")}) or ["unknown"]
+def header(runs: list[RunRecord]) -> str:
+    primary = [r for r in runs if not r.is_control]
+    exps = sorted({r.exp for r in primary})
+    devices = sorted({r.device for r in runs if r.device}) or ["unknown"]
     return ("# Attention failure suite: report\n\n"
             f"{len(primary)} runs of {len(exps)} experiments, "
-            f"{len(summaries) - len(primary)} control run(s); device: {', '.join(devices)}. "
+            f"{len(runs) - len(primary)} control run(s); device: {', '.join(devices)}. "
             "Generated by `python -m experiments.report` from the runs' own summary.json and "
             "metrics.csv; `runs.csv` beside this file holds every logged step.\n")
 
@@ -176,13 +77,13 @@ def build(dirs, out: Path, readme: Path | None = None) -> Path:
     fig_dir = out / "figures"
     fig_dir.mkdir(parents=True, exist_ok=True)
     before = {p: p.stat().st_mtime_ns for p in fig_dir.glob("*.png")}
-    summaries = load_summaries(dirs)
-    table = runs_table(summaries)
+    runs = load_runs(dirs)
+    table = runs_table(runs)
     if not table.empty:
         atomic_write(out / "runs.csv", lambda f: table.to_csv(f, index=False, lineterminator="\n"))
-    if summaries:
-        blocks = render_blocks(summaries, fig_dir)
-        text = header(summaries) + "".join(f"\n{b.strip()}\n" for b in blocks.values())
+    if runs:
+        blocks = render_blocks(runs, fig_dir)
+        text = header(runs) + "".join(f"\n{b.strip()}\n" for b in blocks.values())
     else:
         blocks = {}
         text = "# Attention failure suite: report\n\nNo runs found.\n"
@@ -215,7 +116,7 @@ def main(argv=None) -> int:
         return 2
     out = a.out or (dirs[0] if len(dirs) == 1 else Path("results"))
     path = build(dirs, out, a.readme)
-    print(f"report: {_display(path)}")
+    print(f"report: {display(path)}")
     return 0
 
 

@@ -1,19 +1,8 @@
-"""Evaluate an experiment's declared signature (`exp.expect`) on its run and on its control.
+"""Judge a run by its signature (judging.checks): measure every check on the run and on its
+control.
 
 reproduced = every check holds on the failure run AND the signature as a whole does not hold
 on the control. A signature the control also satisfies is broken, and says so.
-
-Check kinds (fields beyond name/kind/metric):
-  threshold  value(metric, at) OP value
-  ratio      value(metric, at) on the run / the same on the control  OP value
-  delta      value on the run - value on the control  OP value
-  near       |value(metric) - value(ref)| / |value(ref)| <= tol   (measured against a prediction)
-  plateau    steps with `metric` >= level before it first drops below, run / control  OP value
-  status     run status == value; optional message_contains / module_contains
-Values and levels may be expressions over: ln_V (chance loss), V, d_k, steps, log, sqrt.
-`at`: final (eval at the end; the last row when diverged) | first | last | min | max | a step.
-A check with `report_only: true` is measured and shown (on the run and the control) but is not
-part of the signature: for numbers the lesson makes claims about that the data may contradict.
 A check compared with "the control" evaluates the control against itself on the control side,
 so ratio and plateau checks give 1 there and deltas 0.
 """
@@ -21,19 +10,26 @@ import math
 import operator
 from dataclasses import dataclass, field
 
+from experiments.judging.expressions import evaluate as expr
+
 OPS = {"<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt}
-KINDS = ("threshold", "ratio", "delta", "near", "plateau", "status")
 
 
 @dataclass
 class RunView:
     """What a check may read of one run."""
     status: str
-    rows: list = field(default_factory=list)
+    rows: list = field(default_factory=list)       # metrics.csv rows
     final: dict = field(default_factory=dict)
     nonfinite: dict | None = None
     error: str | None = None
     context: dict = field(default_factory=dict)   # names for expressions: ln_V, V, d_k, steps
+
+    @classmethod
+    def of(cls, run, rows: list) -> "RunView":
+        """A RunRecord with its metrics rows; a run that did not complete has no final metrics."""
+        return cls(status=run.status, rows=rows, final=run.final if run.status == "completed" else {},
+                   nonfinite=run.nonfinite, error=run.error, context=run.context)
 
     def series(self, metric):
         return [(r["step"], r[metric]) for r in self.rows if r.get(metric) is not None]
@@ -60,22 +56,6 @@ class RunView:
             if v < level:
                 return step
         return self.context.get("steps_done", self.context.get("steps", 0))
-
-
-def expr(x, ctx: dict) -> float:
-    if isinstance(x, (int, float)):
-        return float(x)
-    names = {"log": math.log, "sqrt": math.sqrt, **ctx}
-    return float(eval(str(x), {"__builtins__": {}}, names))  # config-authored arithmetic only
-
-
-def validate_checks(expect) -> None:
-    for c in expect or []:
-        if c.get("kind") not in KINDS:
-            raise ValueError(f"exp.expect: check {c.get('name')!r} has unknown kind "
-                             f"{c.get('kind')!r} (one of {', '.join(KINDS)})")
-        if c["kind"] != "status" and c.get("op", ">=") not in OPS:
-            raise ValueError(f"exp.expect: check {c.get('name')!r} has unknown op {c.get('op')!r}")
 
 
 def _measure(c: dict, run: RunView, ref: RunView):
@@ -114,7 +94,7 @@ def check(c: dict, run: RunView, ref: RunView) -> dict:
         tol = expr(c["tol"], run.context)
         passed = measured is not None and measured <= tol
         expected = f"rel. error to {c['ref']} <= {tol:g}"
-    elif "value" in c:
+    elif c.get("value") is not None:
         target = expr(c["value"], run.context)
         passed = measured is not None and math.isfinite(measured) and OPS[c.get("op", ">=")](measured, target)
         expected = f"{c.get('op', '>=')} {target:g}"
@@ -124,8 +104,9 @@ def check(c: dict, run: RunView, ref: RunView) -> dict:
             "passed": bool(passed), "measured": measured, "expected": expected}
 
 
-def evaluate(expect: list, run: RunView, control: RunView | None) -> dict:
-    expect = list(expect or [])
+def evaluate(expect: list[dict], run: RunView, control: RunView | None) -> dict:
+    """expect: judging.checks.signature(exp)."""
+    expect = list(expect)
     gates = [not c.get("report_only", False) for c in expect]
     run_checks = [check(c, run, control or run) for c in expect]
     for rc, gate in zip(run_checks, gates):

@@ -1,0 +1,5 @@
+import sys
+
+from experiments.bench import main
+
+sys.exit(main())

@@ -1,0 +1,147 @@
+"""A run's record: what one run dir holds (summary.json, metrics.csv, perf.csv, attn_weights.npz),
+written by the trainer's runner and read back by the report and the notebooks.
+
+No torch, no wandb here: the report reads records without loading either.
+"""
+import csv
+import hashlib
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from experiments.io import load_attn_weights
+
+# keys that do not change what is trained: two configs differing only here share a control
+NOT_HASHED = ("exp", "logger", "results_dir")
+NOT_HASHED_TRAIN = ("progress", "ckpt_every")
+
+
+def config_hash(cfg: dict) -> str:
+    """12 hex digits of everything that shapes training (controls and checkpoints are keyed by it)."""
+    c = {k: v for k, v in cfg.items() if k not in NOT_HASHED}
+    c["train"] = {k: v for k, v in c["train"].items() if k not in NOT_HASHED_TRAIN}
+    return hashlib.sha256(json.dumps(c, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    """{"a": {"b": 1}} -> {"a.b": 1}; lists as JSON text (one table cell)."""
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        elif isinstance(v, list):
+            out[key] = json.dumps(v)
+        else:
+            out[key] = v
+    return out
+
+
+def read_rows(path) -> list[dict]:
+    """A wide CSV (metrics.csv, perf.csv) as one dict per row: floats, None where empty; [] if absent."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    with open(path) as f:
+        return [{k: (float(v) if v != "" else None) for k, v in r.items()} for r in csv.DictReader(f)]
+
+
+def rows_frame(rows: list[dict]):
+    """Rows as a pandas DataFrame, `step` as integers (as metrics.csv writes it)."""
+    import pandas as pd
+    df = pd.DataFrame(rows)
+    if "step" in df.columns and len(df) and df["step"].notna().all():
+        df["step"] = df["step"].astype(int)
+    return df
+
+
+def read_attn_weights(run_dir):
+    """{step: {layer: (h, T, T) float16 array}} of example 0 at each diagnostic step, or None."""
+    p = Path(run_dir) / "attn_weights.npz"
+    if not p.exists():
+        return None
+    try:
+        return load_attn_weights(p)
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+@dataclass
+class RunRecord:
+    """One run: the fields of its summary.json, and where it lies."""
+    exp: str
+    status: str                     # completed | diverged | error
+    role: str | None = None         # failure | control | baseline
+    claim: str | None = None
+    seed: int | None = None
+    steps_done: int = 0
+    final: dict = field(default_factory=dict)      # eval metrics at the end (+ exp.measures)
+    nonfinite: dict | None = None   # {step, module, where} of the first NaN/inf
+    error: str | None = None
+    params: dict = field(default_factory=dict)
+    config_hash: str | None = None
+    device: str | None = None
+    wall_s: float | None = None
+    cpu_s: float | None = None
+    perf: dict = field(default_factory=dict)
+    context: dict = field(default_factory=dict)    # names check expressions may use: ln_V, V, d_k, ...
+    config: dict = field(default_factory=dict)     # the whole resolved config
+    control: dict | None = None     # failures: the control's {name, dir, status, final, config_hash, ...}
+    verdict: dict | None = None     # failures and baselines: judging.verdict.evaluate's result
+    expected_error: bool | None = None
+    # where it was read from (not in summary.json)
+    dir: Path | None = field(default=None, compare=False)
+    id: str = field(default="", compare=False)     # the run dir as the report shows it
+    control_run: "RunRecord | None" = field(default=None, compare=False, repr=False)
+
+    SUMMARY_FIELDS = ()  # set below: the fields summary.json holds, in order
+
+    def to_summary(self) -> dict:
+        """summary.json's content; control, verdict and expected_error only where set."""
+        out = {k: getattr(self, k) for k in self.SUMMARY_FIELDS}
+        for k in ("control", "verdict", "expected_error"):
+            if out[k] is None:
+                del out[k]
+        return out
+
+    @classmethod
+    def from_summary(cls, d: dict, run_dir=None, id: str = "") -> "RunRecord":
+        known = {k: v for k, v in d.items() if k in cls.SUMMARY_FIELDS}
+        return cls(**known, dir=Path(run_dir) if run_dir is not None else None, id=id)
+
+    @classmethod
+    def read(cls, run_dir, id: str = "") -> "RunRecord":
+        """summary.json of run_dir; raises OSError / json.JSONDecodeError when unreadable."""
+        return cls.from_summary(json.loads((Path(run_dir) / "summary.json").read_text()), run_dir, id)
+
+    @property
+    def variant(self) -> str:
+        """What was trained, seed aside: runs of one variant differ only by seed."""
+        if not self.config.get("train"):
+            return self.config_hash or ""
+        return config_hash({**self.config, "seed": None})
+
+    @property
+    def is_control(self) -> bool:
+        return self.role == "control"
+
+    @property
+    def reproduced(self) -> bool:
+        return bool((self.verdict or {}).get("reproduced"))
+
+    def metrics(self) -> list[dict]:
+        """metrics.csv: one dict per logged step."""
+        return read_rows(self.dir / "metrics.csv")
+
+    def metrics_frame(self):
+        return rows_frame(self.metrics())
+
+    def perf_rows(self) -> list[dict]:
+        """perf.csv: tokens/s per logged step."""
+        return read_rows(self.dir / "perf.csv")
+
+    def attn_weights(self):
+        return read_attn_weights(self.dir)
+
+
+RunRecord.SUMMARY_FIELDS = tuple(f.name for f in fields(RunRecord) if f.name not in ("dir", "id", "control_run"))

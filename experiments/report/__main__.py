@@ -1,0 +1,5 @@
+import sys
+
+from experiments.report import main
+
+sys.exit(main())

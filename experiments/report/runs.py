@@ -1,0 +1,75 @@
+"""Every run under some dirs, read back as RunRecords, and the tidy table of them (runs.csv)."""
+import re
+import sys
+from pathlib import Path
+
+from experiments.records import RunRecord, flatten
+
+STAMP = re.compile(r"\d{4}-\d{2}-\d{2}_\d{2}-\d{2}-\d{2}(?:-\d+)?")
+SKIP_PARTS = ("wandb", "checkpoints", "figures")
+
+
+def display(path: Path) -> str:
+    """A path as the report shows it: relative to the working directory when it lies below it."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _summary_files(d: Path):
+    for p in sorted(Path(d).rglob("summary.json")):
+        rel = p.relative_to(d).parts[:-1]
+        if any(part.startswith(".") or part in SKIP_PARTS for part in rel):
+            continue
+        yield p
+
+
+def _read(path: Path) -> RunRecord | None:
+    try:
+        return RunRecord.read(path.parent, id=display(path.parent))
+    except (OSError, ValueError, TypeError) as e:
+        print(f"report: skipping {path}: {e}", file=sys.stderr)
+        return None
+
+
+def load_runs(dirs) -> list[RunRecord]:
+    """Every run under `dirs` and the control of each, newest run per (exp, role, config),
+    each failure linked to its control's record (`control_run`)."""
+    found = [r for d in dirs for p in _summary_files(Path(d)) if (r := _read(p))]
+    for r in list(found):
+        cdir = (r.control or {}).get("dir")
+        if cdir and (Path(cdir) / "summary.json").exists():
+            found.append(_read(Path(cdir) / "summary.json"))
+    latest: dict = {}
+    for r in found:
+        key = (r.exp, r.role, r.config_hash or r.id)
+        stamp = (STAMP.findall(str(r.dir)) or [""])[-1]
+        rank = (stamp, str(r.dir))
+        if key not in latest or rank > latest[key][0]:
+            latest[key] = (rank, r)
+    out = sorted((r for _, r in latest.values()),
+                 key=lambda r: (r.exp, r.is_control, r.variant, r.seed or 0, r.id))
+    by_dir = {Path(r.dir).resolve(): r for r in out}
+    for r in out:
+        cdir = (r.control or {}).get("dir")
+        r.control_run = by_dir.get(Path(cdir).resolve()) if cdir else None
+    return out
+
+
+def runs_table(runs: list[RunRecord]):
+    """Tidy: one row per run and logged step; run fields and config fields as columns, then
+    the metrics (slash names, as in metrics.csv and W&B)."""
+    import pandas as pd
+    frames = []
+    for r in runs:
+        m = r.metrics_frame()
+        if m.empty:
+            m = pd.DataFrame({"step": [None]})
+        cfg = {k: v for k, v in flatten(r.config).items() if not k.startswith("exp.") or k == "exp.name"}
+        meta = {"run": r.id, "exp": r.exp, "role": r.role, "seed": r.seed, "status": r.status,
+                "reproduced": (r.verdict or {}).get("reproduced"), "variant": r.variant,
+                **{f"config.{k}": v for k, v in cfg.items()}}
+        meta_df = pd.DataFrame({k: [v] * len(m) for k, v in meta.items()}, index=m.index)
+        frames.append(pd.concat([meta_df, m], axis=1))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()

@@ -1,0 +1,205 @@
+"""One experiment: train the failure run, find or train its control, judge, write the run dir.
+
+Run dir: metrics.csv, perf.csv, summary.json, curves.png, attn_weights.npz, wandb/.
+Controls live under <results_dir>/controls/<name>-<hash>/, keyed by the hash of everything that
+shapes training, so every experiment with the same control config reuses one run (a file lock
+keeps two parallel jobs from training it twice).
+"""
+import copy
+import fcntl
+import importlib
+import math
+import sys
+import time
+from pathlib import Path
+
+from experiments.io import save_attn_weights, write_json
+from experiments.judging.checks import signature
+from experiments.judging.verdict import RunView, evaluate
+from experiments.records import RunRecord, config_hash, read_attn_weights, rows_frame
+from experiments.report.figures import plot_experiment
+from experiments.schema import validate
+from experiments.training.build import check
+from experiments.training.checkpoint import remove_checkpoint
+from experiments.training.logger import check_logger, make_logger
+from experiments.training.loop import Preempted, Trainer, write_metrics
+
+MEASURES = "experiments.training.measures"  # "catalogue:row_sums" is experiments/training/measures/catalogue.py
+
+
+def measure_fn(ref: str):
+    """exp.measures entries are "module:function" (a module of experiments/training/measures/, or
+    a full dotted path); each fn(trainer, cfg) returns {metric: value}, merged into the run's
+    final metrics where checks read them (KV-cache bytes, decode time, time per step, ...)."""
+    module, _, fn = ref.partition(":")
+    try:
+        mod = importlib.import_module(module if "." in module else f"{MEASURES}.{module}")
+        return getattr(mod, fn)
+    except (ImportError, AttributeError):
+        raise ValueError(f"exp.measures: {ref!r} names no function (module:function in "
+                         f"experiments/training/measures/)") from None
+
+
+def set_dotted(d: dict, key: str, value):
+    *path, last = key.split(".")
+    for p in path:
+        d = d[p]
+    if last not in d:
+        raise ValueError(f"exp.control.overrides: unknown key {key!r}")
+    d[last] = value
+
+
+def control_config(cfg: dict) -> dict:
+    """The experiment's config with the bug fixed (exp.control.overrides); it measures what its
+    experiment measures unless exp.control.measures says otherwise."""
+    ctrl = cfg["exp"]["control"]
+    c = copy.deepcopy(cfg)
+    for k, v in (ctrl.get("overrides") or {}).items():
+        set_dotted(c, k, v)
+    c["exp"] = {**cfg["exp"], "name": ctrl["name"], "claim": f"control of {cfg['exp']['name']}",
+                "control": None, "expect": [], "checks": {},
+                "group": cfg["exp"]["group"] or cfg["exp"]["name"],  # W&B: beside its failure
+                "measures": ctrl["measures"] if "measures" in ctrl else cfg["exp"]["measures"]}
+    return c
+
+
+def preflight(cfg: dict) -> None:
+    """Everything a run and its control would reject, found before either trains: a bad config
+    raises ValueError (one line) here and nothing is recorded. Builds no model."""
+    exp = cfg["exp"]
+    signature(exp)  # every check and expression parsed
+    configs = [cfg] + ([control_config(cfg)] if exp["control"] else [])
+    for c in configs:
+        validate(c)  # the schema: types, ranges, choices, cross-field rules
+        check(c)     # what building would reject: the block size, the corpus, ...
+        check_logger(c["logger"])
+        for ref in c["exp"]["measures"]:
+            measure_fn(ref)
+
+
+def _context(cfg: dict, trainer: Trainer, res) -> dict:
+    V = trainer.task.vocab_size
+    return {"ln_V": math.log(V), "V": V, "d_k": trainer.model.cfg.attn.d_k,
+            "steps": cfg["train"]["steps"], "steps_done": res.steps_done,
+            "log_every": cfg["train"]["log_every"]}
+
+
+def checkpoint_path(cfg: dict) -> Path:
+    """Keyed by what is trained, not by the run dir: rerunning the same command resumes."""
+    return Path(cfg["results_dir"]) / "checkpoints" / f"{cfg['exp']['name']}-{config_hash(cfg)}" / "ckpt.pt"
+
+
+def train_run(cfg: dict, run_dir: Path, role: str, progress_factory=None):
+    """Train one config into run_dir; returns (its RunRecord, no verdict yet; its logger, still
+    open). Two jobs of one sweep with the same config (a baseline and another job's control)
+    would share a checkpoint: the second waits for the first, then trains afresh, so no file has
+    two writers."""
+    ckpt = checkpoint_path(cfg)
+    ckpt.parent.mkdir(parents=True, exist_ok=True)
+    with open(ckpt.parent / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _train_run(cfg, Path(run_dir), role, ckpt, progress_factory)
+
+
+def _train_run(cfg: dict, run_dir: Path, role: str, ckpt: Path, progress_factory=None):
+    progress = progress_factory(cfg) if progress_factory else None
+    trainer = Trainer(cfg, run_dir, ckpt_path=ckpt, progress=progress and progress.update)
+    name = cfg["exp"]["name"]
+    logger = make_logger(cfg["logger"], run_dir, cfg, name=f"{name}-seed{cfg['seed']}",
+                         group=cfg["exp"]["group"] or name, tags=[name, role, f"seed{cfg['seed']}"])
+    trainer.log_fn = logger.log
+    t0, c0 = time.perf_counter(), time.process_time()
+    error = None
+    try:
+        res = trainer.run()
+    except Preempted:
+        write_metrics(run_dir, trainer.res)
+        logger.finish()
+        raise
+    except Exception as e:  # a crash is a recorded outcome (status error), not a lost run
+        res = trainer.res
+        res.status, error = "error", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    finally:
+        if progress:
+            progress.close()
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0  # cpu: honest on a shared box
+    write_metrics(run_dir, res)
+    if res.attn_weights:
+        save_attn_weights(run_dir / "attn_weights.npz", res.attn_weights)
+    if res.status == "completed":
+        for ref in cfg["exp"]["measures"]:
+            res.final.update(measure_fn(ref)(trainer, cfg))
+    tps = [p["perf/tokens_per_s"] for p in res.perf[1:]] or [p["perf/tokens_per_s"] for p in res.perf]
+    record = RunRecord(
+        exp=name, role=role, claim=cfg["exp"]["claim"], status=res.status, seed=cfg["seed"],
+        steps_done=res.steps_done, final=res.final or (res.rows[-1] if res.rows else {}),
+        nonfinite=res.nonfinite, error=error, params=res.params, config_hash=config_hash(cfg),
+        device=str(trainer.device), wall_s=wall, cpu_s=cpu,
+        perf={"tokens_per_s": sum(tps) / len(tps) if tps else None},
+        context=_context(cfg, trainer, res), config=cfg, dir=run_dir)
+    remove_checkpoint(ckpt)  # finished: a rerun starts afresh; only an interrupted run resumes
+    return record, logger
+
+
+def _finish_logger(logger, record: RunRecord, **extra):
+    logger.summary({"status": record.status, **extra, **{f"final/{k}": v for k, v in record.final.items()}})
+    logger.finish()
+
+
+def find_or_train_control(cfg: dict, progress_factory=None) -> RunRecord:
+    ccfg = control_config(cfg)
+    cdir = Path(cfg["results_dir"]) / "controls" / f"{ccfg['exp']['name']}-{config_hash(ccfg)}"
+    cdir.mkdir(parents=True, exist_ok=True)
+    with open(cdir / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a parallel job waits here, then reuses the result
+        if (cdir / "summary.json").exists():
+            return RunRecord.read(cdir)
+        record, logger = train_run(ccfg, cdir, role="control", progress_factory=progress_factory)
+        _finish_logger(logger, record)
+        write_json(cdir / "summary.json", record.to_summary())
+        return record
+
+
+def run_experiment(cfg: dict, run_dir: Path, progress_factory=None) -> RunRecord:
+    """Train, judge against the control, write summary.json and curves.png; returns the record."""
+    run_dir = Path(run_dir)
+    preflight(cfg)
+    exp = cfg["exp"]
+    record, logger = train_run(cfg, run_dir, role="failure" if exp["control"] else "baseline",
+                               progress_factory=progress_factory)
+    rows = record.metrics()
+    control, crows = None, []
+    if exp["control"]:
+        control = find_or_train_control(cfg, progress_factory)
+        crows = control.metrics()
+        record.control = {"name": control.exp, "dir": str(control.dir), "status": control.status,
+                          "final": control.final, "config_hash": control.config_hash,
+                          "nonfinite": control.nonfinite, "error": control.error}
+    checks = signature(exp)
+    record.verdict = evaluate(checks, RunView.of(record, rows), RunView.of(control, crows) if control else None)
+    record.expected_error = any(c["kind"] == "status" and c["value"] == "error" for c in checks)
+    controls = [(control.exp, rows_frame(crows), read_attn_weights(control.dir))] if control else []
+    plot_experiment(run_dir / "curves.png", exp["name"], [(exp["name"], rows_frame(rows), read_attn_weights(run_dir))],
+                    controls, control_name=controls[0][0] if controls else "control",
+                    loss_metric=exp["loss_metric"], chance=record.context["ln_V"])
+    write_json(run_dir / "summary.json", record.to_summary())
+    _finish_logger(logger, record, reproduced=record.verdict["reproduced"], verdict=record.verdict)
+    return record
+
+
+def verdict_line(record: RunRecord, run_dir) -> str:
+    v = record.verdict
+    checks = ", ".join(f"{c['name']}={'ok' if c['passed'] else 'FAIL'}" for c in v["checks"])
+    broken = " (signature also holds on the control: broken)" if v.get("signature_broken") else ""
+    return (f"[{record.exp}] reproduced: {str(v['reproduced']).lower()}{broken} | "
+            f"status {record.status} | {checks} | {record.wall_s:.1f}s | {run_dir}")
+
+
+def exit_code(record: RunRecord) -> int:
+    """Non-zero only for a crash the experiment did not expect."""
+    return 1 if record.status == "error" and not record.expected_error else 0
+
+
+def fail(msg: str, code: int = 2):
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(code)
