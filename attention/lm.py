@@ -7,6 +7,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from attention.mha import AttentionConfig, KVCache, MultiHeadAttention
+from attention.variance import GPT2_STD, qk_weight_std
 
 INITS = ("gpt2", "torch_default", "unit_variance")
 
@@ -84,18 +85,18 @@ class TransformerLM(nn.Module):
         if scheme in ("gpt2", "unit_variance"):
             for m in self.modules():
                 if isinstance(m, (nn.Linear, nn.Embedding)):
-                    nn.init.normal_(m.weight, 0.0, 0.02)
+                    nn.init.normal_(m.weight, 0.0, GPT2_STD)
                 if isinstance(m, nn.Linear) and m.bias is not None:
                     nn.init.zeros_(m.bias)
             # GPT-2: residual projections scaled by 1/sqrt(2 n_layers) so the stream's variance stays put
             for b in self.blocks:
                 for w in (b.attn.W_o.weight, b.mlp[2].weight):
-                    nn.init.normal_(w, 0.0, 0.02 / math.sqrt(2 * self.cfg.n_layers))
+                    nn.init.normal_(w, 0.0, GPT2_STD / math.sqrt(2 * self.cfg.n_layers))
         if scheme == "unit_variance":
             # q and k components of variance 1 given LayerNorm'd inputs: the variance argument's premise
             for b in self.blocks:
                 for w in (b.attn.W_q.weight, b.attn.W_k.weight):
-                    nn.init.normal_(w, 0.0, 1.0 / math.sqrt(self.cfg.d_model))
+                    nn.init.normal_(w, 0.0, qk_weight_std("unit_variance", self.cfg.d_model))
         for b in self.blocks:
             b.attn.W_q.weight.mul_(qk_gain)
             b.attn.W_k.weight.mul_(qk_gain)
