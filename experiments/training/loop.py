@@ -85,6 +85,9 @@ class Trainer:
     def save_checkpoint(self):
         checkpoint.save(self)
 
+    def try_resume(self) -> bool:
+        return checkpoint.resume(self)
+
     # -- one step ------------------------------------------------------------------------------
     def _set_recorders(self, rec):
         for a in self.model.attentions:
@@ -145,7 +148,7 @@ class Trainer:
     def run(self) -> RunResult:
         tc = self.tc
         steps, log_every, diag_every, ckpt_every = tc["steps"], tc["log_every"], tc["diag_every"], tc["ckpt_every"]
-        checkpoint.resume(self)
+        self.try_resume()
         tokens = tc["batch_size"] * self.task.input_len
         t_last, n_last = time.perf_counter(), self.step
         self.model.train()
