@@ -18,7 +18,7 @@ from experiments.io import write_rows_csv
 from experiments.training import checkpoint
 from experiments.training.build import autocast_dtype, build_model, build_optimizer, lr_lambda, pick_device
 from experiments.training.nan_locator import locate
-from experiments.training.preemption import Preempted, StopSignals  # noqa: F401  (Preempted: run.py's)
+from experiments.training.preemption import StopSignals
 
 
 @dataclass

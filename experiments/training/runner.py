@@ -22,7 +22,8 @@ from experiments.schema import validate
 from experiments.training.build import check
 from experiments.training.checkpoint import remove_checkpoint
 from experiments.training.logger import check_logger, make_logger
-from experiments.training.loop import Preempted, Trainer, write_metrics
+from experiments.training.loop import Trainer, write_metrics
+from experiments.training.preemption import Preempted
 
 MEASURES = "experiments.training.measures"  # "catalogue:row_sums" is experiments/training/measures/catalogue.py
 

@@ -2,7 +2,6 @@
 `exp.measures: ["catalogue:FN"]`. Each FN(trainer, cfg) -> {metric: float} is merged into the
 run's final metrics, where the experiment's checks read it."""
 import copy
-import math
 import time
 
 import torch
