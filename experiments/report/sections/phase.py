@@ -31,11 +31,10 @@ def model_score_std(model: dict) -> float:
 
 def labels(cfg: dict) -> dict:
     m, o = cfg["model"], cfg["optim"]
-    att = m.get("attention") or {}
-    gain = m.get("qk_gain", 1.0)
-    opt = o["name"] + (f" eps={o['eps']:g}" if o["name"] == "adamw" and o.get("eps", 1e-8) != 1e-8 else "")
-    scale = att.get("scale", "sqrt_dk")
-    return {"d_k": att.get("d_k") or m["d_model"] // m["n_heads"],
+    att, gain = m["attention"], m["qk_gain"]
+    opt = o["name"] + (f" eps={o['eps']:g}" if o["name"] == "adamw" and o["eps"] != 1e-8 else "")  # 1e-8: conf/optim/adamw.yaml's
+    scale = att["scale"]
+    return {"d_k": att["d_k"] or m["d_model"] // m["n_heads"],
             "init": m["init"] + (f" x{gain:g}" if gain != 1 else ""),
             "optim": opt, "scale": {"sqrt_dk": "scaled", "none": "unscaled"}.get(scale, f"scale={scale}")}
 
