@@ -81,6 +81,9 @@ class RunRecord:
     params: dict = field(default_factory=dict)
     config_hash: str | None = None
     device: str | None = None
+    # what the numbers depend on beyond the config: {torch, threads, python, gpu}. The thread
+    # count changes float summation order, and with it where a marginal run leaves a plateau.
+    env: dict = field(default_factory=dict)
     wall_s: float | None = None
     cpu_s: float | None = None
     perf: dict = field(default_factory=dict)

@@ -25,6 +25,8 @@ def test_tiny_run_writes_metrics_summary_figure_and_offline_wandb(tmp_path):
     (run_dir,) = (tmp_path / "runs" / "baseline").iterdir()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["exp"] == "baseline"
+    import torch
+    assert summary["env"]["torch"] == torch.__version__ and summary["env"]["threads"] == torch.get_num_threads()
     assert set(summary["verdict"]) >= {"reproduced", "checks"}
     assert summary["verdict"]["checks"][0]["measured"] == summary["final"]["loss/copy"]
     rows = list(csv.DictReader(open(run_dir / "metrics.csv")))

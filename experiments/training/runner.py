@@ -9,9 +9,12 @@ import copy
 import fcntl
 import importlib
 import math
+import platform
 import sys
 import time
 from pathlib import Path
+
+import torch
 
 from experiments.io import save_attn_weights, write_json
 from experiments.judging.checks import signature
@@ -85,6 +88,11 @@ def _context(cfg: dict, trainer: Trainer, res) -> dict:
             "log_every": cfg["train"]["log_every"]}
 
 
+def run_env(device) -> dict:
+    return {"torch": torch.__version__, "threads": torch.get_num_threads(), "python": platform.python_version(),
+            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
+
+
 def checkpoint_path(cfg: dict) -> Path:
     """Keyed by what is trained, not by the run dir: rerunning the same command resumes."""
     return Path(cfg["results_dir"]) / "checkpoints" / f"{cfg['exp']['name']}-{config_hash(cfg)}" / "ckpt.pt"
@@ -135,7 +143,7 @@ def _train_run(cfg: dict, run_dir: Path, role: str, ckpt: Path, progress_factory
         exp=name, role=role, claim=cfg["exp"]["claim"], status=res.status, seed=cfg["seed"],
         steps_done=res.steps_done, final=res.final or (res.rows[-1] if res.rows else {}),
         nonfinite=res.nonfinite, error=error, params=res.params, config_hash=config_hash(cfg),
-        device=str(trainer.device), wall_s=wall, cpu_s=cpu,
+        device=str(trainer.device), env=run_env(trainer.device), wall_s=wall, cpu_s=cpu,
         perf={"tokens_per_s": sum(tps) / len(tps) if tps else None},
         context=_context(cfg, trainer, res), config=cfg, dir=run_dir)
     remove_checkpoint(ckpt)  # finished: a rerun starts afresh; only an interrupted run resumes
