@@ -14,7 +14,8 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.io import write_json
+from experiments.callbacks import REJECTED
+from experiments.io import write_json, write_text
 from experiments.preflight import check_argv, exclude_sweep_presets
 from experiments.records import RunRecord
 from experiments.training.preemption import Preempted
@@ -37,8 +38,9 @@ def main(cfg: DictConfig) -> int:
         sys.stdout.flush()
         os._exit(143)  # at once, leaving no job result behind (a requeued job writes it)
     except ValueError as e:  # a bad config: one line, exit 2, nothing recorded as run
-        if multirun:
+        if multirun:  # the sweep goes on; the job dir keeps the line for the sweep's summary
             print(f"error: [{cfg.exp.name}] {e}", file=sys.stderr)
+            write_text(run_dir / REJECTED, f"{e}\n")
             return 2
         remove_if_only_hydra(run_dir)
         fail(str(e))

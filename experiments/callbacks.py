@@ -22,14 +22,20 @@ def job_dirs(sweep_dir: Path) -> list[Path]:
     return sorted(found)
 
 
+REJECTED = "rejected.txt"  # a job of a sweep whose config was rejected: its one line, not a run
+
+
 def crashed_jobs(sweep_dir: Path) -> list[tuple[Path, str]]:
     """(job dir, why) for each job that crashed unexpectedly: no summary.json at all (the job
     died, or its config was rejected), or status error that the experiment did not expect."""
     out = []
     for d in job_dirs(sweep_dir):
         path = d / "summary.json"
+        if (d / REJECTED).exists():
+            out.append((d, f"config rejected: {(d / REJECTED).read_text().strip()}"))
+            continue
         if not path.exists():
-            out.append((d, "no summary.json (the job crashed or its config was rejected; see its log)"))
+            out.append((d, "no summary.json (the job crashed; see its log)"))
             continue
         try:
             s = json.loads(path.read_text())

@@ -119,6 +119,15 @@ def _inits():
     return INITS
 
 
+def _training(name):
+    def f():
+        import experiments.training.build as build
+        import experiments.training.logger as logger
+        table = getattr(build, name, None) or getattr(logger, name)
+        return ("auto", *table) if name == "DTYPES" else tuple(table)
+    return f
+
+
 def _tasks():
     from data import TASKS
     return tuple(TASKS)
@@ -156,10 +165,10 @@ SCHEMA: dict[str, Key] = {
     "model.attention.merge": Key("str", choices=_attention("MERGES")),
     "model.attention.backend": Key("str", choices=_attention("BACKENDS")),
     "model.attention.dropout": PROB,
-    "optim.name": Key("str", choices=("adamw", "sgd")),
+    "optim.name": Key("str", choices=_training("OPTIMIZERS")),
     "optim.lr": Key("float", lo=0, lo_open=True),
     "optim.weight_decay": Key("float", lo=0),
-    "optim.schedule": Key("str", choices=("constant", "cosine")),
+    "optim.schedule": Key("str", choices=_training("SCHEDULES")),
     "optim.warmup_steps": NONNEG_INT,
     "optim.min_lr": Key("float", lo=0),
     "optim.decay_steps": Key("int", lo=1, null=True),
@@ -170,10 +179,10 @@ SCHEMA: dict[str, Key] = {
     "train.ckpt_every": NONNEG_INT,     # 0: no checkpoints
     "train.eval_batches": POS_INT,
     "train.grad_clip": Key("float", lo=0),   # 0: no clipping
-    "train.dtype": Key("str", choices=("auto", "float32", "bfloat16", "float16")),
+    "train.dtype": Key("str", choices=_training("DTYPES")),
     "train.compile": Key("bool"),
     "train.progress": Key("str", choices=("auto", True, False)),
-    "logger.name": Key("str", choices=("wandb", "none")),
+    "logger.name": Key("str", choices=_training("LOGGERS")),
 }
 
 OPTIM_KEYS = {

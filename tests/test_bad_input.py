@@ -97,6 +97,13 @@ def test_bad_config_exits_2_with_one_line(name, tmp_path):
     assert_rejected(args, tmp_path, must_name)
 
 
+def test_cuda_without_a_gpu(tmp_path):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert_rejected(["device=cuda"], tmp_path, "device='cuda' but no CUDA device is available")
+
+
 def test_text_data_path_that_does_not_exist(tmp_path):
     if not (ROOT / "conf" / "data" / "shakespeare_char.yaml").exists():
         pytest.skip("no text data config")

@@ -43,3 +43,12 @@ def test_the_schema_table_lists_every_choice():
     table = schema.markdown()
     assert "| `model.attention.softmax` | one of stable, naive, sum |" in table
     assert "| `train.dtype` | one of auto, float32, bfloat16, float16 |" in table
+
+
+def test_every_task_optimizer_and_logger_has_its_keys_in_the_schema():
+    from data import TASKS
+    from experiments.training.build import OPTIMIZERS
+    from experiments.training.logger import LOGGERS
+    assert set(schema.TASK_KEYS) == set(TASKS)
+    assert set(schema.OPTIM_KEYS) == set(OPTIMIZERS)
+    assert set(schema.LOGGER_KEYS) == set(LOGGERS)

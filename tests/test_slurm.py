@@ -195,14 +195,14 @@ def test_job_array_runs_the_sweep_and_writes_its_report(array_sweep):
 
 def test_bad_cell_is_recorded_with_its_line_and_the_exit_code_says_so(array_sweep):
     """A rejected cell writes no summary (nothing recorded as a run); its one line is in its job's
-    SLURM log, the multirun names it as crashed and exits 1."""
+    SLURM log and in the multirun's last lines, which name it as crashed, and the multirun exits 1."""
     code, out, sweep_dir, _ = array_sweep
     assert code == 1, out[-3000:]
     line = "error: [sum_normalize] model.d_model=32 is not divisible by model.n_heads=3"
     bad = sorted(d.name for d in sweep_dir.iterdir() if (d / ".hydra").is_dir() and not (d / "summary.json").exists())
     assert bad == ["2_sum_normalize_seed0", "3_sum_normalize_seed0"]
     for name in bad:
-        assert f"crashed: {name}: no summary.json" in out
+        assert f"crashed: {name}: config rejected: {line[len('error: [sum_normalize] '):]}" in out
     assert "2 of 4 jobs crashed unexpectedly" in out
     tasks = array_tasks(sweep_dir)  # array task i is Hydra job i
     for t in tasks[2:]:

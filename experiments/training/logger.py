@@ -100,17 +100,7 @@ class WandbLogger:
 LOGGERS = ("wandb", "none")
 
 
-def check_logger(logger_cfg: dict) -> None:
-    name = need(logger_cfg, "logger.name")
-    if name not in LOGGERS:
-        raise ValueError(f"logger={name!r} is not one of {', '.join(LOGGERS)}")
-    if name == "wandb":
-        for k in ("mode", "project", "entity"):
-            need(logger_cfg, f"logger.{k}")
-
-
 def make_logger(logger_cfg: dict, run_dir, config: dict, name: str, group: str, tags: list[str]):
-    check_logger(logger_cfg)
     if logger_cfg["name"] == "wandb":
         return WandbLogger(logger_cfg, Path(run_dir), config, name, group, tags)
     return NullLogger()

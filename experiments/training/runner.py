@@ -24,7 +24,7 @@ from experiments.report.figures import plot_experiment
 from experiments.schema import validate
 from experiments.training.build import check
 from experiments.training.checkpoint import remove_checkpoint
-from experiments.training.logger import check_logger, make_logger
+from experiments.training.logger import make_logger
 from experiments.training.loop import Trainer, write_metrics
 from experiments.training.preemption import Preempted
 
@@ -76,7 +76,6 @@ def preflight(cfg: dict) -> None:
     for c in configs:
         validate(c)  # the schema: types, ranges, choices, cross-field rules
         check(c)     # what building would reject: the block size, the corpus, ...
-        check_logger(c["logger"])
         for ref in c["exp"]["measures"]:
             measure_fn(ref)
 
