@@ -7,7 +7,8 @@ Why not Hydra structured configs: a dataclass per group would be a second home f
 and OmegaConf's type errors surface inside Hydra's compose as multi-line tracebacks; a table
 checked against the composed dict gives one line naming the key, the value and what is allowed.
 
-    python -m experiments.schema            # every key and what it allows, as a markdown table
+    python -m experiments.schema                          # every key and what it allows (markdown)
+    python -m experiments.schema --write docs/config.md   # refresh that page's table
 """
 import math
 import sys
@@ -291,5 +292,19 @@ def markdown() -> str:
     return "\n".join(rows) + "\n"
 
 
+BEGIN, END = "<!-- BEGIN schema -->", "<!-- END schema -->"
+
+
+def write_block(path: Path) -> None:
+    """Replace the text between BEGIN and END in `path` by the table."""
+    text = Path(path).read_text()
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    Path(path).write_text(f"{head}{BEGIN}\n{markdown()}{END}{tail}")
+
+
 if __name__ == "__main__":
-    sys.stdout.write(markdown())
+    if sys.argv[1:2] == ["--write"]:
+        write_block(Path(sys.argv[2]))
+    else:
+        sys.stdout.write(markdown())

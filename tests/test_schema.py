@@ -52,3 +52,10 @@ def test_every_task_optimizer_and_logger_has_its_keys_in_the_schema():
     assert set(schema.TASK_KEYS) == set(TASKS)
     assert set(schema.OPTIM_KEYS) == set(OPTIMIZERS)
     assert set(schema.LOGGER_KEYS) == set(LOGGERS)
+
+
+def test_docs_config_page_is_the_schema():
+    from pathlib import Path
+    page = (Path(__file__).resolve().parents[1] / "docs" / "config.md").read_text()
+    block = page.split(schema.BEGIN, 1)[1].split(schema.END, 1)[0]
+    assert block == "\n" + schema.markdown(), "run: python -m experiments.schema --write docs/config.md"
