@@ -7,7 +7,9 @@
 Deterministic: the same run dirs give the same REPORT.md, byte for byte (no timestamps, no
 absolute paths), so the committed reference can be regenerated and diffed.
 README blocks: the text between `<!-- BEGIN report:NAME -->` and `<!-- END report:NAME -->` is
-replaced by the report block NAME (`catalogue`, `per_seed`, `figure:<exp>`, or a section's NAME).
+replaced by the report block NAME (`catalogue`, `per_seed`, `figure:<exp>`, or a section's NAME),
+nested under the README's own heading above the marker: the block's title is left to that
+heading and its sub-headings go one level below it, so no heading appears twice on the page.
 """
 import argparse
 import os
@@ -19,6 +21,7 @@ from pathlib import Path
 from experiments.io import atomic_write, write_text
 from experiments.records import RunRecord
 from experiments.report import sections
+from experiments.report.markdown import headings, nest
 from experiments.report.runs import display, load_runs, runs_table
 
 # -- assembly ------------------------------------------------------------------------------------
@@ -52,8 +55,18 @@ def header(runs: list[RunRecord]) -> str:
             "metrics.csv; `runs.csv` beside this file holds every logged step.\n")
 
 
+BLOCK = re.compile(r"<!-- BEGIN report:(\S+) -->.*?<!-- END report:\1 -->", re.S)
+
+
+def page_level(text: str, pos: int) -> int:
+    """Level of the page's own heading above `pos` (headings inside report blocks do not count)."""
+    hs = headings(BLOCK.sub("", text[:pos]))
+    return hs[-1][1] if hs else 0
+
+
 def update_readme(readme: Path, blocks: dict[str, str], out: Path) -> list[str]:
-    """Replace each marked block; figure links are rewritten relative to the README.
+    """Replace each marked block, nested under the README's heading above it (markdown.nest);
+    figure links are rewritten relative to the README.
     Returns the names of markers with no block to fill (left as they were)."""
     text = readme.read_text()
     prefix = os.path.relpath(Path(out).resolve(), Path(readme).resolve().parent).replace(os.sep, "/")
@@ -64,9 +77,9 @@ def update_readme(readme: Path, blocks: dict[str, str], out: Path) -> list[str]:
         if name not in blocks:
             missing.append(name)
             return m.group(0)
-        body = blocks[name].replace("](figures/", f"]({prefix}/figures/")
+        body = nest(blocks[name], page_level(text, m.start())).replace("](figures/", f"]({prefix}/figures/")
         return f"<!-- BEGIN report:{name} -->\n{body.strip()}\n<!-- END report:{name} -->"
-    new = re.sub(r"<!-- BEGIN report:(\S+) -->.*?<!-- END report:\1 -->", fill, text, flags=re.S)
+    new = BLOCK.sub(fill, text)
     if new != text:
         write_text(readme, new)
     return missing

@@ -42,11 +42,12 @@ def pick_head(attn_weights: dict) -> tuple[str, int] | None:
 
 
 def _heatmap(ax, w, title):
-    ax.imshow(np.asarray(w, dtype=np.float32), cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
+    im = ax.imshow(np.asarray(w, dtype=np.float32), cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
     ax.set_title(title, fontsize=9)
-    ax.set_xlabel("key", fontsize=8)
-    ax.set_ylabel("query", fontsize=8)
+    ax.set_xlabel("key position", fontsize=8)
+    ax.set_ylabel("query position", fontsize=8)
     ax.tick_params(labelsize=7)
+    return im
 
 
 def plot_experiment(path: Path, name: str, runs: list, controls: list, control_name: str = "control",
@@ -54,15 +55,18 @@ def plot_experiment(path: Path, name: str, runs: list, controls: list, control_n
     """runs / controls: [(label, metrics DataFrame, attn_weights {step: {layer: (h,T,T)}} or None)].
     Top: loss (failure vs control on the same axes), attention entropy and the saturation
     gradient mean |dL/dscores| (both averaged over layers); log scale where a panel spans
-    decades. Bottom: one head's weights at step 0 and at the end, for the first run of each."""
+    decades; one legend for the three, beside them, so it covers no curve. Bottom: one head's
+    weights at step 0 and at the end, for the first run of each, on one colour scale."""
     n_heat = 2 * (1 + bool(controls))
-    fig = plt.figure(figsize=(14, 7.6))
-    grid = fig.add_gridspec(2, max(3, n_heat) * 4)
-    width = grid.ncols // 3
-    top = [fig.add_subplot(grid[0, i * width:(i + 1) * width]) for i in range(3)]
-    panels = [(loss_metric, f"{loss_metric}"), ("attn/entropy", "attention entropy (nats, mean over layers)"),
-              ("grad/scores", "saturation gradient mean |dL/dscores|")]
-    for ax, (key, title) in zip(top, panels):
+    fig = plt.figure(figsize=(14, 8.2), layout="constrained")
+    fig.suptitle(name)
+    rows = fig.add_gridspec(2, 1, height_ratios=[1, 1.05])
+    top_grid = rows[0].subgridspec(1, 4, width_ratios=[1, 1, 1, 0.5])
+    top = [fig.add_subplot(top_grid[0, i]) for i in range(3)]
+    panels = [(loss_metric, f"{loss_metric}", f"{loss_metric} (nats)"),
+              ("attn/entropy", "attention entropy (mean over layers)", "entropy per row (nats)"),
+              ("grad/scores", "saturation gradient (mean over layers)", "mean |dL/dscores| (nats per unit score)")]
+    for ax, (key, title, ylabel) in zip(top, panels):
         all_y = []
         for group, style, color in ((runs, "-", "C3"), (controls, "--", "C0")):
             for i, (label, df, _) in enumerate(group):
@@ -79,18 +83,25 @@ def plot_experiment(path: Path, name: str, runs: list, controls: list, control_n
         if _spans_decades(all_y):
             ax.set_yscale("log")
         ax.set_title(title, fontsize=10)
-        ax.set_xlabel("step")
-        if ax.has_data():
-            ax.legend(fontsize=8)
-    heat_width = grid.ncols // n_heat
-    col = 0
+        ax.set_xlabel("training step")
+        ax.set_ylabel(ylabel, fontsize=9)
+        if not ax.has_data():
+            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, fontsize=8)
+    handles, labels = top[0].get_legend_handles_labels()
+    if handles:
+        legend_ax = fig.add_subplot(top_grid[0, 3])
+        legend_ax.set_axis_off()
+        legend_ax.legend(handles, labels, loc="center left", fontsize=8, frameon=False)
+    heat_grid = rows[1].subgridspec(1, n_heat)
+    col, im, heat_axes = 0, None, []
     for group in (runs, controls):
         if not group:
             continue
         label, _, weights = group[0]
         picked = pick_head(weights) if weights else None
         for which in ("first", "last"):
-            ax = fig.add_subplot(grid[1, col * heat_width:(col + 1) * heat_width])
+            ax = fig.add_subplot(heat_grid[0, col])
+            heat_axes.append(ax)
             col += 1
             if picked is None:
                 ax.text(0.5, 0.5, "no attention weights recorded", ha="center", va="center", fontsize=8)
@@ -98,11 +109,48 @@ def plot_experiment(path: Path, name: str, runs: list, controls: list, control_n
                 continue
             step = min(weights) if which == "first" else max(weights)
             layer, head = picked
-            _heatmap(ax, weights[step][layer][head], f"{label}: {layer} H{head}, step {step}")
-    fig.suptitle(name)
-    fig.tight_layout()
+            im = _heatmap(ax, weights[step][layer][head], f"{label}: {layer} H{head}, step {step}")
+    if im is not None:
+        fig.colorbar(im, ax=heat_axes, shrink=0.85, aspect=25, label="attention weight (a row sums to 1)")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=80)
     plt.close(fig)
     return path
+
+
+def _panel(check: dict, loss_metric: str) -> str | None:
+    """Where in plot_experiment's figure a check's metric can be seen, or None."""
+    metric, at0 = check.get("metric") or "", check.get("at") == 0
+    if check.get("kind") == "status":
+        return {"diverged": "where the solid curves end (the run diverged)",
+                "error": "the missing solid curves (the run stopped with an error)"}.get(check.get("value"))
+    if metric == loss_metric or metric.startswith("loss/"):
+        return "the loss panel"
+    if metric.startswith("attn/entropy"):
+        return "the entropy panel" + (" at step 0" if at0 else "")
+    if metric.startswith("grad/scores"):
+        return "the gradient panel" + (" at step 0" if at0 else "")
+    if metric.startswith(("attn/saturated", "attn/max_score", "attn/negative_weights")):
+        return "the step-0 heatmap" if at0 else "the heatmaps"
+    return None
+
+
+def look_at(exp: dict, failure: str, control: str | None, loss_metric: str = "loss/copy") -> str:
+    """The figure's one-line caption: which panel shows each check of the experiment's signature
+    (exp: the run's config `exp`, with `expect` and `checks`). Built from the config, so it
+    carries no measured number."""
+    checks = [{"name": k, **(exp.get("checks") or {}).get(k, {})} for k in exp.get("expect") or []]
+    checks = [c for c in checks if not c.get("report_only")]
+    where: dict[str, list[str]] = {}
+    for c in checks:
+        if (p := _panel(c, loss_metric)) is not None:
+            where.setdefault(p, []).append(c["name"])
+    vs = f" against dashed blue (its control `{control}`)" if control else ""
+    if not where:
+        names = "; ".join(c["name"] for c in checks)
+        return (f"Look at: solid red ({failure}){vs} in the loss panel; "
+                + (f"what is checked ({names}) is measured beside these curves: see the table." if names
+                   else "no check is drawn here."))
+    return f"Look at: solid red ({failure}){vs}: " + "; ".join(
+        f"{p}, {', '.join(names)}" for p, names in where.items()) + "."

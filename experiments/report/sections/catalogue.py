@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from experiments.records import RunRecord, flatten
-from experiments.report.figures import plot_experiment
+from experiments.report.figures import look_at, plot_experiment
 
 NAME = "catalogue"
 ORDER = 0
@@ -177,12 +177,14 @@ def figure(label: str, runs: list[RunRecord], fig_dir: Path) -> str:
     file = f"{slug(label)}.png"
     plot_experiment(fig_dir / file, label, curves, controls,
                     loss_metric=loss_metric(first), chance=first.context.get("ln_V"))
-    vs = f" vs its control `{controls[0][0].split(' seed')[0]}`" if controls else ""
+    control = controls[0][0].split(" seed")[0] if controls else None
+    vs = f" vs its control `{control}`" if controls else ""
     seed_note = f", seeds {', '.join(map(str, seeds))}" if len(seeds) > 1 else ""
     return (f"### {label}\n\n{first.claim or ''}\n\n"
             f"![{label}](figures/{file})\n\n"
-            f"*{name}{vs}{seed_note}. Top: loss, attention entropy and mean |dL/dscores| over steps "
-            f"(mean over layers). Bottom: the most focused head at the end, at step 0 and at the end.*\n")
+            f"*{look_at(first.config.get('exp') or {}, name, control, loss_metric(first))}*\n\n"
+            f"{name}{vs}{seed_note}. Top: loss, attention entropy and mean |dL/dscores| over steps "
+            f"(mean over layers). Bottom: the most focused head at the end, at step 0 and at the end.\n")
 
 
 def loss_metric(run: RunRecord) -> str:

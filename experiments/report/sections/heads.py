@@ -7,6 +7,7 @@ computed here from the runs, one per condition (task knobs, layers, width, budge
 """
 import math
 import statistics
+import textwrap
 from collections import defaultdict
 from pathlib import Path
 
@@ -125,19 +126,21 @@ def statements(stats: dict, d_model: int, layers: int = 1) -> list[str]:
 
 def heads_figure(stats: dict, label: str, path: Path):
     hs = sorted(stats)
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    ax.plot(hs, [stats[h]["acc"] for h in hs], "o-", label="acc/answer (mean)")
-    for h in hs:
-        ax.plot([h] * len(stats[h]["accs"]), stats[h]["accs"], ".", color="gray", alpha=0.6)
+    fig, ax = plt.subplots(figsize=(6.4, 3.6), layout="constrained")
+    ax.plot(hs, [stats[h]["acc"] for h in hs], "o-", label="mean over seeds")
+    for i, h in enumerate(hs):
+        ax.plot([h] * len(stats[h]["accs"]), stats[h]["accs"], ".", color="gray", alpha=0.6,
+                label="one seed" if i == 0 else None)
     if stats[hs[0]]["ceiling"]:
-        ax.axhline(stats[hs[0]]["ceiling"], ls="--", color="r", label="equal-weight average ceiling")
+        ax.axhline(stats[hs[0]]["ceiling"], ls="--", color="r", label="ceiling of an\nequal-weight average")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("heads h (d_k = d_model / h)")
-    ax.set_ylabel("answer accuracy")
+    ax.set_xticks(hs, [str(h) for h in hs])
+    ax.minorticks_off()
+    ax.set_xlabel("heads h (d_k = d_model / h; same parameter count)")
+    ax.set_ylabel("answer accuracy (fraction correct)")
     ax.set_ylim(0, 1.02)
-    ax.set_title(label, fontsize=8)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
+    ax.set_title(textwrap.fill(label, 70), fontsize=8)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -218,7 +221,10 @@ def render(runs: list[RunRecord], fig_dir: Path) -> str | None:
             fig_dir.mkdir(parents=True, exist_ok=True)
             file = f"heads_{i}.png"
             heads_figure(stats, describe(cond), fig_dir / file)
-            parts.append(f"\n![answer accuracy against h](figures/{file})\n")
+            parts.append(f"\n![answer accuracy against h](figures/{file})\n\n"
+                         "*Look at: the h = 1 point against the dashed ceiling (a head that can only average "
+                         "the two facts sits on it) and whether h >= 2, at the same parameter count, "
+                         "clears it.*\n")
         parts.append("")
     dv = dv_table(runs)
     if dv:

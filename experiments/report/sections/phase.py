@@ -7,6 +7,10 @@ from collections import defaultdict
 from pathlib import Path
 
 import matplotlib
+import matplotlib.cm
+import matplotlib.colors
+import matplotlib.patches
+import matplotlib.ticker
 import numpy as np
 
 matplotlib.use("Agg")
@@ -73,7 +77,28 @@ def aggregate(points: list[dict]) -> list[dict]:
     return out
 
 
-def _heatmaps(cells: list[dict], value: str, title: str, path: Path, vmax=None):
+def _text_colour(rgba) -> str:
+    """Black or white, whichever reads better on a cell of this colour (relative luminance)."""
+    r, g, b = (c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in rgba[:3])
+    return "black" if 0.2126 * r + 0.7152 * g + 0.0722 * b > 0.18 else "white"
+
+
+def _cell_text(c: dict, value: str) -> str:
+    """A cell's label: its value ("600+" where it stayed on the plateau the whole budget, i.e.
+    capped) over its predicted score std."""
+    v = c[value]
+    if math.isnan(v):
+        txt = "diverged" if c["diverged"] else "–"
+    elif value == "plateau" and c["flat"]:
+        txt = f"{c['budget']:.0f}+"
+    else:
+        txt = f"{v:.3g}"
+    return f"{txt}\nσ≈{c['pred_std']:.2g}"
+
+
+def _heatmaps(cells: list[dict], value: str, title: str, path: Path, vmax: float, cbar_label: str):
+    """One panel per optimizer x scale, q/k init down and d_k across, a shared colour bar.
+    Plateau cells capped at the budget are hatched; labels take black or white by cell colour."""
     optims = sorted({c["optim"] for c in cells})
     scales = sorted({c["scale"] for c in cells}, key=lambda s: s != "scaled")
     d_ks = sorted({c["d_k"] for c in cells})
@@ -81,49 +106,76 @@ def _heatmaps(cells: list[dict], value: str, title: str, path: Path, vmax=None):
     order = {c["init"]: c["pred_std"] / math.sqrt(c["d_k"]) * (math.sqrt(c["d_k"]) if c["scale"] == "scaled" else 1)
              for c in cells}
     inits = sorted(order, key=lambda i: (order[i], i))
-    fig, axes = plt.subplots(len(optims), len(scales), squeeze=False,
-                             figsize=(2.2 + 1.3 * len(d_ks) * len(scales), 0.9 + 0.75 * len(inits) * len(optims)))
+    fig, axes = plt.subplots(len(optims), len(scales), squeeze=False, layout="constrained",
+                             figsize=(3.2 + 1.3 * len(d_ks) * len(scales), 1.2 + 0.75 * len(inits) * len(optims)))
     by = {(c["optim"], c["scale"], c["init"], c["d_k"]): c for c in cells}
+    cmap = plt.get_cmap("viridis_r" if value == "final" else "magma_r")
+    norm = matplotlib.colors.Normalize(vmin=0, vmax=vmax)
     for i, opt in enumerate(optims):
         for j, sc in enumerate(scales):
             ax = axes[i][j]
             grid = np.full((len(inits), len(d_ks)), np.nan)
             for a, init in enumerate(inits):
                 for b, dk in enumerate(d_ks):
+                    if (c := by.get((opt, sc, init, dk))) is not None:
+                        grid[a, b] = c[value]
+            ax.imshow(grid, cmap=cmap, norm=norm, aspect="auto")
+            for a, init in enumerate(inits):
+                for b, dk in enumerate(d_ks):
                     c = by.get((opt, sc, init, dk))
                     if c is None:
                         continue
-                    grid[a, b] = c[value]
-                    txt = "–" if math.isnan(c[value]) else f"{c[value]:.3g}"
-                    ax.text(b, a, f"{txt}\nσ≈{c['pred_std']:.2g}", ha="center", va="center", fontsize=7)
-            ax.imshow(grid, cmap="viridis_r" if value == "final" else "magma_r", vmin=0, vmax=vmax,
-                      aspect="auto")
+                    nan = math.isnan(c[value])
+                    if value == "plateau" and c["flat"]:
+                        ax.add_patch(matplotlib.patches.Rectangle((b - 0.5, a - 0.5), 1, 1, fill=False, lw=0,
+                                                                  hatch="///", edgecolor="0.55"))
+                    colour = "black" if nan else _text_colour(cmap(norm(c[value])))
+                    ax.text(b, a, _cell_text(c, value), ha="center", va="center", fontsize=7, color=colour,
+                            bbox=dict(boxstyle="round,pad=0.15", fc="black", ec="none", alpha=0.6)
+                            if colour == "white" and value == "plateau" and c["flat"] else None)
             ax.set_xticks(range(len(d_ks)), [str(d) for d in d_ks], fontsize=8)
             ax.set_yticks(range(len(inits)), inits, fontsize=8)
-            ax.set_xlabel("d_k", fontsize=8)
+            ax.set_xlabel("d_k (head width)", fontsize=8)
+            ax.set_ylabel("q/k init", fontsize=8)
             ax.set_title(f"{opt}, {sc}", fontsize=9)
+    fig.colorbar(matplotlib.cm.ScalarMappable(norm=norm, cmap=cmap), ax=axes.ravel().tolist(),
+                 label=cbar_label, shrink=0.9)
     fig.suptitle(f"{title} (σ: predicted score std at init)", fontsize=10)
-    fig.tight_layout()
     fig.savefig(path, dpi=110, metadata={"Software": None})
     plt.close(fig)
 
 
 def _scatter(points: list[dict], path: Path):
-    fig, ax = plt.subplots(figsize=(6, 3.6))
+    """Plateau length per run against the predicted score std; a run still on the plateau at the
+    end of its budget is drawn at the cap with an arrow up: its true plateau is longer."""
+    fig, ax = plt.subplots(figsize=(7.6, 3.8), layout="constrained")
     optims = sorted({p["optim"] for p in points})
     colors = dict(zip(optims, plt.cm.tab10.colors))
     for p in sorted(points, key=lambda p: (p["optim"], p["scale"], p["init"], p["d_k"], str(p["seed"]))):
+        capped = p["plateau"] >= p["budget"]
         ax.scatter(p["pred_std"], p["plateau"], color=colors[p["optim"]], s=18,
                    marker="o" if p["scale"] == "scaled" else "x")
+        if capped:
+            ax.annotate("", (p["pred_std"], p["plateau"] * 1.09), (p["pred_std"], p["plateau"]),
+                        arrowprops=dict(arrowstyle="->", color=colors[p["optim"]], lw=1))
+    budgets = sorted({p["budget"] for p in points})
+    for b in budgets:
+        ax.axhline(b, color="grey", lw=0.8, ls=":")
     for opt in optims:
         ax.scatter([], [], color=colors[opt], label=opt)
     ax.scatter([], [], marker="o", color="gray", label="scaled")
     ax.scatter([], [], marker="x", color="gray", label="unscaled")
+    ax.plot([], [], ls=":", color="grey", label="budget (the cap)")
+    ax.plot([], [], ls="", marker="$\\uparrow$", ms=9, color="gray",
+            label="capped: still on the plateau\nat the end of the budget")
     ax.set_xscale("log")
-    ax.set_xlabel("predicted score std at init (variance argument)")
-    ax.set_ylabel("steps on the chance plateau")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
+    ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1, 2, 5)))
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))  # 0.02, not 2x10^-2
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_ylim(0, max(budgets) * 1.15)
+    ax.set_xlabel("predicted score std at init (logits; variance argument)")
+    ax.set_ylabel("steps on the chance plateau (steps)")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.savefig(path, dpi=110, metadata={"Software": None})
     plt.close(fig)
 
@@ -165,9 +217,10 @@ def render(runs: list[RunRecord], fig_dir: Path) -> str | None:
     cells = aggregate(points)
     budget = max(c["budget"] for c in cells)
     _heatmaps(cells, "plateau", "steps on the chance plateau (loss/copy >= 0.9 ln V)",
-              fig_dir / "phase_plateau.png", vmax=budget)
+              fig_dir / "phase_plateau.png", vmax=budget,
+              cbar_label=f"steps on the plateau (hatched, {budget}+: never left it)")
     _heatmaps(cells, "final", "final loss/copy", fig_dir / "phase_final_loss.png",
-              vmax=max(c["ln_V"] for c in points))
+              vmax=max(c["ln_V"] for c in points), cbar_label="final loss/copy (nats; top: ln V, chance)")
     _scatter(points, fig_dir / "phase_plateau_vs_std.png")
 
     flat = defaultdict(lambda: [0, 0])
@@ -184,8 +237,15 @@ def render(runs: list[RunRecord], fig_dir: Path) -> str | None:
                      f"cells that left the plateau: {max(moving_std):.3g}.")
     lines += ["", *pairs_table(cells)]
     lines += ["", "![plateau](figures/phase_plateau.png)", "",
+              f"*Look at: the hatched cells ({budget}+) never left the plateau; compare each unscaled "
+              "cell with the scaled cell at the same place beside it, and whether the hatching follows "
+              "a large σ.*", "",
               "![final loss](figures/phase_final_loss.png)", "",
+              "*Look at: cells at the top of the colour bar (ln V) ended at chance; an unscaled cell "
+              "there whose scaled twin ended low is the flatline.*", "",
               "![plateau vs predicted std](figures/phase_plateau_vs_std.png)", "",
+              "*Look at: whether plateau length rises with the predicted score std, and where the arrows "
+              "(runs still on the plateau at the budget, so longer than drawn) begin.*", "",
               "| optimizer | scale | q/k init | d_k | predicted score std | measured at step 0 "
               "| plateau steps | final loss/copy | seeds |",
               "|---|---|---|---|---|---|---|---|---|"]
