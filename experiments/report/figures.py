@@ -103,11 +103,12 @@ def plot_experiment(path: Path, name: str, runs: list, controls: list, control_n
             ax = fig.add_subplot(heat_grid[0, col])
             heat_axes.append(ax)
             col += 1
-            if picked is None:
-                ax.text(0.5, 0.5, "no attention weights recorded", ha="center", va="center", fontsize=8)
+            step = (min(weights) if which == "first" else max(weights)) if picked else None
+            if picked is None or (which == "last" and step == min(weights)):
+                why = "no attention weights recorded" if picked is None else "no later step recorded"
+                ax.text(0.5, 0.5, why, ha="center", va="center", fontsize=8)
                 ax.set_axis_off()
                 continue
-            step = min(weights) if which == "first" else max(weights)
             layer, head = picked
             im = _heatmap(ax, weights[step][layer][head], f"{label}: {layer} H{head}, step {step}")
     if im is not None:
@@ -123,8 +124,8 @@ def _panel(check: dict, loss_metric: str) -> str | None:
     """Where in plot_experiment's figure a check's metric can be seen, or None."""
     metric, at0 = check.get("metric") or "", check.get("at") == 0
     if check.get("kind") == "status":
-        return {"diverged": "where the solid curves end (the run diverged)",
-                "error": "the missing solid curves (the run stopped with an error)"}.get(check.get("value"))
+        return {"diverged": "where the solid curves end, as the run diverged",
+                "error": "the missing solid curves, as the run stopped with an error"}.get(check.get("value"))
     if metric == loss_metric or metric.startswith("loss/"):
         return "the loss panel"
     if metric.startswith("attn/entropy"):
@@ -153,4 +154,4 @@ def look_at(exp: dict, failure: str, control: str | None, loss_metric: str = "lo
                 + (f"what is checked ({names}) is measured beside these curves: see the table." if names
                    else "no check is drawn here."))
     return f"Look at: solid red ({failure}){vs}: " + "; ".join(
-        f"{p}, {', '.join(names)}" for p, names in where.items()) + "."
+        f"{p} ({'; '.join(names)})" for p, names in where.items()) + "."
