@@ -13,7 +13,7 @@ def run_dir(d: Path, exp, seed, role="failure", control=None, files=None) -> Pat
                "config": {"train": {"steps": 5}, "seed": seed, "exp": {"name": exp}},
                "verdict": {"reproduced": True, "checks": []}}
     if control is not None:
-        summary["control"] = {"name": "ctl", "dir": str(control)}
+        summary["control"] = {"name": "ctl", "dir": str(control), "config_hash": f"ctlcontrol{seed}"}
     (d / "summary.json").write_text(json.dumps(summary))
     for name, n in (files or {}).items():
         (d / name).parent.mkdir(parents=True, exist_ok=True)
@@ -25,7 +25,8 @@ def test_disk_section_measures_run_dirs_by_kind_and_the_catalogue_per_seed(tmp_p
     res = tmp_path / "results"
     for seed in (0, 1):
         c = run_dir(res / "controls" / f"ctl{seed}", "ctl", seed, role="control", files={"attn_weights.npz": 1000})
-        run_dir(res / "m" / f"a{seed}", "a", seed, control=c,
+        # seed 1's control dir as run.py records it, relative to where it ran: found by its config hash
+        run_dir(res / "m" / f"a{seed}", "a", seed, control=c if seed == 0 else "results/controls/ctl1",
                 files={"attn_weights.npz": 3000 + 2000 * seed, "metrics.csv": 1000, "curves.png": 2000,
                        "wandb/offline-run-1/run.wandb": 4000 * seed, ".hydra/config.yaml": 100})
     # the report's own outputs, written into a run dir when the report is pointed at it, are not the run's
