@@ -1,6 +1,7 @@
-"""Hydra callbacks: at the end of every multirun, the report goes into the sweep dir, and the
-process exits non-zero only if a job crashed unexpectedly (a diverged run, or a failure whose
-signature is an error, is a recorded outcome, not a crash)."""
+"""Hydra callbacks: at the end of every multirun, the report goes into the sweep dir, one line per
+experiment says in how many seeds it reproduced (and its control's rate), and the process exits
+non-zero only if a job crashed unexpectedly. A verdict never sets the exit code: a run that did
+not reproduce, a diverged run, or a failure whose signature is an error is a finding, not a crash."""
 import json
 import sys
 import traceback
@@ -47,16 +48,26 @@ def crashed_jobs(sweep_dir: Path) -> list[tuple[Path, str]]:
     return out
 
 
+def print_rates(sweep_dir: Path) -> None:
+    """One line per experiment of the sweep: k of n seeds reproduced, and the control's rate."""
+    from experiments.report import load_runs
+    from experiments.report.sections.catalogue import rate_lines
+    for line in rate_lines(load_runs([sweep_dir])):
+        print(f"verdict: {line}", flush=True)
+
+
 def finish_multirun(sweep_dir: Path) -> int:
-    """Write the report into the sweep dir, print one line per crash; the exit code to use."""
+    """Write the report into the sweep dir, print each experiment's rate and one line per crash;
+    the exit code to use (crashes only)."""
     from experiments.report import build
     sweep_dir = Path(sweep_dir)
-    try:
-        path = build([sweep_dir], sweep_dir)
-        print(f"report: {path}", flush=True)
-    except Exception:  # the runs are on disk; a broken report must not hide them
-        traceback.print_exc()
-        print(f"report: failed; rerun `python -m experiments.report {sweep_dir}`", file=sys.stderr)
+    for step in (lambda: print(f"report: {build([sweep_dir], sweep_dir)}", flush=True),
+                 lambda: print_rates(sweep_dir)):
+        try:
+            step()
+        except Exception:  # the runs are on disk; a broken report must not hide them
+            traceback.print_exc()
+            print(f"report: failed; rerun `python -m experiments.report {sweep_dir}`", file=sys.stderr)
     crashed = crashed_jobs(sweep_dir)
     for d, why in crashed:
         print(f"crashed: {d.name}: {why}", file=sys.stderr)

@@ -71,19 +71,25 @@ def results(tmp_path):
     return res
 
 
-def test_catalogue_table_lists_checks_controls_and_seeds(results):
+def test_catalogue_table_has_one_row_per_experiment_with_rates_margins_and_flags(results):
     md = report.build([results], results).read_text()
     row = next(line for line in md.splitlines() if line.startswith("| no_scaling |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    # measured: mean ± sample std of 3.0 and 1.0 = 2 ± 1.4; one of two seeds passes
-    assert cells[3] == "2 ± 1.4 (1/2 pass)"
-    assert cells[4] == ">= 2" and cells[5] == "0.5 ± 0"  # one control per seed
-    assert cells[7] == "1 of 2" and cells[8] == "0, 1"
-    assert "| baseline | claim of baseline | plateau | 2.5 ✓ | >= 2 | – | completed | yes | 0 |" in md
+    # seed 0 measured 3.0, seed 1 1.0 against >= 2: 1 of 2, Wilson [0.09, 0.91]; the worst seed is
+    # 1 below the threshold, the sample std is sqrt(2): margin -0.71
+    assert cells == ["no_scaling", "0, 1", "completed ×2", "1 of 2", "0.09–0.91", "0 of 2", "-0.71 (plateau)",
+                     "k < n, margin < 2, n < 3"]
+    assert "| baseline | 0 | completed | 1 of 1 | 0.21–1.00 | – | n/a (1 seed) | n < 3 |" in md
     assert "**Reproduced: 1 of 2 experiments in every seed; 2 of 3 runs.**" in md
+    assert "`margin < 2` when a gating check's worst seed lies within 2 standard deviations" in md
     assert "## Verdict per seed" in md and "| no_scaling | 1 | completed | no | plateau: 1 ✗ |" in md
     # controls are reached through their failures and are not catalogue rows of their own
     assert md.count("| baseline |") == 1
+    # the per-check detail sits in the experiment's own section
+    section = md[md.index("### no_scaling"):]
+    assert ("Seeds 0, 1: reproduced in 1 of 2 (95% interval 0.09–0.91); the signature held on the "
+            "control in 0 of 2; status completed ×2.") in section
+    assert "| plateau | 1 of 2 | 2 ± 1.4 | 1..3 | >= 2 | 0.5 ± 0 | -0.71 | fails in 1 of 2, margin < 2 |" in section
 
 
 def test_report_is_deterministic_and_has_no_absolute_paths(results, tmp_path):
@@ -131,7 +137,7 @@ def test_variants_of_one_experiment_are_labelled_by_what_differs(tmp_path):
     for i in range(4):  # more configs than MAX_VARIANTS: a sweep, one row
         fake_run(res / f"c{i}", exp="phase", role="baseline", steps=10 + i)
     md = report.build([res], res).read_text()
-    assert "| phase (sweep of 4 configs) | claim of phase | see its section |" in md
+    assert "| phase (sweep of 4 configs) | 0 | completed ×4 | 4 of 4 runs | – | – | see its section |  |" in md
 
 
 def test_readme_blocks_are_replaced_with_links_relative_to_the_readme(results, tmp_path):
@@ -190,6 +196,20 @@ def test_only_unexpected_crashes_count(tmp_path):
     assert finish_multirun(sweep) == 1
 
 
+def test_multirun_prints_each_experiments_rate_and_verdicts_do_not_set_the_exit_code(tmp_path, capsys):
+    sweep = tmp_path / "sweep"
+    for seed, measured in ((0, 3.0), (1, 1.0), (2, 0.5)):  # reproduced in seed 0 only
+        ctrl = fake_run(tmp_path / "controls" / f"c{seed}", exp="baseline", seed=seed, role="control",
+                        measured=0.5, scale="sqrt_dk")
+        job(sweep, f"{seed}_no_scaling_seed{seed}", seed=seed, measured=measured, control_dir=ctrl)
+    job(sweep, "3_baseline_seed0", exp="baseline", role="baseline", measured=0.0, scale="sqrt_dk")
+    assert finish_multirun(sweep) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("verdict: ")]
+    assert lines == ["verdict: baseline: 0 of 1 seeds reproduced (95% interval 0.00–0.79); no control [k < n, n < 3]",
+                     "verdict: no_scaling: 1 of 3 seeds reproduced (95% interval 0.06–0.79); control 0 of 3 "
+                     "[k < n, margin < 2]"]
+
+
 def test_multirun_ends_with_a_report_in_the_sweep_dir(tiny, tmp_path):
     sweep = tmp_path / "sweep"
     r = subprocess.run([sys.executable, "run.py", "-m", "+exp=baseline", "seed=0,1", *tiny,
@@ -198,7 +218,10 @@ def test_multirun_ends_with_a_report_in_the_sweep_dir(tiny, tmp_path):
                        env={**os.environ, "WANDB_MODE": "disabled"})
     assert r.returncode == 0, r.stderr[-2000:]
     md = (sweep / "REPORT.md").read_text()
-    assert "| baseline |" in md and re.search(r"\| \S+ ± \S+ \([012]/2 pass\) \| <= 0.05 \|", md)
+    assert re.search(r"\| baseline \| 0, 1 \| completed ×2 \| [012] of 2 \|", md)
+    assert re.search(r"\| copy task solved \| [012] of 2 \| \S+ ± \S+ \| \S+\.\.\S+ \| <= 0.05 \|", md)
+    # the last lines: each experiment's rate (six steps do not solve the copy: a finding, exit 0)
+    assert re.search(r"^verdict: baseline: [012] of 2 seeds reproduced \(95% interval ", r.stdout, re.M), r.stdout
     assert (sweep / "figures" / "baseline.png").stat().st_size > 10_000
     assert len(pd.read_csv(sweep / "runs.csv")) == 2 * 5  # steps 0, 2, 3, 4, 5 (log or diagnostic) per run
 
@@ -260,7 +283,7 @@ def test_a_crashed_job_summary_is_reported_and_counted(tmp_path):
                                                      "error": "RuntimeError: boom", "config": make_cfg("crashy")})
     assert finish_multirun(sweep) == 1
     md = (sweep / "REPORT.md").read_text()
-    assert "| crashy |  | (no checks) |  |  |  | error | no | 0 |" in md and "device: cpu." in md
+    assert "| crashy | 0 | error | 0 of 1 | 0.00–0.79 | – | (no checks) | k < n, n < 3 |" in md and "device: cpu." in md
 
 
 def test_multirun_with_a_job_that_left_no_summary_exits_non_zero(tiny, tmp_path):

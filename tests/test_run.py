@@ -93,7 +93,8 @@ def test_a_sweep_preset_without_m_exits_2_saying_what_to_run(tmp_path):
 
 def test_the_report_package_loads_neither_torch_nor_wandb():
     code = ("import sys, experiments.report, experiments.report.sections.catalogue, experiments.report.sections.heads, "
-            "experiments.report.sections.phase, experiments.report.sections.bench, experiments.records; "
+            "experiments.report.sections.phase, experiments.report.sections.bench, experiments.report.sections.disk, "
+            "experiments.report.seeds, experiments.records; "
             "print(sorted(m for m in ('torch', 'wandb') if m in sys.modules))")
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and p.stdout.strip() == "[]", p.stderr[-2000:] + p.stdout

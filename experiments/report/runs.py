@@ -51,9 +51,12 @@ def load_runs(dirs) -> list[RunRecord]:
     out = sorted((r for _, r in latest.values()),
                  key=lambda r: (r.exp, r.is_control, r.variant, r.seed or 0, r.id))
     by_dir = {Path(r.dir).resolve(): r for r in out}
+    # a control's dir is recorded relative to where run.py ran; read from elsewhere, its config
+    # hash (the control dir's own key) still finds it
+    by_hash = {r.config_hash: r for r in out if r.is_control and r.config_hash}
     for r in out:
-        cdir = (r.control or {}).get("dir")
-        r.control_run = by_dir.get(Path(cdir).resolve()) if cdir else None
+        cdir, chash = (r.control or {}).get("dir"), (r.control or {}).get("config_hash")
+        r.control_run = (by_dir.get(Path(cdir).resolve()) if cdir else None) or by_hash.get(chash)
     return out
 
 

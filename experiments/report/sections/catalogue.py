@@ -1,6 +1,7 @@
-"""The catalogue: one row per experiment and signature check (measured value, threshold, the
-control's value, reproduced, seeds), a verdict per seed where there are several, and one
-figure per experiment (failure vs control curves, entropy, saturation gradient, heatmaps)."""
+"""The catalogue: one row per experiment (k of n seeds reproduced with a 95% interval, how often
+the control showed the signature, the worst check margin, flags), a verdict per seed where there
+are several, and per experiment a figure (failure vs control curves, entropy, saturation
+gradient, heatmaps) and every check's spread over seeds (report.seeds)."""
 import math
 import re
 from collections import Counter
@@ -9,6 +10,8 @@ from pathlib import Path
 
 from experiments.records import RunRecord, flatten
 from experiments.report.figures import look_at, plot_experiment
+from experiments.report.seeds import (MIN_SEEDS, RULE, SMALL_MARGIN, CheckOverSeeds, Rate, checks_over_seeds,
+                                      fmt_margin)
 
 NAME = "catalogue"
 ORDER = 0
@@ -93,56 +96,108 @@ def groups(runs: list[RunRecord]) -> list[Group]:
     return out
 
 
-def _reproduced(runs: list[RunRecord]) -> str:
-    rep = [r.reproduced for r in runs]
-    broken = any((r.verdict or {}).get("signature_broken") for r in runs)
-    text = fmt(rep[0]) if len(rep) == 1 else f"{sum(rep)} of {len(rep)}"
-    return text + (" (signature also holds on the control)" if broken else "")
-
-
 def _status(runs: list[RunRecord]) -> str:
     c = Counter(r.status for r in runs)
     return ", ".join(f"{k} ×{n}" if len(runs) > 1 else k for k, n in sorted(c.items()))
 
 
+def _seeds(runs: list[RunRecord]) -> str:
+    return ", ".join(str(s) for s in sorted({r.seed for r in runs}, key=lambda s: (s is None, s or 0)))
+
+
+def _row(cells) -> str:
+    return "| " + " | ".join(map(_cell, cells)) + " |"
+
+
+def flags(rate: Rate, checks: list[CheckOverSeeds]) -> list[str]:
+    """The experiment's flags (seeds.RULE states them)."""
+    out = []
+    if rate.k < rate.n:
+        out.append("k < n")
+    small = [c for c in checks if c.small]
+    if small:
+        out.append(f"margin < {SMALL_MARGIN:g}" + (f" ({len(small)} checks)" if len(small) > 1 else ""))
+    if rate.n < MIN_SEEDS:
+        out.append(f"n < {MIN_SEEDS}")
+    if rate.control_k:
+        out.append("control")
+    return out
+
+
+def worst_margin(checks: list[CheckOverSeeds], n: int) -> str:
+    """The smallest margin of the gating checks, and whose it is."""
+    scored = [c for c in checks if c.gate and c.margin is not None]
+    if not scored:
+        return "n/a (1 seed)" if n < 2 and any(c.gate for c in checks) else "n/a"
+    c = min(scored, key=lambda c: c.margin)
+    return f"{fmt_margin(c.margin)} ({c.name})"
+
+
 def catalogue_table(runs_found: list[RunRecord]) -> str:
-    rows = ["| experiment | claim | check | measured | threshold | control | status | reproduced | seeds |",
-            "|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| experiment | seeds | status | reproduced | 95% interval | control shows signature "
+            "| worst margin | flags |",
+            "|---|---|---|---|---|---|---|---|"]
     n_rep = n_runs = n_exp_rep = n_sweeps = 0
     gs = groups(runs_found)
     for g in gs:
-        runs = g.runs
-        claim = runs[0].claim or ""
-        seeds = ", ".join(str(s) for s in sorted({r.seed for r in runs}))
-        reps = [r.reproduced for r in runs]
-        first = [g.label, claim]
-        tail = [_status(runs), _reproduced(runs), seeds]
+        rate = Rate.of(g.runs)
         if g.is_sweep:  # a sweep's per-cell verdict is a measurement: not in the tally
             n_sweeps += 1
-            rows.append("| " + " | ".join(map(_cell, first + ["see its section", "", "", ""] + tail)) + " |")
+            rows.append(_row([g.label, _seeds(g.runs), _status(g.runs), f"{rate.k} of {rate.n} runs", "–", "–",
+                              "see its section", ""]))
             continue
-        n_rep, n_runs, n_exp_rep = n_rep + sum(reps), n_runs + len(reps), n_exp_rep + all(reps)
-        checks = (runs[0].verdict or {}).get("checks") or []
-        if not checks:
-            rows.append("| " + " | ".join(map(_cell, first + ["(no checks)", "", "", ""] + tail)) + " |")
-        for i, c in enumerate(checks):
-            per_run = [next((x for x in (r.verdict or {}).get("checks", []) if x["name"] == c["name"]), None)
-                       for r in runs]
-            per_run = [x for x in per_run if x is not None]
-            measured = spread([x.get("measured") for x in per_run])
-            passed = sum(bool(x.get("passed")) for x in per_run)
-            measured += (" ✓" if passed == len(per_run) else " ✗") if len(per_run) == 1 \
-                else f" ({passed}/{len(per_run)} pass)"
-            control = spread([x["control"] for x in per_run if "control" in x]) if "control" in c else "–"
-            cells = (first if i == 0 else ["", ""]) + [c["name"], measured, c.get("expected", ""), control] + \
-                (tail if i == 0 else ["", "", ""])
-            rows.append("| " + " | ".join(map(_cell, cells)) + " |")
+        n_rep, n_runs, n_exp_rep = n_rep + rate.k, n_runs + rate.n, n_exp_rep + (rate.k == rate.n)
+        checks = checks_over_seeds(g.runs)
+        control = "–" if rate.control_k is None else f"{rate.control_k} of {rate.control_n}"
+        rows.append(_row([g.label, _seeds(g.runs), _status(g.runs), f"{rate.k} of {rate.n}",
+                          rate.interval_text(), control,
+                          worst_margin(checks, rate.n) if checks else "(no checks)",
+                          ", ".join(flags(rate, checks))]))
     swept = f" (and {n_sweeps} sweep(s), judged in their sections)" if n_sweeps else ""
     summary = (f"**Reproduced: {n_exp_rep} of {len(gs) - n_sweeps} experiments in every seed; "
-               f"{n_rep} of {n_runs} runs{swept}.** measured: the run's value (mean ± sample std over seeds "
-               "when several, with how many pass); control: the same check on the control run, which "
-               "must not show the signature (ratio and plateau checks are 1 there by definition).")
+               f"{n_rep} of {n_runs} runs{swept}.** reproduced: k of n seeds, with the 95% Wilson "
+               "interval for the rate; control shows signature: in how many seeds the control run "
+               "satisfied the whole signature too (it must not); worst margin: the gating check whose "
+               "worst seed lies closest to its threshold, in standard deviations over seeds (inf: all "
+               "seeds agree exactly); each experiment's section below has every check's spread. "
+               + RULE)
     return "## Catalogue\n\n" + "\n".join(rows) + "\n\n" + summary + "\n"
+
+
+def rate_lines(runs_found: list[RunRecord]) -> list[str]:
+    """One line per experiment: k of n seeds reproduced, and the control's rate (the end of a multirun)."""
+    out = []
+    for g in groups(runs_found):
+        rate = Rate.of(g.runs)
+        if g.is_sweep:
+            out.append(f"{g.label}: {rate.k} of {rate.n} runs reproduced (a sweep: see its section)")
+            continue
+        fl = flags(rate, checks_over_seeds(g.runs))
+        out.append(f"{g.label}: {rate.k} of {rate.n} seeds reproduced (95% interval {rate.interval_text()}); "
+                   f"{rate.control_text()}" + (f" [{', '.join(fl)}]" if fl else ""))
+    return out
+
+
+def checks_table(g: Group) -> str:
+    """One experiment's checks over its seeds: the detail behind its catalogue row."""
+    rate, checks = Rate.of(g.runs), checks_over_seeds(g.runs)
+    lead = (f"Seeds {_seeds(g.runs)}: reproduced in {rate.k} of {rate.n} "
+            f"(95% interval {rate.interval_text()}); "
+            + ("no control" if rate.control_k is None
+               else f"the signature held on the control in {rate.control_k} of {rate.control_n}")
+            + f"; status {_status(g.runs)}.")
+    if not checks:
+        return lead + "\n"
+    rows = ["| check | passes | measured (mean ± std) | min..max | threshold | control | margin | flags |",
+            "|---|---|---|---|---|---|---|---|"]
+    for c in checks:
+        nums = [float(v) for v in c.measured if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        span = f"{fmt(min(nums))}..{fmt(max(nums))}" if len(nums) == len(c.measured) and len(nums) > 1 else "–"
+        threshold = c.expected if c.gate else f"{c.expected} (not gated)"
+        rows.append(_row([c.name, f"{c.n_pass} of {len(c.passed)}", spread(c.measured), span, threshold,
+                          spread(c.control) if c.control else "–",
+                          fmt_margin(c.margin) if c.gate else "n/a", ", ".join(c.flags())]))
+    return lead + "\n\n" + "\n".join(rows) + "\n"
 
 
 def per_seed_table(runs_found: list[RunRecord]) -> str | None:
@@ -202,6 +257,7 @@ def blocks(runs: list[RunRecord], fig_dir: Path) -> dict[str, str]:
     for g in groups(runs):
         if not g.is_sweep:
             figs[f"figure:{slug(g.label)}"] = figure(g.label, g.runs, fig_dir)
+            figs[f"checks:{slug(g.label)}"] = checks_table(g)
     if figs:
         out["figures"] = "## Per experiment\n"
         out.update(figs)
