@@ -112,7 +112,7 @@ def test_generated_report_and_readme_have_each_heading_once(tmp_path):
     assert repeated(md) == []
     page = readme.read_text()
     assert repeated(page) == [] and too_shallow(page) == []
-    assert "| no_scaling |" in page and "](results/figures/phase_plateau.png)" in page  # blocks were filled
+    assert "| [no_scaling](results/REPORT.md#no_scaling) |" in page and "](results/figures/phase_plateau.png)" in page  # blocks were filled
     assert "Look at:" in page.split("report:figure:no_scaling")[1]
 
 

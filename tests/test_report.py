@@ -73,18 +73,18 @@ def results(tmp_path):
 
 def test_catalogue_table_has_one_row_per_experiment_with_rates_margins_and_flags(results):
     md = report.build([results], results).read_text()
-    row = next(line for line in md.splitlines() if line.startswith("| no_scaling |"))
+    row = next(line for line in md.splitlines() if line.startswith("| [no_scaling](#no_scaling) |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     # seed 0 measured 3.0, seed 1 1.0 against >= 2: 1 of 2, Wilson [0.09, 0.91]; the worst seed is
     # 1 below the threshold, the sample std is sqrt(2): margin -0.71
-    assert cells == ["no_scaling", "0, 1", "completed ×2", "1 of 2", "0.09–0.91", "0 of 2", "-0.71 (plateau)",
+    assert cells == ["[no_scaling](#no_scaling)", "", "0, 1", "completed ×2", "1 of 2", "0.09–0.91", "0 of 2", "-0.71 (plateau)",
                      "k < n, margin < 2, n < 3"]
-    assert "| baseline | 0 | completed | 1 of 1 | 0.21–1.00 | – | n/a (1 seed) | n < 3 |" in md
+    assert "| [baseline](#baseline) |  | 0 | completed | 1 of 1 | 0.21–1.00 | – | n/a (1 seed) | n < 3 |" in md
     assert "**Reproduced: 1 of 2 experiments in every seed; 2 of 3 runs.**" in md
     assert "`margin < 2` when a gating check's worst seed lies within 2 standard deviations" in md
     assert "## Verdict per seed" in md and "| no_scaling | 1 | completed | no | plateau: 1 ✗ |" in md
     # controls are reached through their failures and are not catalogue rows of their own
-    assert md.count("| baseline |") == 1
+    assert md.count("| [baseline](#baseline) |") == 1
     # the per-check detail sits in the experiment's own section
     section = md[md.index("### no_scaling"):]
     assert ("Seeds 0, 1: reproduced in 1 of 2 (95% interval 0.09–0.91); the signature held on the "
@@ -133,11 +133,13 @@ def test_variants_of_one_experiment_are_labelled_by_what_differs(tmp_path):
     fake_run(res / "a", exp="baseline", role="baseline", steps=20)
     fake_run(res / "b", exp="baseline", role="baseline", steps=40)
     md = report.build([res], res).read_text()
-    assert "| baseline [train.steps=20] |" in md and "| baseline [train.steps=40] |" in md
+    assert "| [baseline [train.steps=20]](#baseline-trainsteps20) |" in md
+    assert "| [baseline [train.steps=40]](#baseline-trainsteps40) |" in md
+    assert "### baseline [train.steps=20]" in md  # the section the link goes to
     for i in range(4):  # more configs than MAX_VARIANTS: a sweep, one row
         fake_run(res / f"c{i}", exp="phase", role="baseline", steps=10 + i)
     md = report.build([res], res).read_text()
-    assert "| phase (sweep of 4 configs) | 0 | completed ×4 | 4 of 4 runs | – | – | see its section |  |" in md
+    assert "| phase (sweep of 4 configs) |  | 0 | completed ×4 | 4 of 4 runs | – | – | see its section |  |" in md
 
 
 def test_readme_blocks_are_replaced_with_links_relative_to_the_readme(results, tmp_path):
@@ -149,7 +151,7 @@ def test_readme_blocks_are_replaced_with_links_relative_to_the_readme(results, t
                                                                 results / "figures"), results)
     text = readme.read_text()
     assert missing == ["nope"] and "kept" in text and "stale text" not in text
-    assert "| no_scaling |" in text and "](results/figures/no_scaling.png)" in text
+    assert "| [no_scaling](results/REPORT.md#no_scaling) |" in text and "](results/figures/no_scaling.png)" in text
     assert text.startswith("intro\n") and text.endswith("end\n")
 
 
@@ -218,7 +220,7 @@ def test_multirun_ends_with_a_report_in_the_sweep_dir(tiny, tmp_path):
                        env={**os.environ, "WANDB_MODE": "disabled"})
     assert r.returncode == 0, r.stderr[-2000:]
     md = (sweep / "REPORT.md").read_text()
-    assert re.search(r"\| baseline \| 0, 1 \| completed ×2 \| [012] of 2 \|", md)
+    assert re.search(r"\| \[baseline\]\(#baseline\) \| nothing \(the healthy baseline\) \| 0, 1 \| completed ×2 \| [012] of 2 \|", md)
     assert re.search(r"\| copy task solved \| [012] of 2 \| \S+ ± \S+ \| \S+\.\.\S+ \| <= 0.05 \|", md)
     # the last lines: each experiment's rate (six steps do not solve the copy: a finding, exit 0)
     assert re.search(r"^verdict: baseline: [012] of 2 seeds reproduced \(95% interval ", r.stdout, re.M), r.stdout
@@ -283,7 +285,7 @@ def test_a_crashed_job_summary_is_reported_and_counted(tmp_path):
                                                      "error": "RuntimeError: boom", "config": make_cfg("crashy")})
     assert finish_multirun(sweep) == 1
     md = (sweep / "REPORT.md").read_text()
-    assert "| crashy | 0 | error | 0 of 1 | 0.00–0.79 | – | (no checks) | k < n, n < 3 |" in md and "device: cpu." in md
+    assert "| [crashy](#crashy) |  | 0 | error | 0 of 1 | 0.00–0.79 | – | (no checks) | k < n, n < 3 |" in md and "device: cpu." in md
 
 
 def test_multirun_with_a_job_that_left_no_summary_exits_non_zero(tiny, tmp_path):
@@ -311,4 +313,4 @@ def test_a_run_that_logged_no_step_is_reported(tmp_path):
     write_json(d / "summary.json", {"exp": "early", "status": "error", "seed": 0, "expected_error": True,
                                     "error": "RuntimeError: shape", "config": make_cfg("early")})
     assert finish_multirun(sweep) == 0
-    assert "| early |" in (sweep / "REPORT.md").read_text()
+    assert "| [early](#early) |" in (sweep / "REPORT.md").read_text()

@@ -78,6 +78,7 @@ def update_readme(readme: Path, blocks: dict[str, str], out: Path) -> list[str]:
             missing.append(name)
             return m.group(0)
         body = nest(blocks[name], page_level(text, m.start())).replace("](figures/", f"]({prefix}/figures/")
+        body = body.replace("](#", f"]({prefix}/REPORT.md#")  # a section of the report, from the README
         return f"<!-- BEGIN report:{name} -->\n{body.strip()}\n<!-- END report:{name} -->"
     new = BLOCK.sub(fill, text)
     if new != text:

@@ -60,7 +60,7 @@ def control_config(cfg: dict) -> dict:
     c = copy.deepcopy(cfg)
     for k, v in (ctrl.get("overrides") or {}).items():
         set_dotted(c, k, v)
-    c["exp"] = {**cfg["exp"], "name": ctrl["name"], "claim": f"control of {cfg['exp']['name']}",
+    c["exp"] = {**cfg["exp"], "name": ctrl["name"], "claim": f"control of {cfg['exp']['name']}", "broken": None,
                 "control": None, "expect": [], "checks": {},
                 "group": cfg["exp"]["group"] or cfg["exp"]["name"],  # W&B: beside its failure
                 "measures": ctrl["measures"] if "measures" in ctrl else cfg["exp"]["measures"]}

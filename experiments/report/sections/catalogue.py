@@ -133,23 +133,33 @@ def worst_margin(checks: list[CheckOverSeeds], n: int) -> str:
     return f"{fmt_margin(c.margin)} ({c.name})"
 
 
+def _broken(g) -> str:
+    return (g.runs[0].config.get("exp") or {}).get("broken") or ""
+
+
+def anchor(heading: str) -> str:
+    """The id GitHub gives a heading: lower case, punctuation but - and _ dropped, spaces as -."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
 def catalogue_table(runs_found: list[RunRecord]) -> str:
-    rows = ["| experiment | seeds | status | reproduced | 95% interval | control shows signature "
-            "| worst margin | flags |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = ["| experiment | what is broken | seeds | status | reproduced | 95% interval "
+            "| control shows signature | worst margin | flags |",
+            "|---|---|---|---|---|---|---|---|---|"]
     n_rep = n_runs = n_exp_rep = n_sweeps = 0
     gs = groups(runs_found)
     for g in gs:
         rate = Rate.of(g.runs)
         if g.is_sweep:  # a sweep's per-cell verdict is a measurement: not in the tally
             n_sweeps += 1
-            rows.append(_row([g.label, _seeds(g.runs), _status(g.runs), f"{rate.k} of {rate.n} runs", "–", "–",
-                              "see its section", ""]))
+            rows.append(_row([g.label, _broken(g), _seeds(g.runs), _status(g.runs), f"{rate.k} of {rate.n} runs",
+                              "–", "–", "see its section", ""]))
             continue
         n_rep, n_runs, n_exp_rep = n_rep + rate.k, n_runs + rate.n, n_exp_rep + (rate.k == rate.n)
         checks = checks_over_seeds(g.runs)
         control = "–" if rate.control_k is None else f"{rate.control_k} of {rate.control_n}"
-        rows.append(_row([g.label, _seeds(g.runs), _status(g.runs), f"{rate.k} of {rate.n}",
+        rows.append(_row([f"[{g.label}](#{anchor(g.label)})", _broken(g), _seeds(g.runs), _status(g.runs),
+                          f"{rate.k} of {rate.n}",
                           rate.interval_text(), control,
                           worst_margin(checks, rate.n) if checks else "(no checks)",
                           ", ".join(flags(rate, checks))]))
