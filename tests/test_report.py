@@ -77,7 +77,8 @@ def test_catalogue_table_has_one_row_per_experiment_with_rates_margins_and_flags
     cells = [c.strip() for c in row.strip("|").split("|")]
     # seed 0 measured 3.0, seed 1 1.0 against >= 2: 1 of 2, Wilson [0.09, 0.91]; the worst seed is
     # 1 below the threshold, the sample std is sqrt(2): margin -0.71
-    assert cells == ["[no_scaling](#no_scaling)", "", "0, 1", "completed ×2", "1 of 2", "0.09–0.91", "0 of 2", "-0.71 (plateau)",
+    # what is broken: these runs' configs predate exp.broken, so conf/exp/no_scaling.yaml's words
+    assert cells == ["[no_scaling](#no_scaling)", "scores not divided by sqrt(d_k)", "0, 1", "completed ×2", "1 of 2", "0.09–0.91", "0 of 2", "-0.71 (plateau)",
                      "k < n, margin < 2, n < 3"]
     assert "| [baseline](#baseline) |  | 0 | completed | 1 of 1 | 0.21–1.00 | – | n/a (1 seed) | n < 3 |" in md
     assert "**Reproduced: 1 of 2 experiments in every seed; 2 of 3 runs.**" in md
