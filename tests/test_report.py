@@ -80,7 +80,7 @@ def test_catalogue_table_has_one_row_per_experiment_with_rates_margins_and_flags
     # what is broken: these runs' configs predate exp.broken, so conf/exp/no_scaling.yaml's words
     assert cells == ["[no_scaling](#no_scaling)", "scores not divided by sqrt(d_k)", "0, 1", "completed ×2", "1 of 2", "0.09–0.91", "0 of 2", "-0.71 (plateau)",
                      "k < n, margin < 2, n < 3"]
-    assert "| [baseline](#baseline) |  | 0 | completed | 1 of 1 | 0.21–1.00 | – | n/a (1 seed) | n < 3 |" in md
+    assert "| [baseline](#baseline) | nothing (the healthy baseline) | 0 | completed | 1 of 1 | 0.21–1.00 | – | n/a (1 seed) | n < 3 |" in md
     assert "**Reproduced: 1 of 2 experiments in every seed; 2 of 3 runs.**" in md
     assert "`margin < 2` when a gating check's worst seed lies within 2 standard deviations" in md
     assert "## Verdict per seed" in md and "| no_scaling | 1 | completed | no | plateau: 1 ✗ |" in md
