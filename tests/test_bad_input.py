@@ -2,7 +2,6 @@
 completed. Each case runs `run.py` as __main__ in its own process; the processes are forked
 from this one after torch and Hydra are imported (seconds per case otherwise), and one case
 runs through a plain `python run.py` to check the real command line as well."""
-import json
 import os
 import runpy
 import subprocess
@@ -13,7 +12,7 @@ import pytest
 
 from conftest import ROOT, TINY
 
-import torch  # noqa: F401  imported once here, shared by the forked cases
+import torch  # imported once here, shared by the forked cases
 import hydra  # noqa: F401
 
 
@@ -98,7 +97,6 @@ def test_bad_config_exits_2_with_one_line(name, tmp_path):
 
 
 def test_cuda_without_a_gpu(tmp_path):
-    import torch
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     assert_rejected(["device=cuda"], tmp_path, "device='cuda' but no CUDA device is available")

@@ -1,7 +1,5 @@
 """What a run leaves on disk is what it means to keep: the attention weights of example 0 (not
 views of the whole batch), and a checkpoint whose size does not grow with the step."""
-from pathlib import Path
-
 import numpy as np
 import torch
 
