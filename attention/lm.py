@@ -27,6 +27,8 @@ class ModelConfig:
     init: str = "gpt2"
     qk_gain: float = 1.0           # multiplies W_q and W_k after init: score std grows as gain^2
     attention: dict = field(default_factory=dict)  # the AttentionConfig toggles (d_k, scale, ...)
+    mlp: bool = True               # false: attention-only blocks (Dong et al. 2021's pure attention)
+    residual: bool = True          # false: no skip connections around attention and MLP
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModelConfig":
@@ -54,16 +56,21 @@ class Block(nn.Module):
         self.ln_1 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
         self.attn = MultiHeadAttention(cfg.attn)
         self.attn.name, self.attn.layer_idx = f"L{idx}", idx
-        self.ln_2 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.ln_2 = nn.LayerNorm(cfg.d_model, bias=cfg.bias) if cfg.mlp else None
         self.mlp = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias), nn.GELU(),
-                                 nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias), nn.Dropout(cfg.dropout))
+                                 nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias), nn.Dropout(cfg.dropout)
+                                 ) if cfg.mlp else None
         self.drop = nn.Dropout(cfg.dropout)
+        self.residual = cfg.residual
 
     def forward(self, x, key_padding_mask=None, cache=None):
         h = self.ln_1(x)
         a, _ = self.attn(h, h, h, is_causal=True, key_padding_mask=key_padding_mask, cache=cache)
-        x = x + self.drop(a)
-        return x + self.mlp(self.ln_2(x))
+        x = x + self.drop(a) if self.residual else self.drop(a)
+        if self.mlp is None:
+            return x
+        m = self.mlp(self.ln_2(x))
+        return x + m if self.residual else m
 
 
 class TransformerLM(nn.Module):
@@ -90,7 +97,7 @@ class TransformerLM(nn.Module):
                     nn.init.zeros_(m.bias)
             # GPT-2: residual projections scaled by 1/sqrt(2 n_layers) so the stream's variance stays put
             for b in self.blocks:
-                for w in (b.attn.W_o.weight, b.mlp[2].weight):
+                for w in (b.attn.W_o.weight,) + ((b.mlp[2].weight,) if b.mlp is not None else ()):
                     nn.init.normal_(w, 0.0, GPT2_STD / math.sqrt(2 * self.cfg.n_layers))
         if scheme == "unit_variance":
             # q and k components of variance 1 given LayerNorm'd inputs: the variance argument's premise

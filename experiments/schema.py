@@ -155,6 +155,8 @@ SCHEMA: dict[str, Key] = {
     "model.tie_weights": Key("bool"),
     "model.init": Key("str", choices=_inits),
     "model.qk_gain": Key("float", lo=0, lo_open=True),
+    "model.mlp": Key("bool"),
+    "model.residual": Key("bool"),
     "model.attention.d_k": Key("int", lo=1, null=True),
     "model.attention.d_v": Key("int", lo=1, null=True),
     "model.attention.scale": Key("str", choices=_attention("SCALES"), number=True, lo=0, lo_open=True),
@@ -183,6 +185,7 @@ SCHEMA: dict[str, Key] = {
     "train.dtype": Key("str", choices=_training("DTYPES")),
     "train.compile": Key("bool"),
     "train.progress": Key("str", choices=("auto", True, False)),
+    "train.z_loss": Key("float", lo=0),     # PaLM's z-loss coefficient on mean(log Z^2); 0: off
     "logger.name": Key("str", choices=_training("LOGGERS")),
 }
 

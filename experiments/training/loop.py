@@ -40,6 +40,11 @@ def token_losses(logits, batch: Batch):
                            reduction="none").view(batch.y.shape)
 
 
+def log_z(logits):
+    """The output softmax's log-normaliser per token (B, T): logsumexp of the LM head's logits."""
+    return torch.logsumexp(logits.float(), dim=-1)
+
+
 def mean_loss(per_tok, batch: Batch):
     valid = batch.y != IGNORE
     return (per_tok * valid).sum() / valid.sum().clamp_min(1)
@@ -100,7 +105,11 @@ class Trainer:
         with self.amp():
             logits = model(batch.x, key_padding_mask=batch.key_padding_mask)
         per_tok = token_losses(logits, batch)
-        loss = mean_loss(per_tok, batch)
+        loss = ce = mean_loss(per_tok, batch)
+        z_coef = self.tc.get("z_loss", 0.0)
+        lz = log_z(logits) if z_coef or log or diag else None          # (B, T)
+        if z_coef:  # PaLM's z-loss: pulls log Z towards 0 (Wortsman et al. 2023, sec 3.2)
+            loss = loss + z_coef * mean_loss(lz.pow(2), batch)
         self.optim.zero_grad(set_to_none=True)
         loss.backward()
         clip = self.tc["grad_clip"]
@@ -112,8 +121,10 @@ class Trainer:
             gnorm = None
         metrics = None
         if log or diag:
-            metrics = {"loss/train": loss.detach(), "lr": self.sched.get_last_lr()[0]}
+            metrics = {"loss/train": ce.detach(), "lr": self.sched.get_last_lr()[0]}
             metrics.update(group_metrics(per_tok.detach(), logits.detach(), batch))
+            metrics["logz/mean"] = mean_loss(lz.detach(), batch)
+            metrics["logz/max_abs"] = lz.detach().masked_fill(batch.y == IGNORE, 0).abs().max()
             if gnorm is not None:
                 metrics["grad/norm"] = gnorm
         if diag:
