@@ -102,7 +102,8 @@ def render(runs: list[RunRecord], fig_dir: Path) -> str | None:
              "Dong, Cordonnier, Loukas 2021 (arXiv 2103.03404). res(X) = ||X - 1 x^T||_F / ||X||_F, x the mean "
              "token (Frobenius norm; the paper's bound uses a composite l1/l_inf norm), on one validation "
              "batch, geometric mean over seeds. Doubly exponential decay shows as a per-layer factor "
-             "res(l+1)/res(l) that shrinks with depth; a constant factor is exponential decay.", ""]
+             "res(l+1)/res(l) that shrinks with depth; a constant factor is exponential decay. Values "
+             "near 1e-7 are float32's floor: a factor computed across it understates the decay.", ""]
     if stacks:
         lines += _profile_lines(stacks) + [""]
     if sweep:
