@@ -137,3 +137,45 @@ def test_fixes_off_give_todays_numbers():
         opt.step()
     assert float(loss.detach()) == pytest.approx(2.5033743381500244, rel=1e-5)
     assert float(m(x[:, :-1]).detach().double().sum()) == pytest.approx(88.15927762858337, rel=1e-4)
+
+
+# -- wiring: conf/fix, the trainer, the measures, the report sections -------------------------------
+FIXES = {"qk_layernorm": ("qk_norm", True), "softcap": ("softcap", 50.0), "qk_clip": ("qk_clip", 100.0),
+         "sigma_reparam": ("sigma_reparam", True)}
+
+
+def test_each_fix_is_one_attention_key_and_none_is_the_default(compose_cfg):
+    base = compose_cfg([])
+    assert compose_cfg(["fix=none"]) == base
+    for fix, (key, value) in FIXES.items():
+        att = compose_cfg([f"fix={fix}"])["model"]["attention"]
+        assert att[key] == value
+        assert {k: v for k, v in att.items() if k != key} == {k: v for k, v in base["model"]["attention"].items() if k != key}
+
+
+def _run(compose_cfg, tmp_path, overrides):
+    from experiments.training.runner import run_experiment
+    cfg = compose_cfg(overrides, results_dir=tmp_path)
+    return run_experiment(cfg, tmp_path / "run")
+
+
+def test_trainer_clips_and_sections_render(compose_cfg, tiny, tmp_path):
+    from experiments.records import RunRecord
+    from experiments.report.sections import collapse, fixes
+    s = _run(compose_cfg, tmp_path / "a", ["+exp=logit_fixes", "fix=qk_clip", "model.attention.qk_clip=0.05",
+                                           *tiny, "train.steps=7", "optim.lr=1e-3"])
+    assert s.final["cost/time_ratio_vs_no_fix"] > 0 and s.final["cost/step_ms"] > 0
+    # every step clips (logits start near 0.25, above tau): a diagnostic forward sees the weights
+    # the last clip left, moved by one small step (lr 1e-3); unclipped they would stay near 0.25
+    run = RunRecord.read(tmp_path / "a" / "run")
+    logits = run.metrics_frame().dropna(subset=["attn/max_score/L0"])
+    assert (logits[logits["step"] > 0]["attn/max_score/L0"] <= 0.05 * 1.5).all()
+    md = fixes.render([run], tmp_path / "fig")
+    assert "| qk_clip tau=0.05 | 1 |" in md and (tmp_path / "fig" / "fixes_logits.png").exists()
+    s = _run(compose_cfg, tmp_path / "b", ["+exp=entropy_collapse", *tiny])
+    assert s.control["name"] == "sigma_reparam" and "collapse/min_head_entropy" in s.final
+    assert "collapse/min_head_entropy" in s.control["final"]
+    run = RunRecord.read(tmp_path / "b" / "run")
+    run.control_run = RunRecord.read(s.control["dir"])
+    md = collapse.render([run], tmp_path / "fig")
+    assert "| 0 | sigma-reparam |" in md and (tmp_path / "fig" / "entropy_collapse_heads.png").exists()

@@ -39,7 +39,7 @@ def _figure(pairs: list[tuple[RunRecord, RunRecord | None]], path: Path):
             if j == 0:
                 ax.set_ylabel("mean row entropy (nats)")
     axes[0][0].legend(fontsize=7)
-    fig.suptitle("attention entropy per head (dotted: 0.1 nats, one-hot)", fontsize=10)
+    fig.suptitle("attention entropy per head (dotted: 0.1 nats)", fontsize=9)
     fig.savefig(path, dpi=110, metadata={"Software": None})
     plt.close(fig)
 

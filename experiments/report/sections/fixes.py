@@ -30,7 +30,11 @@ def fix_of(cfg: dict) -> str:
 
 def fix_label(cfg: dict) -> str:
     a, fix = cfg["model"]["attention"], fix_of(cfg)
-    return {"softcap": f"softcap c={a.get('softcap'):g}", "qk_clip": f"qk_clip tau={a.get('qk_clip'):g}"}.get(fix, fix)
+    if fix == "softcap":
+        return f"softcap c={a['softcap']:g}"
+    if fix == "qk_clip":
+        return f"qk_clip tau={a['qk_clip']:g}"
+    return fix
 
 
 def point(run: RunRecord) -> dict:
