@@ -6,6 +6,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from attention.fixes import SigmaReparamLinear
 from attention.mha import AttentionConfig, KVCache, MultiHeadAttention
 from attention.variance import GPT2_STD, qk_weight_std
 
@@ -107,6 +108,9 @@ class TransformerLM(nn.Module):
         for b in self.blocks:
             b.attn.W_q.weight.mul_(qk_gain)
             b.attn.W_k.weight.mul_(qk_gain)
+        for m in self.modules():  # sigma-reparam: gamma = sigma(W) of the init, so W_hat = W at step 0
+            if isinstance(m, SigmaReparamLinear):
+                m.reset_gamma()
 
     @property
     def attentions(self) -> list[MultiHeadAttention]:

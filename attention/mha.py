@@ -13,6 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from attention.diagnostics import Recorder
+from attention.fixes import SigmaReparamLinear, qk_clip_factors, softcap
 from attention.masks import MASK_FILLS, MASK_MODES, causal_mask, combine_masks, fill_value
 from attention.scoring import SCORINGS
 from attention.softmax import SOFTMAXES
@@ -45,6 +46,10 @@ class AttentionConfig:
     backend: str = "auto"           # auto (sdpa where it can express the config) | explicit | sdpa
     dropout: float = 0.0
     bias: bool = True
+    # fixes for exploding logits (attention/fixes.py); off by default
+    softcap: float | None = None    # scores -> c tanh(s / c) (Gemma 2: 50)
+    qk_clip: float | None = None    # tau: after each step, W_q, W_k rows of a head whose max logit passed tau
+    sigma_reparam: bool = False     # W_hat = gamma / sigma(W) * W on W_q, W_k, W_v, W_o (Zhai et al. 2023)
 
     def __post_init__(self):
         if self.d_model <= 0:
@@ -75,13 +80,17 @@ class AttentionConfig:
         _choice("backend", self.backend, BACKENDS)
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"attention.dropout={self.dropout} must be in [0, 1)")
+        for name in ("softcap", "qk_clip"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0):
+                raise ValueError(f"attention.{name}={v!r} must be null or a positive number")
         if self.backend == "sdpa" and not self.sdpa_expressible:
             raise ValueError(f"attention.backend='sdpa' cannot express softmax={self.softmax!r} "
                              f"score={self.score!r}; use backend=explicit")
 
     @property
     def sdpa_expressible(self) -> bool:
-        return self.softmax == "stable" and SCORINGS[self.score].sdpa_q is not None
+        return self.softmax == "stable" and SCORINGS[self.score].sdpa_q is not None and self.softcap is None
 
     @property
     def use_sdpa(self) -> bool:
@@ -120,10 +129,11 @@ class MultiHeadAttention(nn.Module):
         self.cfg = cfg
         h, h_kv, d_k, d_v = cfg.n_heads, cfg.n_kv_heads, cfg.d_k, cfg.d_v
         self.n_heads, self.n_kv_heads, self.d_k, self.d_v = h, h_kv, d_k, d_v
-        self.W_q = nn.Linear(cfg.d_model, h * d_k, bias=cfg.bias)
-        self.W_k = nn.Linear(cfg.d_model, h_kv * d_k, bias=cfg.bias)
-        self.W_v = nn.Linear(cfg.d_model, h_kv * d_v, bias=cfg.bias)
-        self.W_o = nn.Linear(h * d_v, cfg.d_model, bias=cfg.bias)
+        Linear = SigmaReparamLinear if cfg.sigma_reparam else nn.Linear
+        self.W_q = Linear(cfg.d_model, h * d_k, bias=cfg.bias)
+        self.W_k = Linear(cfg.d_model, h_kv * d_k, bias=cfg.bias)
+        self.W_v = Linear(cfg.d_model, h_kv * d_v, bias=cfg.bias)
+        self.W_o = Linear(h * d_v, cfg.d_model, bias=cfg.bias)
         if cfg.qk_norm:
             self.q_norm, self.k_norm = nn.LayerNorm(d_k), nn.LayerNorm(d_k)
         self.scoring = SCORINGS[cfg.score]
@@ -134,6 +144,7 @@ class MultiHeadAttention(nn.Module):
         self.name = "L0"          # set by the LM; names this layer's metrics
         self.layer_idx = 0
         self.recorder: Recorder | None = None  # off: a step without diagnostics pays nothing
+        self.max_logit: torch.Tensor | None = None  # qk_clip: per-head max |score| since the last clip
 
     def scale_factor(self):
         """The multiplier on the scores: a float, or the learned per-head tensor."""
@@ -147,7 +158,34 @@ class MultiHeadAttention(nn.Module):
 
     def scores(self, q, k):
         """(B, h, T_q, T_k) scaled scores; k already repeated to h heads."""
-        return self.scoring.scores(self, q, k) * self.scale_factor()
+        s = self.scoring.scores(self, q, k) * self.scale_factor()
+        return s if self.cfg.softcap is None else softcap(s, self.cfg.softcap)
+
+    @torch.no_grad()
+    def _track_max_logit(self, q, k, mask):
+        """qk_clip: the running per-head max |score| of this step's forwards (one extra, gradient-free
+        q k^T, so the fused kernel keeps running); k already repeated to h heads."""
+        s = self.scores(q, k).abs()                                   # (B, h, T_q, T_k)
+        if mask is not None:
+            s = s.masked_fill(~mask, 0.0)
+        m = s.float().amax(dim=(0, 2, 3))                             # (h,)
+        self.max_logit = m if self.max_logit is None else torch.maximum(self.max_logit, m)
+
+    @torch.no_grad()
+    def qk_clip_(self) -> torch.Tensor | None:
+        """QK-clip, called by the trainer after optimizer.step(): the rows (and biases) of W_q and
+        W_k of each head whose max logit passed tau scaled by sqrt(tau / max logit), so that head's
+        logits on the same inputs shrink to tau. Returns the max logits it acted on, and resets them."""
+        m, self.max_logit = self.max_logit, None
+        if self.cfg.qk_clip is None or m is None:
+            return None
+        f_q, f_k = qk_clip_factors(m, float(self.cfg.qk_clip), self.n_heads // self.n_kv_heads)
+        for lin, f, d in ((self.W_q, f_q, self.d_k), (self.W_k, f_k, self.d_k)):
+            rows = f.repeat_interleave(d).to(lin.weight.dtype)         # (heads * d_k,)
+            lin.weight.mul_(rows[:, None])
+            if lin.bias is not None:
+                lin.bias.mul_(rows)
+        return m
 
     def attend(self, q, k, v, mask=None):
         """The explicit path on heads: q (B, h, T_q, d_k), k (B, h, T_k, d_k), v (B, h, T_k, d_v),
@@ -203,6 +241,10 @@ class MultiHeadAttention(nn.Module):
             mask = causal if mask is None else mask & causal
             is_causal = False
         mask = combine_masks(mask, key_padding_mask, self.cfg.mask_mode)  # broadcastable to (B, h, T_q, T_k)
+        if self.cfg.qk_clip is not None and self.training:
+            group = self.n_heads // self.n_kv_heads
+            seen = causal_mask(T_q, T_k, device=query.device) if is_causal else mask
+            self._track_max_logit(q, k.repeat_interleave(group, 1) if group > 1 else k, seen)
         if explicit:
             if self.n_kv_heads != self.n_heads:  # query head i reads kv head i // group (as SDPA)
                 group = self.n_heads // self.n_kv_heads

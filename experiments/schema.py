@@ -168,6 +168,9 @@ SCHEMA: dict[str, Key] = {
     "model.attention.merge": Key("str", choices=_attention("MERGES")),
     "model.attention.backend": Key("str", choices=_attention("BACKENDS")),
     "model.attention.dropout": PROB,
+    "model.attention.softcap": Key("float", lo=0, lo_open=True, null=True),
+    "model.attention.qk_clip": Key("float", lo=0, lo_open=True, null=True),
+    "model.attention.sigma_reparam": Key("bool"),
     "optim.name": Key("str", choices=_training("OPTIMIZERS")),
     "optim.lr": Key("float", lo=0, lo_open=True),
     "optim.weight_decay": Key("float", lo=0),
@@ -248,6 +251,9 @@ def _cross(cfg: dict):
     if kv is not None and m["n_heads"] % kv:
         raise ConfigError(f"model.n_kv_heads={kv} does not divide model.n_heads={m['n_heads']}")
     from attention.scoring import SCORINGS
+    if a["backend"] == "sdpa" and a.get("softcap") is not None:
+        raise ConfigError(f"model.attention.backend='sdpa' cannot express softcap={_show(a['softcap'])}: "
+                          f"use backend=explicit or auto")
     if a["backend"] == "sdpa" and (a["softmax"] != "stable" or SCORINGS[a["score"]].sdpa_q is None):
         raise ConfigError(f"model.attention.backend='sdpa' cannot express softmax={a['softmax']!r} "
                           f"score={a['score']!r}: use backend=explicit or auto")

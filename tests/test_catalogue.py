@@ -12,7 +12,7 @@ from data.synthetic import IGNORE, PaddedCopyTask
 CATALOGUE = ["naive_softmax", "sum_normalize", "mask_broadcast", "mask_broadcast_shape_error",
              "fully_masked_rows", "head_merge_no_transpose", "attn_dropout_rows",
              "cosine_no_temperature", "cosine_learned_temperature", "additive_scores",
-             "bilinear_scores", "logit_growth"]
+             "bilinear_scores", "logit_growth", "entropy_collapse"]
 
 
 def mha(**kw):

@@ -179,6 +179,9 @@ class Trainer:
                         self._log(metrics)
                     break
                 self.optim.step()
+                if self.model.cfg.attn.qk_clip is not None:  # QK-clip acts on the weights the step left
+                    for a in self.model.attentions:
+                        a.qk_clip_()
                 self.sched.step()
                 if metrics is not None:
                     row = self._log(metrics)
