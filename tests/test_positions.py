@@ -75,14 +75,13 @@ def test_rope_window_placement_changes_nothing_in_float32_but_does_in_bfloat16()
 def test_right_padding_holds_the_same_rows_and_targets():
     left = PaddedCopyTask(16, 21, 3, 10, seed=0).batch(0, 16)
     right = PaddedCopyTask(16, 21, 3, 10, seed=0, pad_side="right").batch(0, 16)
-    for bl, br in ((left, right),):
-        for i in range(16):
-            kl, kr = bl.key_padding_mask[i], br.key_padding_mask[i]
-            assert kr[0] and not kl[0] and kr.sum() == kl.sum() + 1       # right: the last a_L is input too
-            assert torch.equal(bl.x[i][kl], br.x[i][kr][:-1])
-            assert torch.equal(bl.y[i][bl.y[i] != IGNORE], br.y[i][br.y[i] != IGNORE])
-            for name in ("copy", "first_half"):
-                assert torch.equal(bl.y[i][bl.groups[name][i]], br.y[i][br.groups[name][i]])
+    for i in range(16):
+        kl, kr = left.key_padding_mask[i], right.key_padding_mask[i]
+        assert kr[0] and not kl[0] and kr.sum() == kl.sum() + 1           # right: the last a_L is input too
+        assert torch.equal(left.x[i][kl], right.x[i][kr][:-1])
+        assert torch.equal(left.y[i][left.y[i] != IGNORE], right.y[i][right.y[i] != IGNORE])
+        for name in ("copy", "first_half"):
+            assert torch.equal(left.y[i][left.groups[name][i]], right.y[i][right.groups[name][i]])
     assert (right.key_padding_mask.int().diff(dim=1) <= 0).all()
 
 

@@ -7,6 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from attention.mha import KVCache
 from attention.rotary import apply_rope, rope_phases
 from data.synthetic import IGNORE, PaddedCopyTask
 
@@ -60,7 +61,7 @@ def rope_precision(trainer, cfg) -> dict:
     the copy loss there with this run's phases and with the other precision's, on the same weights.
     In float32 the placement changes nothing (the scores depend on offsets only); in bfloat16 the
     positions themselves round (spacing 2 above 256, 32 above 4096)."""
-    model, a = trainer.model, trainer.model.cfg.attn
+    a = trainer.model.cfg.attn                 # the AttentionConfig every layer holds
     d, T = a.d_k, trainer.task.input_len
     out = {}
     for s in WINDOW_STARTS:
@@ -130,7 +131,6 @@ def cache_agreement(trainer, cfg, n_rows: int = 8) -> dict:
     p = T // 2                                                   # the prompt: the first half
     with _eval(trainer.model) as model:
         full = model(x).float()                                  # (B, T, V)
-        from attention.mha import KVCache
         cache = KVCache(model.cfg.n_layers)
         steps = [model(x[:, :p], cache=cache).float()]
         for t in range(p, T):
