@@ -11,6 +11,8 @@ from attention.mha import AttentionConfig, KVCache, MultiHeadAttention
 from attention.variance import GPT2_STD, qk_weight_std
 
 INITS = ("gpt2", "torch_default", "unit_variance")
+POSITIONS = ("learned", "rope")                      # absolute learned embeddings | rotary q, k
+PAD_POSITIONS = ("from_padding", "from_first_token")  # where a left-padded row's positions start
 
 
 @dataclass
@@ -30,6 +32,8 @@ class ModelConfig:
     attention: dict = field(default_factory=dict)  # the AttentionConfig toggles (d_k, scale, ...)
     mlp: bool = True               # false: attention-only blocks (Dong et al. 2021's pure attention)
     residual: bool = True          # false: no skip connections around attention and MLP
+    pos: str = "learned"           # learned | rope
+    pad_positions: str = "from_padding"  # from_padding | from_first_token (HF's position_ids)
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModelConfig":
@@ -42,13 +46,18 @@ class ModelConfig:
     def __post_init__(self):
         if self.init not in INITS:
             raise ValueError(f"model.init={self.init!r} is not one of {', '.join(INITS)}")
+        if self.pos not in POSITIONS:
+            raise ValueError(f"model.pos={self.pos!r} is not one of {', '.join(POSITIONS)}")
+        if self.pad_positions not in PAD_POSITIONS:
+            raise ValueError(f"model.pad_positions={self.pad_positions!r} is not one of {', '.join(PAD_POSITIONS)}")
         for name in ("vocab_size", "block_size", "n_layers"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"model.{name}={getattr(self, name)} must be positive")
         self.d_ff = 4 * self.d_model if self.d_ff is None else self.d_ff
         self.attention = dict(self.attention)
         self.attn = AttentionConfig(d_model=self.d_model, n_heads=self.n_heads,
-                                    n_kv_heads=self.n_kv_heads, bias=self.bias, **self.attention)
+                                    n_kv_heads=self.n_kv_heads, bias=self.bias, rope=self.pos == "rope",
+                                    **self.attention)
 
 
 class Block(nn.Module):
@@ -64,9 +73,10 @@ class Block(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         self.residual = cfg.residual
 
-    def forward(self, x, key_padding_mask=None, cache=None):
+    def forward(self, x, key_padding_mask=None, cache=None, positions=None):
         h = self.ln_1(x)
-        a, _ = self.attn(h, h, h, is_causal=True, key_padding_mask=key_padding_mask, cache=cache)
+        a, _ = self.attn(h, h, h, is_causal=True, key_padding_mask=key_padding_mask, cache=cache,
+                         positions=positions)
         x = x + self.drop(a) if self.residual else self.drop(a)
         if self.mlp is None:
             return x
@@ -79,7 +89,7 @@ class TransformerLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.pos_emb = nn.Embedding(cfg.block_size, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.block_size, cfg.d_model) if cfg.pos == "learned" else None
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
@@ -116,22 +126,33 @@ class TransformerLM(nn.Module):
     def attentions(self) -> list[MultiHeadAttention]:
         return [b.attn for b in self.blocks]
 
-    def forward(self, idx, key_padding_mask=None, cache: KVCache | None = None):
-        """idx (B, T) -> logits (B, T, V). With a cache, idx holds only the new tokens."""
+    def forward(self, idx, key_padding_mask=None, cache: KVCache | None = None, start: int | None = None):
+        """idx (B, T) -> logits (B, T, V). With a cache, idx holds only the new tokens.
+        start: the first token's position (default: after the cache); rotary positions have no
+        table, so a window may sit anywhere in a long context."""
         B, T = idx.shape
-        start = 0 if cache is None else cache.length
-        if start + T > self.cfg.block_size:
+        start = (0 if cache is None else cache.length) if start is None else start
+        if self.pos_emb is not None and start + T > self.cfg.block_size:
             raise ValueError(f"sequence length {start + T} exceeds model.block_size={self.cfg.block_size}")
-        pos = torch.arange(start, start + T, device=idx.device)
-        x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
+        pos = self.positions(start, T, key_padding_mask, idx.device)  # (T,) or (B, T)
+        x = self.tok_emb(idx) if self.pos_emb is None else self.tok_emb(idx) + self.pos_emb(pos)
+        x = self.drop(x)
         for b in self.blocks:
-            x = b(x, key_padding_mask=key_padding_mask, cache=cache)
+            x = b(x, key_padding_mask=key_padding_mask, cache=cache, positions=pos)
         return self.head(self.ln_f(x))
 
+    def positions(self, start: int, T: int, key_padding_mask=None, device=None) -> torch.Tensor:
+        """Absolute positions of the T new tokens: counted from the first column (from_padding), or,
+        given a (B, T_k) padding mask, from each row's first real token (HF: mask.cumsum(-1) - 1)."""
+        if self.cfg.pad_positions == "from_first_token" and key_padding_mask is not None:
+            return (key_padding_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -T:]  # (B, T)
+        return torch.arange(start, start + T, device=device)                      # (T,)
+
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens: int, greedy: bool = True):
-        """Incremental decoding with a KV cache: the prompt once, then one token per step."""
-        cache = KVCache(self.cfg.n_layers)
+    def generate(self, idx, max_new_tokens: int, greedy: bool = True, use_cache: bool = True):
+        """Incremental decoding with a KV cache: the prompt once, then one token per step.
+        use_cache=False reruns the whole sequence each step: the reference the cache must match."""
+        cache = KVCache(self.cfg.n_layers) if use_cache else None
         logits = self(idx, cache=cache)
         out = idx
         for _ in range(max_new_tokens):
@@ -140,7 +161,7 @@ class TransformerLM(nn.Module):
             out = torch.cat([out, nxt], dim=1)
             if out.shape[1] >= self.cfg.block_size:
                 break
-            logits = self(nxt, cache=cache)
+            logits = self(nxt, cache=cache) if use_cache else self(out)
         return out
 
     def param_count(self) -> dict[str, int]:

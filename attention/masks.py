@@ -3,12 +3,16 @@ import torch
 
 MASK_MODES = ("correct", "broadcast_bug")
 MASK_FILLS = ("finite", "neg_inf")
+CAUSAL_ALIGNS = ("lower_right", "top_left")
 
 
-def causal_mask(t_q: int, t_k: int | None = None, device=None) -> torch.Tensor:
-    """(T_q, T_k): query i sees keys j <= i (+ offset when T_k > T_q, as in decoding)."""
+def causal_mask(t_q: int, t_k: int | None = None, device=None, align: str = "lower_right") -> torch.Tensor:
+    """(T_q, T_k): query i sees keys j <= i (+ offset when T_k > T_q, as in decoding).
+    align="top_left" drops the offset, as SDPA's is_causal does when T_q != T_k (pytorch #108108):
+    a query decoded after a cache sees only the first keys."""
     t_k = t_q if t_k is None else t_k
-    return torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril(diagonal=t_k - t_q)
+    offset = t_k - t_q if align == "lower_right" else 0
+    return torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril(diagonal=offset)
 
 
 def padding_mask(lengths: torch.Tensor, t: int, left: bool = True) -> torch.Tensor:

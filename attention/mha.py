@@ -14,7 +14,8 @@ import torch.nn.functional as F
 
 from attention.diagnostics import Recorder
 from attention.fixes import SigmaReparamLinear, qk_clip_factors, softcap
-from attention.masks import MASK_FILLS, MASK_MODES, causal_mask, combine_masks, fill_value
+from attention.masks import CAUSAL_ALIGNS, MASK_FILLS, MASK_MODES, causal_mask, combine_masks, fill_value
+from attention.rotary import ROPE_DTYPES, apply_rope, rope_phases
 from attention.scoring import SCORINGS
 from attention.softmax import SOFTMAXES
 from attention.variance import initial_score_scale
@@ -50,6 +51,9 @@ class AttentionConfig:
     softcap: float | None = None    # scores -> c tanh(s / c) (Gemma 2: 50)
     qk_clip: float | None = None    # tau: after each step, W_q, W_k rows of a head whose max logit passed tau
     sigma_reparam: bool = False     # W_hat = gamma / sigma(W) * W on W_q, W_k, W_v, W_o (Zhai et al. 2023)
+    rope: bool = False              # rotary positions on q, k (set by the LM's model.pos)
+    rope_dtype: str = "float32"     # float32 | bfloat16: the precision of the rotary phases
+    causal_align: str = "lower_right"  # lower_right | top_left: SDPA's is_causal when T_q != T_k
 
     def __post_init__(self):
         if self.d_model <= 0:
@@ -84,6 +88,10 @@ class AttentionConfig:
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0):
                 raise ValueError(f"attention.{name}={v!r} must be null or a positive number")
+        _choice("rope_dtype", self.rope_dtype, tuple(ROPE_DTYPES))
+        _choice("causal_align", self.causal_align, CAUSAL_ALIGNS)
+        if self.rope and self.d_k % 2:
+            raise ValueError(f"attention.d_k={self.d_k} must be even for rotary positions")
         if self.backend == "sdpa" and not self.sdpa_expressible:
             raise ValueError(f"attention.backend='sdpa' cannot express softmax={self.softmax!r} "
                              f"score={self.score!r}; use backend=explicit")
@@ -217,27 +225,38 @@ class MultiHeadAttention(nn.Module):
             enable_gqa=self.n_kv_heads != self.n_heads)
 
     def forward(self, query, key, value, mask=None, need_weights=False, *,
-                key_padding_mask=None, is_causal=False, cache: KVCache | None = None):
+                key_padding_mask=None, is_causal=False, cache: KVCache | None = None, positions=None):
         """query (B, T_q, d_model), key/value (B, T_k, d_model); mask: bool, True = attend,
         broadcastable to (B, h, T_q, T_k); key_padding_mask: (B, T_k), expanded per mask_mode.
+        positions: (T_q,) or (B, T_q) for rotary q and k (self-attention: the keys are the queries'
+        tokens); None = counted on from the tokens this layer has cached.
         Returns (out (B, T_q, d_model), weights (B, h, T_q, T_k) as applied to V, or None)."""
         if self.recorder is not None:
             self.recorder.record_inputs(self, (query, key, value), dict(
-                mask=mask, key_padding_mask=key_padding_mask, is_causal=is_causal, cache=cache))
+                mask=mask, key_padding_mask=key_padding_mask, is_causal=is_causal, cache=cache, positions=positions))
         B, T_q, _ = query.shape
         q = self.split_heads(self.W_q(query), self.n_heads, self.d_k)     # (B, h, T_q, d_k)
         k = self.split_heads(self.W_k(key), self.n_kv_heads, self.d_k)    # (B, h_kv, T_k, d_k)
         v = self.split_heads(self.W_v(value), self.n_kv_heads, self.d_v)  # (B, h_kv, T_k, d_v)
         if self.cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
+        if self.cfg.rope:  # rotated before they are cached or scored: a cached key keeps its phase
+            if positions is None:
+                start = 0 if cache is None or cache.k[self.layer_idx] is None else cache.k[self.layer_idx].shape[2]
+                positions = torch.arange(start, start + T_q, device=query.device)
+            phases = rope_phases(positions, self.d_k, self.cfg.rope_dtype)   # (.., T_q, d_k / 2)
+            q, k = apply_rope(q, phases), apply_rope(k, phases)
         q, k = self.scoring.qk(q, k)
         if cache is not None:                                             # + the tokens decoded so far
             k, v = cache.append(self.layer_idx, k, v)                     # (B, h_kv, T_cache + T_k, d)
         T_k = k.shape[2]
         explicit = not self.cfg.use_sdpa or need_weights or (self.recorder is not None and self.recorder.needs_weights)
-        # SDPA's own causal flag covers the square, unmasked case; otherwise one boolean mask
-        if is_causal and (explicit or T_q != T_k or mask is not None or key_padding_mask is not None):
-            causal = causal_mask(T_q, T_k, device=query.device)           # (T_q, T_k)
+        # SDPA's own causal flag covers the square, unmasked case; otherwise one boolean mask.
+        # causal_align=top_left hands T_q != T_k to that flag as well, which aligns it top-left
+        sdpa_flag = not explicit and mask is None and key_padding_mask is None and (
+            T_q == T_k or self.cfg.causal_align == "top_left")
+        if is_causal and not sdpa_flag:
+            causal = causal_mask(T_q, T_k, device=query.device, align=self.cfg.causal_align)  # (T_q, T_k)
             mask = causal if mask is None else mask & causal
             is_causal = False
         mask = combine_masks(mask, key_padding_mask, self.cfg.mask_mode)  # broadcastable to (B, h, T_q, T_k)

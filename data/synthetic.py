@@ -66,17 +66,25 @@ class CopyTask(Task):
         return Batch(x, y, {"copy": copy, "first_half": ~copy})
 
 
+PAD_SIDES = ("left", "right")
+
+
 class PaddedCopyTask(Task):
     """Left-padded copy of variable length: [d_1..d_P, a_1..a_L, a_1..a_L], P = seq_len - 2L,
     L drawn per example from [min_len, max_len]. The padding d_i are random tokens of the same
     vocabulary (distractors a wrong mask lets through) and `key_padding_mask` hides them. Since
     L varies, the copy is solvable only by content (an induction head: find the earlier a_j,
-    read the token after it); targets at padding are not scored."""
+    read the token after it); targets at padding are not scored.
+    pad_side="right" gives the same rows with the padding moved behind the real tokens:
+    [a_1..a_L, a_1..a_L, d_1..d_P], scored on the same targets."""
     name = "padded_copy"
 
     def __init__(self, vocab_size: int = 64, seq_len: int = 33, min_len: int = 4,
-                 max_len: int | None = None, seed: int = 0):
+                 max_len: int | None = None, seed: int = 0, pad_side: str = "left"):
         super().__init__(seed)
+        if pad_side not in PAD_SIDES:
+            raise ValueError(f"data.pad_side={pad_side!r} is not one of {', '.join(PAD_SIDES)}")
+        self.pad_side = pad_side
         max_len = (seq_len - 1) // 2 if max_len is None else max_len
         if not 2 <= min_len <= max_len or 2 * max_len > seq_len - 1:
             raise ValueError(f"data.min_len={min_len}, data.max_len={max_len} need "
@@ -94,15 +102,17 @@ class PaddedCopyTask(Task):
         d = torch.randint(0, V, (batch_size, T), generator=g)
         src = (start + (pos - start) % lengths).clamp(0, T - 1)  # second half reads the first
         s = torch.where(pos >= start, a.gather(1, src), d)
+        if self.pad_side == "right":                   # the same row rotated: real tokens first
+            s, start = s.gather(1, (pos + start) % T), torch.zeros_like(start)
         x, y = s[:, :-1], s[:, 1:].clone()
         tpos = pos[:, 1:]                              # position of each target
-        real = tpos > start                            # the target a_1 follows padding: unscored
+        real = (tpos > start) & (tpos < start + 2 * lengths)  # the target a_1 follows padding: unscored
         y[~real] = IGNORE
-        copy = tpos > start + lengths                  # a_2..a_L of the repeat: an earlier a_j names it
+        copy = real & (tpos > start + lengths)         # a_2..a_L of the repeat: an earlier a_j names it
         first = real & (tpos < start + lengths)        # a_2..a_L: random, floor ln V
         # (the repeat's a_1 is in neither group: knowing where padding ends, a model can place it)
-        return Batch(x, y, {"copy": copy, "first_half": first},
-                     key_padding_mask=pos[:, :-1] >= start)
+        kpm = (pos[:, :-1] >= start) & (pos[:, :-1] < start + 2 * lengths)
+        return Batch(x, y, {"copy": copy, "first_half": first}, key_padding_mask=kpm)
 
 
 class TwoFactsTask(Task):

@@ -120,6 +120,18 @@ def _inits():
     return INITS
 
 
+def _lm(name):
+    def f():
+        import attention.lm as lm
+        return tuple(getattr(lm, name))
+    return f
+
+
+def _pad_sides():
+    from data.synthetic import PAD_SIDES
+    return PAD_SIDES
+
+
 def _training(name):
     def f():
         import experiments.training.build as build
@@ -171,6 +183,10 @@ SCHEMA: dict[str, Key] = {
     "model.attention.softcap": Key("float", lo=0, lo_open=True, null=True),
     "model.attention.qk_clip": Key("float", lo=0, lo_open=True, null=True),
     "model.attention.sigma_reparam": Key("bool"),
+    "model.pos": Key("str", choices=_lm("POSITIONS")),
+    "model.pad_positions": Key("str", choices=_lm("PAD_POSITIONS")),
+    "model.attention.rope_dtype": Key("str", choices=_attention("ROPE_DTYPES")),
+    "model.attention.causal_align": Key("str", choices=_attention("CAUSAL_ALIGNS")),
     "optim.name": Key("str", choices=_training("OPTIMIZERS")),
     "optim.lr": Key("float", lo=0, lo_open=True),
     "optim.weight_decay": Key("float", lo=0),
@@ -206,7 +222,8 @@ LOGGER_KEYS = {
 # A vocabulary of 1 (chance loss ln 1 = 0) or a copy of length 0 makes every check vacuous.
 TASK_KEYS = {
     "copy": {"data.vocab_size": Key("int", lo=2)},
-    "padded_copy": {"data.vocab_size": Key("int", lo=2), "data.min_len": POS_INT, "data.max_len": POS_INT},
+    "padded_copy": {"data.vocab_size": Key("int", lo=2), "data.min_len": POS_INT, "data.max_len": POS_INT,
+                    "data.pad_side": Key("str", choices=_pad_sides)},
     "two_facts": {"data.n_values": Key("int", lo=2), "data.n_noise": POS_INT, "data.max_copies": POS_INT,
                   "data.ordered": Key("bool"), "data.shared_values": Key("bool"),
                   "data.vocab_size": Key("int", lo=2, null=True)},
@@ -276,6 +293,10 @@ def _cross(cfg: dict):
                           f"{d['seq_len']}: at most (seq_len - 1) // 2 = {(d['seq_len'] - 1) // 2}")
     if name == "shakespeare_char" and d["path"] is not None and not Path(d["path"]).is_file():
         raise ConfigError(f"data.path={d['path']!r} is not a file")
+    if m["pos"] == "rope" and (a["d_k"] or m["d_model"] // m["n_heads"]) % 2:
+        raise ConfigError(f"model.pos='rope' needs an even head width: d_k="
+                          f"{a['d_k'] or m['d_model'] // m['n_heads']} (model.d_model / model.n_heads or "
+                          f"model.attention.d_k)")
     if cfg["device"] == "cuda":
         import torch
         if not torch.cuda.is_available():

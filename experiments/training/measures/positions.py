@@ -1,0 +1,149 @@
+"""Post-training measurements of positions and decoding, wired through `exp.measures: ["positions:FN"]`:
+rotary phases in low precision, left padding against learned absolute positions, and the KV cache
+against the full-sequence forward. Each FN(trainer, cfg) -> {metric: float}."""
+import contextlib
+import math
+
+import torch
+import torch.nn.functional as F
+
+from attention.mha import KVCache
+from attention.rotary import apply_rope, rope_phases
+from data.synthetic import IGNORE, PaddedCopyTask
+
+
+@contextlib.contextmanager
+def _eval(model):
+    was = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was)
+
+
+def _token_losses(model, b):
+    logits = model(b.x, key_padding_mask=b.key_padding_mask).float()
+    return F.cross_entropy(logits.transpose(1, 2), b.y.clamp(min=0), reduction="none")  # (B, T)
+
+
+# -- rope_low_precision ----------------------------------------------------------------------------
+def phase_error(positions: torch.Tensor, d: int, dtype: str) -> torch.Tensor:
+    """(T,) the largest |phase in dtype - phase in float64| over a head's pairs, per position (rad)."""
+    exact = positions.double()[:, None] * (1.0 / 10000.0 ** (torch.arange(0, d, 2).double() / d))
+    return (rope_phases(positions, d, dtype).double() - exact).abs().max(-1).values
+
+
+def relative_error(start: int, t: int, d: int, dtype: str, offset: int = 1, seed: int = 0) -> float:
+    """The largest |q_m . k_{m-offset} - q_offset . k_0| over the window m in [start + offset, start + t),
+    for one random unit q, k pair (relative to |q||k| = 1). Exact RoPE gives ~1e-6: the score depends
+    on m - n only, wherever the window sits."""
+    g = torch.Generator().manual_seed(seed)
+    q, k = F.normalize(torch.randn(d, generator=g), dim=0), F.normalize(torch.randn(d, generator=g), dim=0)
+
+    def scores(pos):
+        qr = apply_rope(q.expand(1, 1, len(pos), d), rope_phases(pos, d, dtype))[0, 0]
+        kr = apply_rope(k.expand(1, 1, len(pos), d), rope_phases(pos - offset, d, dtype))[0, 0]
+        return (qr * kr).sum(-1)
+    ref = scores(torch.tensor([offset]))
+    return float((scores(torch.arange(start + offset, start + t)) - ref).abs().max())
+
+
+# where the model's window of T tokens is placed in a long context: 0 is where it trained
+WINDOW_STARTS = (0, 256, 1024, 4096)
+LATE = 4096
+
+
+@torch.no_grad()
+def rope_precision(trainer, cfg) -> dict:
+    """The same validation windows placed at positions start..start+T-1 of a long context: the
+    phase error of this run's rope_dtype there, the relative-position property's error there, and
+    the copy loss there with this run's phases and with the other precision's, on the same weights.
+    In float32 the placement changes nothing (the scores depend on offsets only); in bfloat16 the
+    positions themselves round (spacing 2 above 256, 32 above 4096)."""
+    a = trainer.model.cfg.attn                 # the AttentionConfig every layer holds
+    d, T = a.d_k, trainer.task.input_len
+    out = {}
+    for s in WINDOW_STARTS:
+        out[f"rope/phase_err@{s}"] = float(phase_error(torch.arange(s, s + T), d, a.rope_dtype).max())
+        out[f"rope/rel_err@{s}"] = relative_error(s, T, d, a.rope_dtype)
+    own = a.rope_dtype
+    for dtype in ("float32", "bfloat16"):
+        a.rope_dtype = dtype  # one config object shared by every layer: swapped, then restored
+        try:
+            for s in (0, LATE):
+                out[f"loss/copy@{s}_{dtype}_phases"] = _copy_loss(trainer, s)
+        finally:
+            a.rope_dtype = own
+    for s in WINDOW_STARTS:
+        out[f"loss/copy@{s}"] = _copy_loss(trainer, s)
+    out["loss/copy_late"] = out[f"loss/copy@{LATE}"]
+    return out
+
+
+def _copy_loss(trainer, start: int) -> float:
+    """Mean copy loss on the eval batches with the window's first token at position `start`."""
+    tot, n = 0.0, 0
+    with _eval(trainer.model) as model:
+        for i in range(trainer.tc["eval_batches"]):
+            b = trainer.task.batch(i, trainer.tc["batch_size"], "val").to(trainer.device)
+            logits = model(b.x, key_padding_mask=b.key_padding_mask, start=start).float()
+            lt = F.cross_entropy(logits.transpose(1, 2), b.y.clamp(min=0), reduction="none")
+            tot += float(lt[b.groups["copy"]].sum())
+            n += int(b.groups["copy"].sum())
+    return tot / max(n, 1)
+
+
+# -- left_padding_positions ------------------------------------------------------------------------
+@torch.no_grad()
+def padding_sides(trainer, cfg) -> dict:
+    """The same validation rows, left-padded and right-padded, scored by this run's weights and
+    position rule: scored-token loss and copy loss of each, and their differences."""
+    d = {k: v for k, v in cfg["data"].items() if k not in ("name", "pad_side")}
+    out = {}
+    for side in ("left", "right"):
+        task = PaddedCopyTask(seed=cfg["seed"], pad_side=side, **d)
+        tot = copy = n = nc = 0.0
+        with _eval(trainer.model) as model:
+            for i in range(trainer.tc["eval_batches"]):
+                b = task.batch(i, trainer.tc["batch_size"], "val").to(trainer.device)
+                lt = _token_losses(model, b)
+                scored = b.y != IGNORE
+                tot, n = tot + float(lt[scored].sum()), n + int(scored.sum())
+                copy, nc = copy + float(lt[b.groups["copy"]].sum()), nc + int(b.groups["copy"].sum())
+        out[f"pad/{side}/loss"], out[f"pad/{side}/loss_copy"] = tot / n, copy / nc
+    out["pad/left_minus_right"] = out["pad/left/loss"] - out["pad/right/loss"]
+    out["pad/abs_left_minus_right"] = abs(out["pad/left_minus_right"])
+    out["pad/copy_left_minus_right"] = out["pad/left/loss_copy"] - out["pad/right/loss_copy"]
+    return out
+
+
+# -- causal_kv_cache -------------------------------------------------------------------------------
+@torch.no_grad()
+def cache_agreement(trainer, cfg, n_rows: int = 8) -> dict:
+    """Incremental decoding against the full forward on validation rows: the prompt's first half
+    prefilled into the KV cache, then one token per step; the max |logit difference| over every
+    decoded position. Then greedy generation with and without the cache from that prompt: the
+    fraction of generated tokens that differ, and of rows whose generations differ."""
+    b = trainer.task.batch(0, n_rows, "val").to(trainer.device)
+    x = b.x
+    T = x.shape[1]
+    p = T // 2                                                   # the prompt: the first half
+    with _eval(trainer.model) as model:
+        full = model(x).float()                                  # (B, T, V)
+        cache = KVCache(model.cfg.n_layers)
+        steps = [model(x[:, :p], cache=cache).float()]
+        for t in range(p, T):
+            steps.append(model(x[:, t:t + 1], cache=cache).float())
+        inc = torch.cat(steps, dim=1)
+        diff = (inc - full).abs()
+        n_new = T - p
+        cached = model.generate(x[:, :p], n_new, use_cache=True)[:, p:]
+        uncached = model.generate(x[:, :p], n_new, use_cache=False)[:, p:]
+    differ = cached != uncached
+    return {"cache/max_abs_logit_diff": float(diff.max()),
+            "cache/max_abs_logit_diff_prefill": float(diff[:, :p].max()),
+            "cache/greedy_token_mismatch": float(differ.float().mean()),
+            "cache/greedy_rows_diverged": float(differ.any(1).float().mean()),
+            "cache/logit_scale": float(full.abs().max()),
+            "cache/finite": float(math.isfinite(float(diff.max())))}
