@@ -50,6 +50,7 @@ def point(run: RunRecord) -> dict:
     return {"fix": fix_of(run.config), "label": fix_label(run.config), "seed": run.seed, "status": run.status,
             "max_logit": float(np.nanmax(df[logit_cols].to_numpy())) if logit_cols else math.nan,
             "entropy": [float(diag[c].iloc[-1]) for c in ent_cols] if len(diag) else [],
+            "entropy_0": float(diag[ent_cols].iloc[0].mean()) if len(diag) and ent_cols else math.nan,
             "loss": fin.get("loss/copy", math.nan) if run.status == "completed" else math.nan,
             "solved_at": float(solved.iloc[0]) if len(solved) else None,
             "ms": fin.get("cost/step_ms", math.nan), "ratio": fin.get("cost/time_ratio_vs_no_fix", math.nan),
@@ -103,12 +104,14 @@ def render(runs: list[RunRecord], fig_dir: Path) -> str | None:
     groups = dict(sorted(groups.items(), key=lambda kv: (ORDER_OF.index(kv[0]) if kv[0] in ORDER_OF else 99, kv[0])))
     _figure(groups, fig_dir / "fixes_logits.png")
     first = next(iter(groups.values()))[0]
+    base = groups.get("none") or [p for ps in groups.values() for p in ps]
     lrs = sorted({p["lr"] for ps in groups.values() for p in ps})
     lines = ["## The fixes for exploding attention logits, side by side (logit_fixes)", "",
              f"logit_growth's failing run (lr {', '.join(f'{x:g}' for x in lrs)}, {first['budget']} steps, copy task) "
              "with each fix; mean over seeds, (min–max) beside it. max logit: the largest |score| any layer "
              "showed on a diagnostic step (for softcap, after the cap); final entropy: each layer's mean row "
-             "entropy at the last step (nats; uniform over 63 keys is 4.1); final loss: eval loss/copy; "
+             f"entropy at the last step (nats; {_spread([p['entropy_0'] for p in base], '.3g')} at step 0 "
+             f"{'without a fix' if 'none' in groups else 'here'}, near-uniform causal attention); final loss: eval loss/copy; "
              f"steps to solve: first logged step with training loss/copy <= {SOLVED:g} ln V "
              f"({SOLVED * first['ln_V']:.2f} nats), over the seeds that got there; cost: a forward, backward "
              "(and QK-clip's rescaling) with the fix, against the same model without it, interleaved in one "
