@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from attention import ModelConfig, TransformerLM
-from data import Batch
 from experiments.report.sections.lr_sensitivity import blowup_lr, lr_sensitivity
 from experiments.training.loop import Trainer, log_z, mean_loss, token_losses
 from experiments.training.measures.rank import layer_residuals, rank1_residual

@@ -49,29 +49,28 @@ def _profile_lines(stacks: dict) -> list[str]:
 
 
 def _figure(stacks: dict, sweep: dict, path: Path):
-    n = 2 if sweep else 1
-    fig, axes = plt.subplots(1, n, figsize=(4.6 * n, 3.5), squeeze=False, layout="constrained")
-    ax = axes[0][0]
+    """Left: residual per layer of the 12-layer stacks; right: the depth sweep (each when present)."""
+    panels = [p for p, have in (("layers", stacks), ("sweep", sweep)) if have]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.5), squeeze=False, layout="constrained")
     colours = {"no skips": "tab:red", "skips": "tab:blue"}
-    for label, s in stacks.items():
-        for when, ls in zip(WHEN, ("--", "-")):
-            ax.plot(range(len(s[when])), s[when], ls=ls, marker="o", ms=3, color=colours.get(label, "grey"),
-                    label=f"{label}, {when}")
-    ax.set_yscale("log")
-    ax.set_xlabel("depth (0: embeddings)")
-    ax.set_ylabel("rank-1 residual ||X - 1x^T||_F / ||X||_F")
-    ax.set_title("per layer, 12-layer attention-only stack", fontsize=9)
-    ax.legend(fontsize=7)
-    if sweep:
-        ax = axes[0][1]
-        for (label, when), pts in sorted(sweep.items()):
-            ds = sorted(pts)
-            ax.plot(ds, [pts[d] for d in ds], ls="--" if when == "init" else "-", marker="o", ms=3,
-                    color=colours.get(label, "grey"), label=f"{label}, {when}")
+    for ax, panel in zip(axes[0], panels):
+        if panel == "layers":
+            for label, s in stacks.items():
+                for when, ls in zip(WHEN, ("--", "-")):
+                    ax.plot(range(len(s[when])), s[when], ls=ls, marker="o", ms=3, color=colours.get(label, "grey"),
+                            label=f"{label}, {when}")
+            ax.set_xlabel("depth (0: embeddings)")
+            ax.set_ylabel("rank-1 residual ||X - 1x^T||_F / ||X||_F")
+            ax.set_title("per layer, 12-layer attention-only stack", fontsize=9)
+        else:
+            for (label, when), pts in sorted(sweep.items()):
+                ds = sorted(pts)
+                ax.plot(ds, [pts[d] for d in ds], ls="--" if when == "init" else "-", marker="o", ms=3,
+                        color=colours.get(label, "grey"), label=f"{label}, {when}")
+            ax.set_xlabel("number of layers (one model per point)")
+            ax.set_ylabel("last layer's rank-1 residual")
+            ax.set_title("depth sweep", fontsize=9)
         ax.set_yscale("log")
-        ax.set_xlabel("number of layers (one model per point)")
-        ax.set_ylabel("last layer's rank-1 residual")
-        ax.set_title("depth sweep", fontsize=9)
         ax.legend(fontsize=7)
     fig.savefig(path, dpi=110, metadata={"Software": None})
     plt.close(fig)
