@@ -109,3 +109,26 @@ def test_rank_measure_runs_on_a_tiny_model(compose_cfg, tiny, tmp_path):
     m = rank_residuals(t, cfg)
     assert m["rank/init/depth3"] == m["rank/trained/depth3"] == m["rank/init/last"]  # untrained: the same model
     assert m["rank/init/depth3"] < m["rank/init/depth0"]
+
+
+def test_lr_sensitivity_and_rank_sections_render_from_runs(compose_cfg, tiny, tmp_path):
+    """The two sections read real run records: one lr_sensitivity cell per fix and width, and a
+    rank_collapse run with its skip-connection control."""
+    from experiments.records import RunRecord
+    from experiments.report.sections import lr_sensitivity as lrs, rank_collapse as rc
+    from experiments.training.runner import run_experiment
+    runs = []
+    for i, (qk, lr) in enumerate([(False, 1e-3), (False, 3e-1), (True, 1e-3), (True, 3e-1)]):
+        cfg = compose_cfg(["+exp=lr_sensitivity", *tiny, f"model.attention.qk_norm={qk}", f"optim.lr={lr}"],
+                          results_dir=tmp_path)
+        run_experiment(cfg, tmp_path / f"lr{i}")
+        runs.append(RunRecord.read(tmp_path / f"lr{i}"))
+    md = lrs.render(runs, tmp_path / "fig")
+    assert "| no fix | 32 | 16 |" in md and "| qk-layernorm | 32 | 16 |" in md
+    assert (tmp_path / "fig" / "lr_sensitivity.png").stat().st_size > 1000
+    cfg = compose_cfg(["+exp=rank_collapse", *tiny, "model.n_layers=3"], results_dir=tmp_path)
+    s = run_experiment(cfg, tmp_path / "rank")
+    run = RunRecord.read(tmp_path / "rank")
+    run.control_run = RunRecord.read(s.control["dir"])
+    md = rc.render([run], tmp_path / "fig")
+    assert "no skips" in md and "skips" in md and (tmp_path / "fig" / "rank_collapse.png").exists()
