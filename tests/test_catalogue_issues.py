@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from attention import MultiHeadAttention
-from attention.masks import MASKED_BIAS, causal_mask, combine_masks, padding_mask
+from attention.masks import MASKED_BIAS, apply_mask, causal_mask, combine_masks, padding_mask
 
 ISSUES = ["finite_mask_leak", "causal_off_by_one", "mask_min_overflow", "qk_fp16_overflow"]
 
@@ -83,13 +83,16 @@ def test_add_min_in_float16_turns_a_negative_score_into_minus_inf():
     c = causal_mask(4)
     scores = torch.full((1, 1, 4, 4), -20.0, dtype=torch.float16)     # < -16: min + s overflows
     for combine, nan_rows in (("add_min", True), ("logical_and", False)):
-        m = mha(mask_combine=combine)
         mask = combine_masks(c, kpm, combine=combine, dtype=torch.float16)
-        from attention.masks import apply_mask
         w = torch.softmax(apply_mask(scores, mask, "finite").float(), -1)
         assert bool(torch.isnan(w[0, 0, :2]).all()) == nan_rows       # the padded queries
         assert torch.isfinite(w[0, 0, 2:]).all()
-        assert m.cfg.mask_combine == combine
+    x = x_in(1, 4)                                                     # through the layer, float32
+    out = {c: mha(mask_combine=c)(x, x, x, is_causal=True, key_padding_mask=kpm)[0]
+           for c in ("add_min", "logical_and")}
+    # real queries agree; a padded query's row, all masked, averages over different keys
+    torch.testing.assert_close(out["add_min"][:, 2:], out["logical_and"][:, 2:])
+    assert not torch.allclose(out["add_min"][:, :2], out["logical_and"][:, :2])
 
 
 # -- qk_fp16_overflow ----------------------------------------------------------------------------
@@ -139,3 +142,29 @@ def test_issue_overlay_composes_and_passes_preflight(name, compose_cfg, tmp_path
     assert e["name"] == name and e["claim"] and e["expect"] and e["control"]["overrides"]
     preflight(cfg)
     assert control_config(cfg)["model"] != cfg["model"]
+
+
+def test_issue_measures_on_a_tiny_untrained_model(compose_cfg, tiny, tmp_path):
+    from experiments.training.loop import Trainer
+    from experiments.training.measures import catalogue as mc
+
+    def trainer(*ov):
+        cfg = compose_cfg([*tiny, *ov])
+        return Trainer(cfg, tmp_path), cfg
+    t, cfg = trainer("model.attention.mask_fill=add_minus_1e4")
+    m = mc.mask_leak(t, cfg)                           # small scores: no leak, same losses
+    assert m["leak/fill"] == -1e4 and m["leak/masked_mass_max"] < 1e-6
+    assert m["leak/max_hidden_margin"] < 1e4 and m["leak/min_visible_score"] > -1e4
+    assert m["leak/loss/copy_correct_mask"] == pytest.approx(t.evaluate(1)["loss/copy"], rel=1e-4)
+    t, cfg = trainer("model.attention.causal=off_by_one")
+    m = mc.first_token_loss(t, cfg)
+    assert m["attn/first_row_entropy_frac"] == pytest.approx(1.0, abs=1e-5)   # uniform over all keys
+    t, cfg = trainer()
+    assert mc.first_token_loss(t, cfg)["attn/first_row_entropy_frac"] == pytest.approx(0.0, abs=1e-5)
+    t, cfg = trainer("model.attention.upcast=false")
+    m = mc.fp16_attention(t, cfg)
+    assert 0 < m["fp16/max_abs_qk"] < 65504 and m["fp16/nonfinite_logits"] == m["fp16_other/nonfinite_logits"] == 0
+    t, cfg = trainer("data=padded_copy", "data.seq_len=15", "data.max_len=7", "model.attention.mask_combine=add_min")
+    m = mc.mask_combine_rows(t, cfg)
+    assert m["mask32/nonfinite_logits"] == m["mask16_other/nonfinite_logits"] == 0
+    assert m["mask16/neginf_rows"] == 0                 # scores near 0: min + score stays finite

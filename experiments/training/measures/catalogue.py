@@ -255,22 +255,26 @@ def first_token_loss(trainer, cfg) -> dict:
 def fp16_attention(trainer, cfg) -> dict:
     """The trained weights evaluated under float16 autocast, in the run's own score order
     (`fp16/...`) and in the other one (`fp16_other/...`): the fraction of non-finite attention
-    weights and logits. Also max |q.k| before the scale, in float32: float16 ends at 65504."""
+    weights of each layer run alone on its float32 inputs (the attention, isolated from the rest
+    of the model), and of non-finite logits of a whole float16 forward. Also max |q.k| before the
+    scale, in float32: float16 ends at 65504."""
     model = trainer.model
     b = trainer.task.batch(0, trainer.tc["batch_size"], "val").to(trainer.device)
     _, layers = _qk_forward(model, b)
     qk = max(float((q.float() @ k.float().transpose(-2, -1)).abs().max()) for _, q, k, _, _ in layers)
     out = {"fp16/max_abs_qk": qk, "fp16/float16_max": float(torch.finfo(torch.float16).max)}
+    inputs = _attention_inputs(trainer)
     own = model.attentions[0].cfg.upcast
     half = lambda: torch.autocast(trainer.device.type, dtype=torch.float16)  # noqa: E731
     for prefix, upcast in (("fp16", own), ("fp16_other", not own)):
         old = _with_attention(model, upcast=upcast, backend="explicit")
         try:
-            logits, layers = _qk_forward(model, b, half)
+            with half():
+                w = torch.cat([_weights(layer, args, kw, False).flatten() for layer, args, kw in inputs])
+            logits, _ = _qk_forward(model, b, half)
         finally:
             for a in model.attentions:
                 a.cfg = old
-        w = torch.cat([w.flatten() for *_, w in layers])
         out[f"{prefix}/nonfinite_weights"] = float((~torch.isfinite(w)).float().mean())
         out[f"{prefix}/nonfinite_logits"] = float((~torch.isfinite(logits.float())).float().mean())
     return out
@@ -279,24 +283,28 @@ def fp16_attention(trainer, cfg) -> dict:
 @torch.no_grad()
 def mask_combine_rows(trainer, cfg) -> dict:
     """The trained weights evaluated with the run's mask_combine (`mask16/...`) and the other one
-    (`mask16_other/...`) under float16 autocast, and the run's in float32 (`mask32/...`): the
-    fraction of attention rows whose every score is -inf after the mask, of rows with NaN
-    weights, and of non-finite logits."""
-    model = trainer.model
-    b = trainer.task.batch(0, trainer.tc["batch_size"], "val").to(trainer.device)
+    (`mask16_other/...`) under float16 autocast, and the run's in float32 (`mask32/...`), on the
+    eval batches: the fraction of attention rows whose every score is -inf after the mask, of rows
+    with NaN weights, and of non-finite logits."""
+    model, n = trainer.model, trainer.tc["eval_batches"]
     own = model.attentions[0].cfg.mask_combine
     other = "logical_and" if own == "add_min" else "add_min"
     half = lambda: torch.autocast(trainer.device.type, dtype=torch.float16)  # noqa: E731
     out = {}
     for prefix, combine, amp in (("mask16", own, half), ("mask16_other", other, half), ("mask32", own, None)):
         old = _with_attention(model, mask_combine=combine, backend="explicit")
-        seen = []
+        neginf, nan, bad = [], [], []
         try:
-            logits, layers = _qk_forward(model, b, amp, seen)
+            for i in range(n):
+                b = trainer.task.batch(i, trainer.tc["batch_size"], "val").to(trainer.device)
+                seen = []
+                logits, layers = _qk_forward(model, b, amp, seen)
+                neginf += [torch.isneginf(s).all(-1).flatten() for s in seen]
+                nan += [torch.isnan(w).any(-1).flatten() for *_, w in layers]
+                bad.append((~torch.isfinite(logits.float())).flatten())
         finally:
             for a in model.attentions:
                 a.cfg = old
-        out[f"{prefix}/neginf_rows"] = float(torch.cat([torch.isneginf(s).all(-1).flatten() for s in seen]).float().mean())
-        out[f"{prefix}/nan_rows"] = float(torch.cat([torch.isnan(w).any(-1).flatten() for *_, w in layers]).float().mean())
-        out[f"{prefix}/nonfinite_logits"] = float((~torch.isfinite(logits.float())).float().mean())
+        for name, xs in (("neginf_rows", neginf), ("nan_rows", nan), ("nonfinite_logits", bad)):
+            out[f"{prefix}/{name}"] = float(torch.cat(xs).float().mean())
     return out
