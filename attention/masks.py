@@ -2,17 +2,23 @@
 import torch
 
 MASK_MODES = ("correct", "broadcast_bug")
-MASK_FILLS = ("finite", "neg_inf")
+MASK_FILLS = ("finite", "neg_inf", "minus_1e4", "add_minus_1e4")
+CAUSALS = ("correct", "off_by_one")
 CAUSAL_ALIGNS = ("lower_right", "top_left")
+MASK_COMBINES = ("logical_and", "add_min")
+MASKED_BIAS = -1e4  # GPT-2's masked_bias: replaced in by HF's port, added by the original TF code
 
 
-def causal_mask(t_q: int, t_k: int | None = None, device=None, align: str = "lower_right") -> torch.Tensor:
+def causal_mask(t_q: int, t_k: int | None = None, device=None, causal: str = "correct",
+                align: str = "lower_right") -> torch.Tensor:
     """(T_q, T_k): query i sees keys j <= i (+ offset when T_k > T_q, as in decoding).
+    causal="off_by_one" is the hand-written bug triu(diagonal=0): a token cannot see itself.
     align="top_left" drops the offset, as SDPA's is_causal does when T_q != T_k (pytorch #108108):
     a query decoded after a cache sees only the first keys."""
     t_k = t_q if t_k is None else t_k
     offset = t_k - t_q if align == "lower_right" else 0
-    return torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril(diagonal=offset)
+    off = 1 if causal == "off_by_one" else 0
+    return torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril(diagonal=offset - off)
 
 
 def padding_mask(lengths: torch.Tensor, t: int, left: bool = True) -> torch.Tensor:
@@ -28,8 +34,13 @@ def expand_padding_mask(mask_bt: torch.Tensor) -> torch.Tensor:
     return mask_bt[:, None, None, :]
 
 
-def combine_masks(attn_mask, key_padding_mask, mode: str = "correct"):
+def combine_masks(attn_mask, key_padding_mask, mode: str = "correct", combine: str = "logical_and",
+                  dtype=torch.float32):
     """One (.., T_q, T_k) boolean mask from a causal/attention mask and a (B, T_k) padding mask.
+
+    combine="add_min" (transformers PR #17306) turns each mask into an additive one filled with
+    finfo(dtype).min and adds them: where both mask a key, min + min overflows to -inf (any
+    dtype); the result is a float mask that attention adds to the scores.
 
     mode="broadcast_bug" passes the padding mask unexpanded: broadcasting right-aligns it
     as (1, 1, B, T_k), i.e. row b of the padding mask lands on *query* b of every example.
@@ -38,10 +49,38 @@ def combine_masks(attn_mask, key_padding_mask, mode: str = "correct"):
     if key_padding_mask is None:
         return attn_mask
     pad = expand_padding_mask(key_padding_mask) if mode == "correct" else key_padding_mask
+    if combine == "add_min" and attn_mask is not None:
+        return additive(attn_mask, dtype, torch.finfo(dtype).min) + additive(pad, dtype, torch.finfo(dtype).min)
     return pad if attn_mask is None else attn_mask & pad
+
+
+def additive(mask: torch.Tensor, dtype, fill: float) -> torch.Tensor:
+    """A boolean mask (True = attend) as a float mask to add to the scores: 0 or `fill`."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, fill)
+
+
+def visible(mask):
+    """The boolean view (True = attend) of a boolean or additive mask, for statistics."""
+    return mask if mask is None or mask.dtype == torch.bool else mask == 0
+
+
+def apply_mask(scores: torch.Tensor, mask, mask_fill: str) -> torch.Tensor:
+    """The scores the softmax sees. A float mask is added. A boolean mask's hidden scores are
+    replaced by the fill, or for add_minus_1e4 have it added (GPT-2's TF code: w * b - 1e4 * (1 - b)),
+    so a future key whose score beats the visible ones by more than 1e4 still wins."""
+    if mask is None:
+        return scores
+    if mask.dtype != torch.bool:
+        return scores + mask
+    if mask_fill.startswith("add_"):
+        return scores + additive(mask, scores.dtype, fill_value(scores, mask_fill))
+    return scores.masked_fill(~mask, fill_value(scores, mask_fill))
 
 
 def fill_value(scores: torch.Tensor, mask_fill: str) -> float:
     """-inf leaves a row with no visible key as exp(-inf)/0 = NaN; the largest finite
-    negative number turns such a row into a harmless uniform average."""
+    negative number turns such a row into a harmless uniform average. -1e4 (GPT-2) is finite
+    but not out of reach: real scores can pass it."""
+    if mask_fill in ("minus_1e4", "add_minus_1e4"):
+        return MASKED_BIAS
     return float("-inf") if mask_fill == "neg_inf" else torch.finfo(scores.dtype).min

@@ -6,6 +6,7 @@ A Recorder (attention.diagnostics) is the one way in: set `layer.recorder` to se
 weights or inputs of a forward.
 """
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -14,7 +15,8 @@ import torch.nn.functional as F
 
 from attention.diagnostics import Recorder
 from attention.fixes import SigmaReparamLinear, qk_clip_factors, softcap
-from attention.masks import CAUSAL_ALIGNS, MASK_FILLS, MASK_MODES, causal_mask, combine_masks, fill_value
+from attention.masks import (CAUSAL_ALIGNS, CAUSALS, MASK_COMBINES, MASK_FILLS, MASK_MODES, additive,
+                             apply_mask, causal_mask, combine_masks, fill_value, visible)
 from attention.rotary import ROPE_DTYPES, apply_rope, rope_phases
 from attention.scoring import SCORINGS
 from attention.softmax import SOFTMAXES
@@ -42,7 +44,7 @@ class AttentionConfig:
     score: str = "dot"              # dot | additive | cosine | bilinear
     qk_norm: bool = False           # LayerNorm on q and k per head (Wortsman et al. 2023)
     mask_mode: str = "correct"      # correct | broadcast_bug: (B, T_k) padding mask unexpanded
-    mask_fill: str = "finite"       # finite | neg_inf: -inf makes fully masked rows NaN
+    mask_fill: str = "finite"       # finite | neg_inf | minus_1e4 | add_minus_1e4 (GPT-2's -1e4, replaced or added)
     merge: str = "correct"          # correct | no_transpose: heads merged without transpose
     backend: str = "auto"           # auto (sdpa where it can express the config) | explicit | sdpa
     dropout: float = 0.0
@@ -54,6 +56,9 @@ class AttentionConfig:
     rope: bool = False              # rotary positions on q, k (set by the LM's model.pos)
     rope_dtype: str = "float32"     # float32 | bfloat16: the precision of the rotary phases
     causal_align: str = "lower_right"  # lower_right | top_left: SDPA's is_causal when T_q != T_k
+    causal: str = "correct"         # correct | off_by_one: triu(diagonal=0), a token cannot see itself
+    mask_combine: str = "logical_and"  # logical_and | add_min: causal + padding as added finfo.min masks
+    upcast: bool = False            # true: scale q first, q.k and softmax in float32 (else q @ k^T, then scale)
 
     def __post_init__(self):
         if self.d_model <= 0:
@@ -82,6 +87,10 @@ class AttentionConfig:
         _choice("mask_fill", self.mask_fill, MASK_FILLS)
         _choice("merge", self.merge, MERGES)
         _choice("backend", self.backend, BACKENDS)
+        _choice("causal", self.causal, CAUSALS)
+        _choice("mask_combine", self.mask_combine, MASK_COMBINES)
+        if self.upcast and self.score != "dot":
+            raise ValueError(f"attention.upcast=true scales q before q.k: score={self.score!r} is not dot")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"attention.dropout={self.dropout} must be in [0, 1)")
         for name in ("softcap", "qk_clip"):
@@ -98,7 +107,9 @@ class AttentionConfig:
 
     @property
     def sdpa_expressible(self) -> bool:
-        return self.softmax == "stable" and SCORINGS[self.score].sdpa_q is not None and self.softcap is None
+        # a replaced -1e4 is not additive, SDPA has no float32 upcast of its own, nor a soft-cap
+        return (self.softmax == "stable" and SCORINGS[self.score].sdpa_q is not None
+                and self.mask_fill != "minus_1e4" and not self.upcast and self.softcap is None)
 
     @property
     def use_sdpa(self) -> bool:
@@ -165,8 +176,14 @@ class MultiHeadAttention(nn.Module):
         return x.view(B, T, n, d).transpose(1, 2)  # (B, T, n d) -> (B, n, T, d)
 
     def scores(self, q, k):
-        """(B, h, T_q, T_k) scaled scores; k already repeated to h heads."""
-        s = self.scoring.scores(self, q, k) * self.scale_factor()
+        """(B, h, T_q, T_k) scaled scores; k already repeated to h heads. In float16, q @ k^T
+        overflows to inf once |q.k| > 65504 even if the scaled score would not: upcast scales q
+        first and computes in float32 (HF GPT-2's reorder_and_upcast_attn)."""
+        if self.cfg.upcast:
+            with torch.autocast(q.device.type, enabled=False):
+                s = self.scoring.scores(self, q.float() * self.scale_factor(), k.float())
+        else:
+            s = self.scoring.scores(self, q, k) * self.scale_factor()
         return s if self.cfg.softcap is None else softcap(s, self.cfg.softcap)
 
     @torch.no_grad()
@@ -200,10 +217,13 @@ class MultiHeadAttention(nn.Module):
         mask bool (True = attend) broadcastable to (B, h, T_q, T_k).
         Returns (out (B, h, T_q, d_v), weights (B, h, T_q, T_k) as applied to V)."""
         scores = self.scores(q, k)                                   # (B, h, T_q, T_k)
-        if mask is not None:
-            fill = 0.0 if self.cfg.softmax == "sum" else fill_value(scores, self.cfg.mask_fill)
-            scores = scores.masked_fill(~mask, fill)
-        weights = SOFTMAXES[self.cfg.softmax](scores, dim=-1)         # (B, h, T_q, T_k)
+        if mask is not None and self.cfg.softmax == "sum":
+            scores = scores.masked_fill(~visible(mask), 0.0)
+        else:
+            scores = apply_mask(scores, mask, self.cfg.mask_fill)
+        with torch.autocast(scores.device.type, enabled=False) if self.cfg.upcast else nullcontext():
+            weights = SOFTMAXES[self.cfg.softmax](scores, dim=-1)     # (B, h, T_q, T_k)
+        mask = visible(mask)
         weights = F.dropout(weights, self.cfg.dropout, self.training)
         out = weights @ v                                             # (B, h, T_q, d_v)
         if self.recorder is not None:
@@ -216,9 +236,10 @@ class MultiHeadAttention(nn.Module):
         q, s = self.scoring.sdpa_q(self, q), self.scale_factor()
         if not isinstance(s, float):  # a learned scale is a tensor: fold it into q
             q, s = q * s, 1.0
-        if mask is not None:  # same fill as the explicit path, so fully masked rows agree too
-            mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(
-                ~mask, fill_value(q, self.cfg.mask_fill))
+        if mask is not None and mask.dtype == torch.bool:  # same fill as the explicit path: added
+            mask = additive(mask, q.dtype, fill_value(q, self.cfg.mask_fill))
+        elif mask is not None:  # already additive (mask_combine=add_min)
+            mask = mask.to(q.dtype)
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=is_causal and mask is None,
             dropout_p=self.cfg.dropout if self.training else 0.0, scale=s,
@@ -253,16 +274,18 @@ class MultiHeadAttention(nn.Module):
         explicit = not self.cfg.use_sdpa or need_weights or (self.recorder is not None and self.recorder.needs_weights)
         # SDPA's own causal flag covers the square, unmasked case; otherwise one boolean mask.
         # causal_align=top_left hands T_q != T_k to that flag as well, which aligns it top-left
-        sdpa_flag = not explicit and mask is None and key_padding_mask is None and (
+        sdpa_flag = not explicit and mask is None and key_padding_mask is None and self.cfg.causal == "correct" and (
             T_q == T_k or self.cfg.causal_align == "top_left")
         if is_causal and not sdpa_flag:
-            causal = causal_mask(T_q, T_k, device=query.device, align=self.cfg.causal_align)  # (T_q, T_k)
+            causal = causal_mask(T_q, T_k, device=query.device, causal=self.cfg.causal,
+                                 align=self.cfg.causal_align)                 # (T_q, T_k)
             mask = causal if mask is None else mask & causal
             is_causal = False
-        mask = combine_masks(mask, key_padding_mask, self.cfg.mask_mode)  # broadcastable to (B, h, T_q, T_k)
+        mask = combine_masks(mask, key_padding_mask, self.cfg.mask_mode,  # broadcastable to (B, h, T_q, T_k)
+                             self.cfg.mask_combine, q.dtype)
         if self.cfg.qk_clip is not None and self.training:
             group = self.n_heads // self.n_kv_heads
-            seen = causal_mask(T_q, T_k, device=query.device) if is_causal else mask
+            seen = causal_mask(T_q, T_k, device=query.device) if is_causal else visible(mask)
             self._track_max_logit(q, k.repeat_interleave(group, 1) if group > 1 else k, seen)
         if explicit:
             if self.n_kv_heads != self.n_heads:  # query head i reads kv head i // group (as SDPA)
