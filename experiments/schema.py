@@ -234,7 +234,8 @@ TASK_KEYS = {
                          "data.train_fraction": Key("float", lo=0, hi=1, lo_open=True, hi_open=True)},
 }
 
-EXP_KEYS = {"exp.name": Key("str"), "exp.claim": Key("str", null=True)}
+EXP_KEYS = {"exp.name": Key("str"), "exp.claim": Key("str", null=True),
+            "exp.figure_metric": Key("str", null=True)}
 
 
 def get(cfg: dict, key: str):

@@ -315,3 +315,10 @@ def test_a_run_that_logged_no_step_is_reported(tmp_path):
                                     "error": "RuntimeError: shape", "config": make_cfg("early")})
     assert finish_multirun(sweep) == 0
     assert "| [early](#early) |" in (sweep / "REPORT.md").read_text()
+
+
+def test_slug_of_a_long_variant_label_is_short_and_unique():
+    from experiments.report.sections.catalogue import slug
+    a, b = "exp " + "model.attention.x=1 " * 30, "exp " + "model.attention.x=1 " * 29 + "y=2"
+    assert slug("no_scaling [d_k=64]") == "no_scaling_d_k=64"
+    assert len(slug(a)) <= 96 and len(slug(b)) <= 96 and slug(a) != slug(b)

@@ -51,10 +51,11 @@ def _heatmap(ax, w, title):
 
 
 def plot_experiment(path: Path, name: str, runs: list, controls: list, control_name: str = "control",
-                    loss_metric: str = "loss/copy", chance: float | None = None):
+                    loss_metric: str = "loss/copy", chance: float | None = None, third: str | None = None):
     """runs / controls: [(label, metrics DataFrame, attn_weights {step: {layer: (h,T,T)}} or None)].
     Top: loss (failure vs control on the same axes), attention entropy and the saturation
-    gradient mean |dL/dscores| (both averaged over layers); log scale where a panel spans
+    gradient mean |dL/dscores| (both averaged over layers; `third` names another metric for that
+    panel, the one an experiment's signature is about); log scale where a panel spans
     decades; one legend for the three, beside them, so it covers no curve. Bottom: one head's
     weights at step 0 and at the end, for the first run of each, on one colour scale."""
     n_heat = 2 * (1 + bool(controls))
@@ -65,7 +66,8 @@ def plot_experiment(path: Path, name: str, runs: list, controls: list, control_n
     top = [fig.add_subplot(top_grid[0, i]) for i in range(3)]
     panels = [(loss_metric, f"{loss_metric}", f"{loss_metric} (nats)"),
               ("attn/entropy", "attention entropy (mean over layers)", "entropy per row (nats)"),
-              ("grad/scores", "saturation gradient (mean over layers)", "mean |dL/dscores| (nats per unit score)")]
+              ("grad/scores", "saturation gradient (mean over layers)", "mean |dL/dscores| (nats per unit score)")
+              if third is None else (third, third, third)]
     for ax, (key, title, ylabel) in zip(top, panels):
         all_y = []
         for group, style, color in ((runs, "-", "C3"), (controls, "--", "C0")):
@@ -120,9 +122,11 @@ def plot_experiment(path: Path, name: str, runs: list, controls: list, control_n
     return path
 
 
-def _panel(check: dict, loss_metric: str) -> str | None:
+def _panel(check: dict, loss_metric: str, third: str | None = None) -> str | None:
     """Where in plot_experiment's figure a check's metric can be seen, or None."""
     metric, at0 = check.get("metric") or "", check.get("at") == 0
+    if third and metric == third:
+        return f"the {third} panel"
     if check.get("kind") == "status":
         return {"diverged": "where the solid curves end, as the run diverged",
                 "error": "the missing solid curves, as the run stopped with an error"}.get(check.get("value"))
@@ -145,7 +149,7 @@ def look_at(exp: dict, failure: str, control: str | None, loss_metric: str = "lo
     checks = [c for c in checks if not c.get("report_only")]
     where: dict[str, list[str]] = {}
     for c in checks:
-        if (p := _panel(c, loss_metric)) is not None:
+        if (p := _panel(c, loss_metric, exp.get("figure_metric"))) is not None:
             where.setdefault(p, []).append(c["name"])
     vs = f" against dashed blue (its control `{control}`)" if control else ""
     if not where:

@@ -13,6 +13,7 @@ Rendering must be deterministic: same runs in, same bytes out (no timestamps, no
 """
 import importlib
 import pkgutil
+from pathlib import Path
 
 
 def discover() -> list:
@@ -21,3 +22,12 @@ def discover() -> list:
             if not m.name.startswith("_")]
     mods = [m for m in mods if hasattr(m, "NAME") and hasattr(m, "render")]
     return sorted(mods, key=lambda m: (getattr(m, "ORDER", 50), m.NAME))
+
+
+def sweep_runs(runs: list, exp: str, fig_dir) -> list:
+    """The runs of sweep preset `exp` that finished (completed or diverged), with fig_dir made
+    for their figures when there are any."""
+    out = [r for r in runs if r.exp == exp and r.config and r.status in ("completed", "diverged")]
+    if out:
+        Path(fig_dir).mkdir(parents=True, exist_ok=True)
+    return out

@@ -2,6 +2,7 @@
 the control showed the signature, the worst check margin, flags), a verdict per seed where there
 are several, and per experiment a figure (failure vs control curves, entropy, saturation
 gradient, heatmaps) and every check's spread over seeds (report.seeds)."""
+import hashlib
 import math
 import re
 from collections import Counter
@@ -58,8 +59,13 @@ def _cell(s: str) -> str:
     return str(s).replace("|", "\\|").replace("\n", " ")
 
 
-def slug(s: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.=-]+", "_", s).strip("_")
+def slug(s: str, limit: int = 96) -> str:
+    """A file-name-safe label; a long one (variants that differ in many keys) is cut and keeps a
+    hash of the whole, so it stays unique and under the file system's name limit."""
+    out = re.sub(r"[^A-Za-z0-9_.=-]+", "_", s).strip("_")
+    if len(out) <= limit:
+        return out
+    return f"{out[:limit - 13]}_{hashlib.sha1(s.encode()).hexdigest()[:12]}"
 
 
 @dataclass
@@ -253,7 +259,8 @@ def figure(label: str, runs: list[RunRecord], fig_dir: Path) -> str:
                              c.metrics_frame(), c.attn_weights() if not controls else None))
     file = f"{slug(label)}.png"
     plot_experiment(fig_dir / file, label, curves, controls,
-                    loss_metric=loss_metric(first), chance=first.context.get("ln_V"))
+                    loss_metric=loss_metric(first), chance=first.context.get("ln_V"),
+                    third=(first.config.get("exp") or {}).get("figure_metric"))
     control = controls[0][0].split(" seed")[0] if controls else None
     vs = f" vs its control `{control}`" if controls else ""
     seed_note = f", seeds {', '.join(map(str, seeds))}" if len(seeds) > 1 else ""

@@ -11,6 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from experiments.records import RunRecord  # noqa: E402
+from experiments.report.sections import sweep_runs  # noqa: E402
 
 NAME = "fixes"
 ORDER = 45
@@ -93,11 +94,10 @@ def _figure(groups: dict, path: Path):
 
 
 def render(runs: list[RunRecord], fig_dir: Path) -> str | None:
-    runs = [r for r in runs if r.exp == EXP and r.config and r.status in ("completed", "diverged")]
+    runs = sweep_runs(runs, EXP, fig_dir)
     if not runs:
         return None
     fig_dir = Path(fig_dir)
-    fig_dir.mkdir(parents=True, exist_ok=True)
     groups = defaultdict(list)
     for p in sorted((point(r) for r in runs), key=lambda p: (p["fix"], p["seed"] or 0)):
         groups[p["fix"]].append(p)

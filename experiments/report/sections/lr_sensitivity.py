@@ -15,6 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from experiments.records import RunRecord  # noqa: E402
+from experiments.report.sections import sweep_runs  # noqa: E402
 
 NAME = "lr_sensitivity"
 ORDER = 45
@@ -123,11 +124,10 @@ def _figure(cs: dict, path: Path):
 
 
 def render(runs: list[RunRecord], fig_dir: Path) -> str | None:
-    runs = [r for r in runs if r.exp == EXP and r.config and r.status in ("completed", "diverged")]
+    runs = sweep_runs(runs, EXP, fig_dir)
     if not runs:
         return None
     fig_dir = Path(fig_dir)
-    fig_dir.mkdir(parents=True, exist_ok=True)
     cs = curves([point(r) for r in runs])
     _figure(cs, fig_dir / "lr_sensitivity.png")
     steps = max(r.config["train"]["steps"] for r in runs)

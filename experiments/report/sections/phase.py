@@ -19,6 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from attention.variance import predicted_score_std  # noqa: E402
 from experiments.judging.verdict import RunView  # noqa: E402
 from experiments.records import RunRecord  # noqa: E402
+from experiments.report.sections import sweep_runs  # noqa: E402
 
 NAME = "phase"
 ORDER = 40
@@ -208,11 +209,10 @@ def pairs_table(cells: list[dict]) -> list[str]:
 
 
 def render(runs: list[RunRecord], fig_dir: Path) -> str | None:
-    runs = [r for r in runs if r.exp == EXP and r.config and r.status in ("completed", "diverged")]
+    runs = sweep_runs(runs, EXP, fig_dir)
     if not runs:
         return None
     fig_dir = Path(fig_dir)
-    fig_dir.mkdir(parents=True, exist_ok=True)
     points = [cell(s) for s in runs]
     cells = aggregate(points)
     budget = max(c["budget"] for c in cells)

@@ -71,7 +71,7 @@ def _figure(stacks: dict, sweep: dict, path: Path):
             ax.set_ylabel("last layer's rank-1 residual")
             ax.set_title("depth sweep", fontsize=9)
         ax.set_yscale("log")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, handlelength=4)  # long enough to tell init (dashed) from trained
     fig.savefig(path, dpi=110, metadata={"Software": None})
     plt.close(fig)
 
