@@ -115,21 +115,27 @@ def squeue(*args) -> list[str]:
 
 def sweep(results: Path, args: list[str], timeout: float, on_poll=None) -> tuple[int, str, Path]:
     """`python run.py -m ... hydra/launcher=slurm` until it exits; returns (code, output, sweep dir).
-    SLURM holds a requeued job for 120 s (BeginTime, fixed in slurmctld); each poll releases it
-    at once, as an operator would with `scontrol update StartTime=now`. On a timeout the jobs
-    are cancelled and the test fails with the jobs' logs."""
+    SLURM holds a requeued job for 120 s (BeginTime, fixed in slurmctld); a poll releases it, as
+    an operator would with `scontrol update StartTime=now`, once it has been held a few seconds:
+    released at once, it can be allocated before its old credential is revoked, and slurmctld
+    then kills it ("Killing non-startable batch job: Job credential revoked"). On a timeout the
+    jobs are cancelled and the test fails with the jobs' logs."""
     results.mkdir(parents=True, exist_ok=True)
     out = results / "sweep.out"
     with open(out, "w") as f:
         p = subprocess.Popen([sys.executable, "run.py", "-m", *args, f"results_dir={results}", *SLURM],
                              cwd=ROOT, env=ENV, stdout=f, stderr=subprocess.STDOUT)
     deadline = time.time() + timeout
+    held_since: dict[str, float] = {}
     try:
         while p.poll() is None and time.time() < deadline:
             held = squeue("-t", "PD", "-o", "%i|%r")
             for job in (j.split("|")[0] for j in held if j.endswith("|BeginTime")):
+                if time.time() - held_since.setdefault(job, time.time()) < 3:
+                    continue
                 subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=ENV,
                                capture_output=True, timeout=30)
+                held_since.pop(job)
             if on_poll:
                 on_poll()
             time.sleep(0.5)
