@@ -43,8 +43,9 @@ def main(cfg: DictConfig) -> int:
         os._exit(143)  # at once, leaving no job result behind (a requeued job writes it)
     except ValueError as e:  # a bad config: one line, exit 2, nothing recorded as run
         if multirun:  # the sweep goes on; the job dir keeps the line for the sweep's summary
-            print(f"error: [{cfg.exp.name}] {e}", file=sys.stderr)
-            write_text(run_dir / (SKIPPED if isinstance(e, NoTextVersion) else REJECTED), f"{e}\n")
+            skip = isinstance(e, NoTextVersion)  # a cell of a text sweep with no text version
+            print(f"{'skipped' if skip else 'error'}: [{cfg.exp.name}] {e}", file=sys.stderr)
+            write_text(run_dir / (SKIPPED if skip else REJECTED), f"{e}\n")
             return 2
         remove_if_only_hydra(run_dir)
         fail(str(e))
