@@ -134,10 +134,17 @@ def test_greedy_sample_has_the_stated_length():
     torch.manual_seed(0)
     model = TransformerLM(ModelConfig.from_dict({"vocab_size": 65, "block_size": 16, "d_model": 16,
                                                  "n_layers": 1, "n_heads": 2}))
-    out = text.greedy_sample(SimpleNamespace(task=task, model=model, device=torch.device("cpu")), {}, n=20)
+    trainer = SimpleNamespace(task=task, model=model, device=torch.device("cpu"), tc={"batch_size": 4})
+    out = text.greedy_sample(trainer, {}, n=20)
     assert len(out["sample/greedy"]) == 20 and len(out["sample/prompt"]) == text.PROMPT_CHARS
     assert out["sample/prompt"] in SHAKESPEARE.read_text(encoding="utf-8")
     assert 0 <= out["sample/repeat_frac"] <= 1 and out["sample/trigram_nll"] > 0
+    assert abs(out["gen/gap"]) < 1e-4  # causal: predicting from the prefix alone changes nothing
+    torch.manual_seed(0)                # heads merged without the transpose read later positions
+    trainer.model = TransformerLM(ModelConfig.from_dict({"vocab_size": 65, "block_size": 16, "d_model": 16,
+                                                         "n_layers": 1, "n_heads": 2,
+                                                         "attention": {"merge": "no_transpose"}}))
+    assert abs(text.greedy_sample(trainer, {}, n=8)["gen/gap"]) > 1e-3
 
 
 @needs_corpus
