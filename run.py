@@ -3,6 +3,7 @@
     python run.py                      # the baseline on the copy task
     python run.py +exp=no_scaling      # one failure, reproduced next to its control
     python run.py -m '+exp=glob(*)'    # the catalogue, one report at the end
+    python run.py +exp=no_scaling data=shakespeare_char   # its text version (experiments/on_text.py)
 """
 import os
 import shutil
@@ -11,11 +12,13 @@ import traceback
 from pathlib import Path
 
 import hydra
+from hydra import compose
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from experiments.callbacks import REJECTED
 from experiments.io import write_json, write_text
+from experiments.on_text import check_text_data, overlay_overrides
 from experiments.preflight import check_argv, exclude_sweep_presets
 from experiments.records import RunRecord
 from experiments.training.preemption import Preempted
@@ -29,9 +32,10 @@ os.environ.setdefault("WANDB_SILENT", "true")
 def main(cfg: DictConfig) -> int:
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
-    container = OmegaConf.to_container(cfg, resolve=True)
     multirun = hc.mode.name == "MULTIRUN"
+    container = OmegaConf.to_container(cfg, resolve=True)
     try:
+        cfg, container = text_version(cfg, list(hc.overrides.task))
         record = run_experiment(container, run_dir, progress_factory)
     except Preempted as e:  # SIGTERM/USR2: the checkpoint is written; a rerun resumes from it
         print(f"preempted: {e}; rerun the same command to resume", file=sys.stderr, flush=True)
@@ -59,6 +63,16 @@ def main(cfg: DictConfig) -> int:
     if code and not multirun:
         sys.exit(code)
     return code
+
+
+def text_version(cfg: DictConfig, overrides: list[str]):
+    """On text data, the experiment's text version (experiments/on_text.py); else cfg as it is."""
+    text = overlay_overrides(cfg.exp.name, cfg.data.name, overrides)
+    if text is not None:
+        cfg = compose(config_name="config", overrides=text)
+    container = OmegaConf.to_container(cfg, resolve=True)
+    check_text_data(container)
+    return cfg, container
 
 
 def remove_if_only_hydra(run_dir: Path):

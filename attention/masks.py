@@ -6,6 +6,7 @@ MASK_FILLS = ("finite", "neg_inf", "minus_1e4", "add_minus_1e4")
 CAUSALS = ("correct", "off_by_one")
 CAUSAL_ALIGNS = ("lower_right", "top_left")
 MASK_COMBINES = ("logical_and", "add_min")
+REACHES = ("all", "self")
 MASKED_BIAS = -1e4  # GPT-2's masked_bias: replaced in by HF's port, added by the original TF code
 
 
@@ -19,6 +20,13 @@ def causal_mask(t_q: int, t_k: int | None = None, device=None, causal: str = "co
     offset = t_k - t_q if align == "lower_right" else 0
     off = 1 if causal == "off_by_one" else 0
     return torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril(diagonal=offset - off)
+
+
+def self_mask(t_q: int, t_k: int | None = None, device=None) -> torch.Tensor:
+    """(T_q, T_k): query i sees only its own key (lower-right aligned, as causal_mask): attention
+    that cannot read other positions, so a model's loss with it is the no-attention floor."""
+    t_k = t_q if t_k is None else t_k
+    return torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril(t_k - t_q).triu(t_k - t_q)
 
 
 def padding_mask(lengths: torch.Tensor, t: int, left: bool = True) -> torch.Tensor:

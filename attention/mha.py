@@ -15,8 +15,8 @@ import torch.nn.functional as F
 
 from attention.diagnostics import Recorder
 from attention.fixes import SigmaReparamLinear, qk_clip_factors, softcap
-from attention.masks import (CAUSAL_ALIGNS, CAUSALS, MASK_COMBINES, MASK_FILLS, MASK_MODES, additive,
-                             apply_mask, causal_mask, combine_masks, fill_value, visible)
+from attention.masks import (CAUSAL_ALIGNS, CAUSALS, MASK_COMBINES, MASK_FILLS, MASK_MODES, REACHES, additive,
+                             apply_mask, causal_mask, combine_masks, fill_value, self_mask, visible)
 from attention.rotary import ROPE_DTYPES, apply_rope, rope_phases
 from attention.scoring import SCORINGS
 from attention.softmax import SOFTMAXES
@@ -59,6 +59,7 @@ class AttentionConfig:
     causal: str = "correct"         # correct | off_by_one: triu(diagonal=0), a token cannot see itself
     mask_combine: str = "logical_and"  # logical_and | add_min: causal + padding as added finfo.min masks
     upcast: bool = False            # true: scale q first, q.k and softmax in float32 (else q @ k^T, then scale)
+    reach: str = "all"              # all | self: each query attends only to its own key (the no-attention floor)
 
     def __post_init__(self):
         if self.d_model <= 0:
@@ -89,6 +90,7 @@ class AttentionConfig:
         _choice("backend", self.backend, BACKENDS)
         _choice("causal", self.causal, CAUSALS)
         _choice("mask_combine", self.mask_combine, MASK_COMBINES)
+        _choice("reach", self.reach, REACHES)
         if self.upcast and self.score != "dot":
             raise ValueError(f"attention.upcast=true scales q before q.k: score={self.score!r} is not dot")
         if not 0.0 <= self.dropout < 1.0:
@@ -274,13 +276,17 @@ class MultiHeadAttention(nn.Module):
         explicit = not self.cfg.use_sdpa or need_weights or (self.recorder is not None and self.recorder.needs_weights)
         # SDPA's own causal flag covers the square, unmasked case; otherwise one boolean mask.
         # causal_align=top_left hands T_q != T_k to that flag as well, which aligns it top-left
-        sdpa_flag = not explicit and mask is None and key_padding_mask is None and self.cfg.causal == "correct" and (
+        sdpa_flag = not explicit and mask is None and key_padding_mask is None and self.cfg.causal == "correct" \
+            and self.cfg.reach == "all" and (
             T_q == T_k or self.cfg.causal_align == "top_left")
         if is_causal and not sdpa_flag:
             causal = causal_mask(T_q, T_k, device=query.device, causal=self.cfg.causal,
                                  align=self.cfg.causal_align)                 # (T_q, T_k)
             mask = causal if mask is None else mask & causal
             is_causal = False
+        if self.cfg.reach == "self":  # the no-attention floor: nothing but the query's own key
+            own = self_mask(T_q, T_k, device=query.device)
+            mask = own if mask is None else mask & own
         mask = combine_masks(mask, key_padding_mask, self.cfg.mask_mode,  # broadcastable to (B, h, T_q, T_k)
                              self.cfg.mask_combine, q.dtype)
         if self.cfg.qk_clip is not None and self.training:

@@ -20,9 +20,13 @@ def compose_config(overrides=(), return_hydra_config: bool = False):
     """conf/config.yaml with overrides, as Hydra's DictConfig (with its `hydra` node if asked)."""
     from hydra import compose as hydra_compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
+    from experiments.on_text import overlay_overrides
     GlobalHydra.instance().clear()
     with initialize_config_dir(version_base="1.3", config_dir=str(CONF)):
         cfg = hydra_compose("config", overrides=list(overrides), return_hydra_config=return_hydra_config)
+        text = overlay_overrides(cfg.exp.name, cfg.data.name, list(overrides))  # its text version
+        if text is not None:
+            cfg = hydra_compose("config", overrides=text, return_hydra_config=return_hydra_config)
     GlobalHydra.instance().clear()
     return cfg
 

@@ -92,6 +92,7 @@ class RunRecord:
     control: dict | None = None     # failures: the control's {name, dir, status, final, config_hash, ...}
     verdict: dict | None = None     # failures and baselines: judging.verdict.evaluate's result
     expected_error: bool | None = None
+    floor: dict | None = None       # text versions: the no-attention floor's {name, dir, status, final, config_hash}
     # where it was read from (not in summary.json)
     dir: Path | None = field(default=None, compare=False)
     id: str = field(default="", compare=False)     # the run dir as the report shows it
@@ -100,9 +101,9 @@ class RunRecord:
     SUMMARY_FIELDS = ()  # set below: the fields summary.json holds, in order
 
     def to_summary(self) -> dict:
-        """summary.json's content; control, verdict and expected_error only where set."""
+        """summary.json's content; control, verdict, expected_error and floor only where set."""
         out = {k: getattr(self, k) for k in self.SUMMARY_FIELDS}
-        for k in ("control", "verdict", "expected_error"):
+        for k in ("control", "verdict", "expected_error", "floor"):
             if out[k] is None:
                 del out[k]
         return out

@@ -190,6 +190,7 @@ SCHEMA: dict[str, Key] = {
     "model.attention.causal": Key("str", choices=_attention("CAUSALS")),
     "model.attention.mask_combine": Key("str", choices=_attention("MASK_COMBINES")),
     "model.attention.upcast": Key("bool"),
+    "model.attention.reach": Key("str", choices=_attention("REACHES")),
     "optim.name": Key("str", choices=_training("OPTIMIZERS")),
     "optim.lr": Key("float", lo=0, lo_open=True),
     "optim.weight_decay": Key("float", lo=0),

@@ -3,6 +3,8 @@ control.
 
 reproduced = every check holds on the failure run AND the signature as a whole does not hold
 on the control. A signature the control also satisfies is broken, and says so.
+A check whose metric neither the run nor its reference ever logged (loss/copy on text) is "not
+measurable on this data": shown, never gated, never a FAIL (`not_measurable` lists them).
 A check compared with "the control" evaluates the control against itself on the control side,
 so ratio and plateau checks give 1 there and deltas 0.
 """
@@ -30,6 +32,9 @@ class RunView:
         """A RunRecord with its metrics rows; a run that did not complete has no final metrics."""
         return cls(status=run.status, rows=rows, final=run.final if run.status == "completed" else {},
                    nonfinite=run.nonfinite, error=run.error, context=run.context)
+
+    def logged(self, metric) -> bool:
+        return metric in self.final or any(r.get(metric) is not None for r in self.rows)
 
     def series(self, metric):
         return [(r["step"], r[metric]) for r in self.rows if r.get(metric) is not None]
@@ -104,15 +109,26 @@ def check(c: dict, run: RunView, ref: RunView) -> dict:
             "passed": bool(passed), "measured": measured, "expected": expected}
 
 
+def measurable(c: dict, run: RunView, ref: RunView) -> bool:
+    """False when the task never produces what the check reads (neither the run nor its reference
+    logged the metric): a signature written for another task, not a failed check."""
+    metrics = [m for m in (c.get("metric"), c.get("ref")) if m] if c["kind"] != "status" else []
+    return all(run.logged(m) or ref.logged(m) for m in metrics)
+
+
 def evaluate(expect: list[dict], run: RunView, control: RunView | None) -> dict:
     """expect: judging.checks.signature(exp)."""
     expect = list(expect)
-    gates = [not c.get("report_only", False) for c in expect]
+    ok = [measurable(c, run, control or run) for c in expect]
+    gates = [not c.get("report_only", False) and m for c, m in zip(expect, ok)]
     run_checks = [check(c, run, control or run) for c in expect]
-    for rc, gate in zip(run_checks, gates):
+    for rc, gate, m in zip(run_checks, gates, ok):
         rc["report_only"] = not gate
+        if not m:
+            rc.update(passed=False, not_measurable=True, expected="not measurable on this data")
     signature = [rc["passed"] for rc, gate in zip(run_checks, gates) if gate]
-    out = {"reproduced": bool(signature) and all(signature), "checks": run_checks}
+    out = {"reproduced": bool(signature) and all(signature), "checks": run_checks,
+           "not_measurable": [rc["name"] for rc, m in zip(run_checks, ok) if not m]}
     if control is not None:
         ctrl_checks = [check(c, control, control) for c in expect]
         for rc, cc in zip(run_checks, ctrl_checks):

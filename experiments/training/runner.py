@@ -67,12 +67,23 @@ def control_config(cfg: dict) -> dict:
     return c
 
 
+def floor_config(cfg: dict) -> dict:
+    """The no-attention floor (exp.floor): the control's model with exp.floor.overrides
+    (model.attention.reach=self: each position attends only to itself), so its loss is what the
+    LM reaches without attention. Cached under controls/ like a control."""
+    spec = cfg["exp"]["floor"]
+    base = control_config(cfg) if cfg["exp"]["control"] else cfg
+    c = control_config({**base, "exp": {**base["exp"], "control": {**spec, "measures": []}}})
+    c["exp"]["claim"] = f"no-attention floor of {cfg['exp']['name']}"
+    return c
+
+
 def preflight(cfg: dict) -> None:
     """Everything a run and its control would reject, found before either trains: a bad config
     raises ValueError (one line) here and nothing is recorded. Builds no model."""
     exp = cfg["exp"]
     signature(exp)  # every check and expression parsed
-    configs = [cfg] + ([control_config(cfg)] if exp["control"] else [])
+    configs = [cfg] + ([control_config(cfg)] if exp["control"] else []) + ([floor_config(cfg)] if exp["floor"] else [])
     for c in configs:
         validate(c)  # the schema: types, ranges, choices, cross-field rules
         check(c)     # what building would reject: the block size, the corpus, ...
@@ -154,8 +165,8 @@ def _finish_logger(logger, record: RunRecord, **extra):
     logger.finish()
 
 
-def find_or_train_control(cfg: dict, progress_factory=None) -> RunRecord:
-    ccfg = control_config(cfg)
+def find_or_train_control(cfg: dict, progress_factory=None, make=control_config) -> RunRecord:
+    ccfg = make(cfg)
     cdir = Path(cfg["results_dir"]) / "controls" / f"{ccfg['exp']['name']}-{config_hash(ccfg)}"
     cdir.mkdir(parents=True, exist_ok=True)
     with open(cdir / ".lock", "w") as lock:
@@ -183,6 +194,14 @@ def run_experiment(cfg: dict, run_dir: Path, progress_factory=None) -> RunRecord
         record.control = {"name": control.exp, "dir": str(control.dir), "status": control.status,
                           "final": control.final, "config_hash": control.config_hash,
                           "nonfinite": control.nonfinite, "error": control.error}
+    if exp["floor"]:  # its final loss is `floor` in check expressions, for run and control alike
+        floor = find_or_train_control(cfg, progress_factory, make=floor_config)
+        record.floor = {"name": floor.exp, "dir": str(floor.dir), "status": floor.status, "final": floor.final,
+                        "config_hash": floor.config_hash}
+        if floor.status == "completed":
+            for r in (record, control):
+                if r is not None:
+                    r.context = {**r.context, "floor": floor.final["loss/train"]}
     checks = signature(exp)
     record.verdict = evaluate(checks, RunView.of(record, rows), RunView.of(control, crows) if control else None)
     record.expected_error = any(c["kind"] == "status" and c["value"] == "error" for c in checks)
@@ -197,7 +216,8 @@ def run_experiment(cfg: dict, run_dir: Path, progress_factory=None) -> RunRecord
 
 def verdict_line(record: RunRecord, run_dir) -> str:
     v = record.verdict
-    checks = ", ".join(f"{c['name']}={'ok' if c['passed'] else 'FAIL'}" for c in v["checks"])
+    checks = ", ".join(f"{c['name']}={'not measurable on this data' if c.get('not_measurable') else 'ok' if c['passed'] else 'FAIL'}"
+                       for c in v["checks"])
     broken = " (signature also holds on the control: broken)" if v.get("signature_broken") else ""
     return (f"[{record.exp}] reproduced: {str(v['reproduced']).lower()}{broken} | "
             f"status {record.status} | {checks} | {record.wall_s:.1f}s | {run_dir}")

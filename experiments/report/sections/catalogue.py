@@ -230,7 +230,8 @@ def per_seed_table(runs_found: list[RunRecord]) -> str | None:
     for g in multi:
         for s in sorted(g.runs, key=lambda r: r.seed or 0):
             v = s.verdict or {}
-            checks = "; ".join(f"{c['name']}: {fmt(c.get('measured'))} {'✓' if c.get('passed') else '✗'}"
+            checks = "; ".join((f"{c['name']}: not measurable on this data" if c.get("not_measurable") else
+                                f"{c['name']}: {fmt(c.get('measured'))} {'✓' if c.get('passed') else '✗'}")
                                for c in v.get("checks", []))
             rows.append("| " + " | ".join(map(_cell, [g.label, s.seed, s.status,
                                                       fmt(bool(v.get("reproduced"))), checks])) + " |")

@@ -1,0 +1,68 @@
+"""Text versions (experiments/on_text.py): the overlay applies on text and not on copy, an
+experiment without one is rejected in one line, a metric the task never logs is "not
+measurable", and attention.reach=self (the no-attention floor) reads nothing but its own position."""
+import pytest
+import torch
+
+from attention.mha import AttentionConfig, MultiHeadAttention
+from conftest import SHAKESPEARE
+from experiments.judging.checks import signature
+from experiments.judging.verdict import RunView, evaluate
+from test_bad_input import assert_rejected
+
+needs_corpus = pytest.mark.skipif(not SHAKESPEARE.is_file(), reason=f"no corpus at {SHAKESPEARE}")
+
+
+@needs_corpus
+def test_overlay_applies_on_text_only_and_the_command_line_wins(compose_cfg):
+    text = compose_cfg(["+exp=no_scaling", "data=shakespeare_char", f"data.path={SHAKESPEARE}",
+                        "train.steps=123", "++exp.checks.floor_plateau.value=7"])
+    assert "floor_plateau" in text["exp"]["expect"] and "plateau" not in text["exp"]["expect"]
+    assert text["exp"]["floor"]["overrides"] == {"model.attention.reach": "self"}
+    assert text["train"]["steps"] == 123 and text["exp"]["checks"]["floor_plateau"]["value"] == 7
+    assert text["model"]["attention"]["scale"] == "none"  # the experiment itself still applies
+    copy = compose_cfg(["+exp=no_scaling"])
+    assert "plateau" in copy["exp"]["expect"] and copy["exp"]["floor"] is None
+
+
+@needs_corpus
+def test_an_experiment_without_a_text_version_exits_2_in_one_line(tmp_path):
+    line = assert_rejected(["+exp=causal_kv_cache", "data=shakespeare_char", f"data.path={SHAKESPEARE}"],
+                           tmp_path, "causal_kv_cache has no text version")
+    assert "data=copy" in line
+
+
+def test_a_metric_the_task_never_logs_is_not_measurable_not_a_fail():
+    exp = {"expect": ["copy", "low"], "checks": {
+        "copy": {"kind": "threshold", "metric": "loss/copy", "op": "<=", "value": 0.1},
+        "low": {"kind": "threshold", "metric": "loss/train", "op": "<=", "value": 2.0}}}
+    run = RunView("completed", rows=[{"step": 0, "loss/train": 4.2}], final={"loss/train": 1.9})
+    ctrl = RunView("completed", rows=[{"step": 0, "loss/train": 4.2}], final={"loss/train": 2.5})
+    v = evaluate(signature(exp), run, ctrl)
+    copy, low = v["checks"]
+    assert copy["not_measurable"] and copy["report_only"] and copy["expected"] == "not measurable on this data"
+    assert low["passed"] and not low.get("not_measurable")
+    assert v["not_measurable"] == ["copy"] and v["reproduced"]
+    # a metric the control logged but the failure did not is a FAIL, as before
+    ctrl.rows[0]["loss/copy"] = 0.05
+    v = evaluate(signature(exp), run, ctrl)
+    assert not v["checks"][0].get("not_measurable") and not v["reproduced"]
+
+
+@pytest.mark.parametrize("backend", ["explicit", "sdpa"])
+def test_reach_self_reads_only_its_own_position(backend):
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(AttentionConfig(d_model=16, n_heads=2, reach="self", backend=backend))
+    x = torch.randn(2, 7, 16)
+    y = x.clone()
+    y[:, 3] += 1.0  # change one position: only its own output may move
+    out_x, _ = attn(x, x, x, is_causal=True)
+    out_y, _ = attn(y, y, y, is_causal=True)
+    moved = (out_x - out_y).abs().amax(dim=(0, 2)) > 1e-6
+    assert moved.tolist() == [i == 3 for i in range(7)]
+    # and it is W_o W_v x: attention over one key is the identity
+    assert torch.allclose(out_x, attn.W_o(attn.W_v(x)), atol=1e-5)
+    full = MultiHeadAttention(AttentionConfig(d_model=16, n_heads=2, backend=backend))
+    full.load_state_dict(attn.state_dict())
+    assert ((full(x, x, x, is_causal=True)[0] - full(y, y, y, is_causal=True)[0]).abs().amax(dim=(0, 2))
+            > 1e-6)[4:].all()  # with reach=all, later positions read position 3
