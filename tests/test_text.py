@@ -154,3 +154,21 @@ def test_garbage_measures_are_lower_for_the_corpus_than_for_repeated_characters(
     train, real, junk = task.splits["train"], task.splits["val"][:300], task.encode("e" * 300)
     assert text.trigram_nll(real, train, 65) + 3 < text.trigram_nll(junk, train, 65)
     assert text.repeat_frac(real) + 0.5 < text.repeat_frac(junk)
+
+
+def test_report_shows_the_greedy_samples_of_the_failure_and_its_control(tmp_path):
+    from experiments.records import RunRecord
+    from experiments.report.sections import text_samples
+    fin = lambda loss, gen, sample: {"loss/train": loss, "gen/prefix_loss": gen, "gen/gap": gen - loss,  # noqa: E731
+                                     "sample/trigram_nll": 1.2, "sample/repeat_frac": 0.9, "sample/prompt": "GREMIO:",
+                                     "sample/greedy": sample, "sample/real_trigram_nll": 2.0,
+                                     "sample/real_repeat_frac": 0.14}
+    ctrl = RunRecord(exp="merge_transposed", status="completed", role="control", seed=0,
+                     final=fin(2.25, 2.25, "Good morrow"))
+    fail = RunRecord(exp="head_merge_no_transpose", status="completed", role="failure", seed=0,
+                     final=fin(1.25, 4.5, "the the the"), control={"name": "merge_transposed"}, control_run=ctrl)
+    md = text_samples.render([fail, ctrl], tmp_path)
+    assert "the the the" in md and "Good morrow" in md and "GREMIO:" in md
+    assert "| 0 | head_merge_no_transpose | 1.250 | 4.500 | 3.250 |" in md
+    assert "| 0 | merge_transposed | 2.250 | 2.250 | 0.000 |" in md
+    assert text_samples.render([ctrl], tmp_path) is None
