@@ -28,6 +28,11 @@ def is_text(data_name: str) -> bool:
     return data_name in TEXT_TASKS
 
 
+def on_text(run) -> bool:
+    """A RunRecord trained on text (the report keeps text versions apart from the synthetic runs)."""
+    return is_text(((run.config or {}).get("data") or {}).get("name"))
+
+
 def synthetic_data(exp_name: str) -> str:
     """The data an experiment is defined on: its file's `override /data`, else config.yaml's."""
     for conf in (CONF / "exp" / f"{exp_name}.yaml", CONF / "config.yaml"):

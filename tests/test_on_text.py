@@ -1,6 +1,9 @@
 """Text versions (experiments/on_text.py): the overlay applies on text and not on copy, an
 experiment without one is rejected in one line, a metric the task never logs is "not
 measurable", and attention.reach=self (the no-attention floor) reads nothing but its own position."""
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -66,3 +69,39 @@ def test_reach_self_reads_only_its_own_position(backend):
     full.load_state_dict(attn.state_dict())
     assert ((full(x, x, x, is_causal=True)[0] - full(y, y, y, is_causal=True)[0]).abs().amax(dim=(0, 2))
             > 1e-6)[4:].all()  # with reach=all, later positions read position 3
+
+
+@needs_corpus
+def test_a_text_run_trains_its_floor_once_and_the_report_puts_it_beside_the_synthetic_verdict(
+        compose_cfg, tmp_path):
+    from experiments.report.build import build
+    from experiments.training.runner import run_experiment
+    tiny = ["model.d_model=32", "model.n_layers=1", "model.n_heads=2", "data.seq_len=16", "train.steps=4",
+            "train.batch_size=4", "train.log_every=2", "train.diag_every=0", "train.eval_batches=1",
+            "logger=none", "train.progress=false"]
+    cfg = compose_cfg(["+exp=sum_normalize", "data=shakespeare_char", f"data.path={SHAKESPEARE}", *tiny],
+                      results_dir=tmp_path)
+    rec = run_experiment(cfg, tmp_path / "runs" / "sum_normalize" / "a")
+    floor_dir = Path(rec.floor["dir"])
+    assert floor_dir.parent.name == "controls" and floor_dir.name.startswith("no_attention_floor-")
+    assert rec.context["floor"] == rec.floor["final"]["loss/train"]
+    floor = json.loads((floor_dir / "summary.json").read_text())
+    assert floor["config"]["model"]["attention"]["reach"] == "self"
+    assert floor["config"]["model"]["attention"]["softmax"] == "stable"  # the control's model, not the bug
+    mtime = (floor_dir / "summary.json").stat().st_mtime_ns
+    run_experiment(cfg, tmp_path / "runs" / "sum_normalize" / "b")  # the floor is cached, not retrained
+    assert (floor_dir / "summary.json").stat().st_mtime_ns == mtime
+    synth = compose_cfg(["+exp=sum_normalize", *tiny, "data.vocab_size=8"], results_dir=tmp_path)
+    run_experiment(synth, tmp_path / "runs" / "sum_normalize" / "c")
+    report = build([tmp_path], tmp_path / "report").read_text()
+    text = report.split("## Synthetic task and text side by side")[1]
+    row = next(line for line in text.splitlines() if line.startswith("| sum_normalize |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1].endswith("(n < 3)") and cells[2].endswith("(n < 3)")  # one synthetic, one text variant each
+    want = rec.final["loss/train"] - rec.control["final"]["loss/train"]
+    assert cells[3] == f"{want:+.2f}"
+    assert (tmp_path / "report" / "figures" / "text_floor.png").exists()
+    assert "| baseline | – | – | – | – | text version not run |" in text
+    # the synthetic catalogue does not mix in the text runs
+    catalogue = report.split("## Catalogue")[1].split("\n## ")[0]
+    assert catalogue.count("sum_normalize") >= 1 and "shakespeare" not in catalogue

@@ -19,6 +19,7 @@ import traceback
 from pathlib import Path
 
 from experiments.io import atomic_write, write_text
+from experiments.on_text import on_text
 from experiments.records import RunRecord
 from experiments.report import sections
 from experiments.report.markdown import headings, nest
@@ -28,14 +29,17 @@ from experiments.report.runs import display, load_runs, runs_table
 
 def render_blocks(runs: list[RunRecord], fig_dir: Path) -> dict[str, str]:
     """Every section's markdown blocks, in report order. A section that raises is reported as
-    failed (with the reason) instead of taking the whole report down."""
+    failed (with the reason) instead of taking the whole report down. Runs on text data (the
+    experiments' text versions) go only to sections with `TEXT = True` (sections/text.py)."""
     blocks: dict[str, str] = {}
+    synthetic = [r for r in runs if not on_text(r)]
     for mod in sections.discover():
-        try:
+        try:  # text versions only reach the sections that ask for them (TEXT = True)
+            mine = runs if getattr(mod, "TEXT", False) else synthetic
             if hasattr(mod, "blocks"):
-                blocks.update(mod.blocks(runs, fig_dir))
+                blocks.update(mod.blocks(mine, fig_dir))
             else:
-                md = mod.render(runs, fig_dir)
+                md = mod.render(mine, fig_dir)
                 if md:
                     blocks[mod.NAME] = md
         except Exception as e:

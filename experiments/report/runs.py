@@ -34,13 +34,13 @@ def _read(path: Path) -> RunRecord | None:
 
 
 def load_runs(dirs) -> list[RunRecord]:
-    """Every run under `dirs` and the control of each, newest run per (exp, role, config),
+    """Every run under `dirs` and the control (and no-attention floor) of each, newest run per (exp, role, config),
     each failure linked to its control's record (`control_run`)."""
     found = [r for d in dirs for p in _summary_files(Path(d)) if (r := _read(p))]
     for r in list(found):
-        cdir = (r.control or {}).get("dir")
-        if cdir and (Path(cdir) / "summary.json").exists():
-            found.append(_read(Path(cdir) / "summary.json"))
+        for cdir in ((r.control or {}).get("dir"), (r.floor or {}).get("dir")):  # floor: text versions
+            if cdir and (Path(cdir) / "summary.json").exists():
+                found.append(_read(Path(cdir) / "summary.json"))
     latest: dict = {}
     for r in found:
         key = (r.exp, r.role, r.config_hash or r.id)
