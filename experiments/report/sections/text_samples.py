@@ -9,6 +9,7 @@ from experiments.records import RunRecord
 
 NAME = "text_samples"
 ORDER = 47
+TEXT = True  # build.render_blocks: text runs reach this section
 KEYS = ("loss/train", "gen/prefix_loss", "gen/gap", "sample/trigram_nll", "sample/repeat_frac")
 
 
