@@ -27,9 +27,10 @@ def render(runs: list[RunRecord], fig_dir: Path) -> str | None:
     if not fails:
         return None
     lines = ["## Greedy samples on text", "",
-             "Per run: the validation loss as trained (teacher-forced, every position in one forward), the same "
-             "targets predicted each from its prefix alone, as generation predicts them, and their gap (0 for a "
-             "causal model; a model that reads later positions gains in the first and loses in the second); then "
+             "Per run: the validation loss as trained (teacher-forced, every position in one forward); the loss "
+             "on 16 validation rows with each target predicted from its prefix alone, as generation predicts it, "
+             "and its gap to the teacher-forced loss on the same rows (0 for a causal model; a model that reads "
+             "later positions gains in the first and loses in the second); then "
              "the greedy sample after a fixed prompt from the val split: its loss in nats per character under a "
              "character trigram model of the training split (the same yardstick for every run; real text ~2, "
              "but a loop of common words scores low too) and its share of repeated 4-grams (real text ~0.15, "
