@@ -1,7 +1,8 @@
 """Datasets: seeded synthetic tasks and char-level text. `build_task` picks one by data.name."""
 from data.synthetic import TASKS, Batch, Task, build_task
-from data.text import CharText
+from data.text import CharLines, CharText
 
 TASKS["shakespeare_char"] = CharText  # registered here: data.text imports data.synthetic
+TASKS["shakespeare_lines"] = CharLines
 
 __all__ = ["Batch", "Task", "build_task"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from data.synthetic import Batch, Task
+from data.synthetic import IGNORE, Batch, Task
 
 URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,3 +93,51 @@ class CharText(Task):
         starts = torch.randint(len(data) - self.input_len - 1, (batch_size,), generator=g)
         w = data[starts[:, None] + self._window]  # (B, T + 1) in one gather
         return Batch(w[:, :-1], w[:, 1:])
+
+
+class CharLines(CharText):
+    """One line of the play per example, padded to the longest in the batch (real padding).
+
+    A line, not a speech: speeches run to hundreds of characters (a cap would cut most of them),
+    while lines are 1-63 characters (median 39), so a batch of lines fits CPU runs untruncated and
+    its padding varies from batch to batch. An example is "\\n" + line + "\\n": the newline before
+    it is the start symbol, the one after it its end; inputs are all but the last character,
+    targets all but the first, cut to seq_len (only lines of 64+ characters are cut at 64). Empty
+    lines are skipped; a line belongs to the split its characters start in. Padding is random
+    characters (distractors a wrong mask lets through), hidden by `key_padding_mask`, targets
+    there are IGNORE; pad_side "left" puts it before the line, "right" after, with the same
+    lines, real tokens and scored targets. The batch length T (the longest line in it) varies
+    from batch to batch: a bug that needs T == batch_size (mask_broadcast) meets it only by chance."""
+    name = "shakespeare_lines"
+
+    def __init__(self, path: str | None = None, seq_len: int = 64, vocab_size: int | None = None,
+                 train_fraction: float = 0.9, pad_side: str = "left", url: str = URL, seed: int = 0):
+        from data.synthetic import PAD_SIDES
+        if pad_side not in PAD_SIDES:
+            raise ValueError(f"data.pad_side={pad_side!r} is not one of {', '.join(PAD_SIDES)}")
+        super().__init__(path, seq_len, vocab_size, train_fraction, url, seed)
+        self.pad_side, self.newline = pad_side, self.stoi["\n"]
+        self.lines = {s: self._lines(d) for s, d in self.splits.items()}
+
+    def _lines(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(start of "\\n" + line, its input length n = min(len(line) + 1, seq_len)) per non-empty line."""
+        nl = (ids == self.newline).nonzero().flatten()
+        start, length = nl[:-1], nl[1:] - nl[:-1] - 1     # the newline before each line; its length
+        keep = length > 0
+        return start[keep], (length[keep] + 1).clamp(max=self.input_len)
+
+    def batch(self, step: int, batch_size: int, split: str = "train") -> Batch:
+        data, (starts, lens) = self.splits[split], self.lines[split]
+        g = self.generator(step, split)
+        i = torch.randint(len(starts), (batch_size,), generator=g)
+        start, n = starts[i][:, None], lens[i][:, None]
+        T = int(n.max())
+        pos = torch.arange(T)[None, :]
+        off = (T - n) if self.pad_side == "left" else torch.zeros_like(n)  # where each line begins
+        k = pos - off                                        # index into "\n" + line
+        real = (k >= 0) & (k < n)
+        src = (start + k.clamp(min=0)).clamp(max=len(data) - 2)
+        pad = torch.randint(self.vocab_size, (batch_size, T), generator=g)
+        x = torch.where(real, data[src], pad)
+        y = torch.where(real, data[src + 1], torch.full_like(pad, IGNORE))
+        return Batch(x, y, key_padding_mask=real)

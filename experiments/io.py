@@ -64,12 +64,18 @@ def save_torch(path, obj):
 # for normalize_by_sum, read as inf) plus `steps`. One array per layer, not per (step, layer), so
 # the file is its contents plus a few hundred bytes of zip headers.
 
+def _stack(ws: list) -> np.ndarray:
+    """Steps of different lengths (text lines padded per batch) stacked, NaN beyond each step's T."""
+    T_q, T_k = max(w.shape[-2] for w in ws), max(w.shape[-1] for w in ws)
+    return np.stack([np.pad(w, [(0, 0)] * (w.ndim - 2) + [(0, T_q - w.shape[-2]), (0, T_k - w.shape[-1])],
+                            constant_values=np.nan) for w in ws])
+
+
 def save_attn_weights(path, weights: dict):
     """{step: {layer: (h, T_q, T_k)}} -> attn_weights.npz, every array copied out to float16."""
     steps = sorted(weights)
     layers = sorted(weights[steps[0]]) if steps else []
-    arrays = {layer: np.stack([np.asarray(weights[s][layer], dtype=np.float16) for s in steps])
-              for layer in layers}
+    arrays = {layer: _stack([np.asarray(weights[s][layer], dtype=np.float16) for s in steps]) for layer in layers}
     atomic_write(path, lambda f: np.savez(f, steps=np.asarray(steps, dtype=np.int64), **arrays), mode="wb")
 
 

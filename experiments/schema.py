@@ -233,6 +233,9 @@ TASK_KEYS = {
                   "data.vocab_size": Key("int", lo=2, null=True)},
     "shakespeare_char": {"data.path": Key("str", null=True), "data.vocab_size": Key("int", lo=2, null=True),
                          "data.train_fraction": Key("float", lo=0, hi=1, lo_open=True, hi_open=True)},
+    "shakespeare_lines": {"data.path": Key("str", null=True), "data.vocab_size": Key("int", lo=2, null=True),
+                          "data.train_fraction": Key("float", lo=0, hi=1, lo_open=True, hi_open=True),
+                          "data.pad_side": Key("str", choices=_pad_sides)},
 }
 
 EXP_KEYS = {"exp.name": Key("str"), "exp.claim": Key("str", null=True),
@@ -296,7 +299,7 @@ def _cross(cfg: dict):
     if name == "two_facts" and d["max_copies"] > (d["seq_len"] - 1) // 2:
         raise ConfigError(f"data.max_copies={d['max_copies']} is not allowed with data.seq_len="
                           f"{d['seq_len']}: at most (seq_len - 1) // 2 = {(d['seq_len'] - 1) // 2}")
-    if name == "shakespeare_char" and d["path"] is not None and not Path(d["path"]).is_file():
+    if name in ("shakespeare_char", "shakespeare_lines") and d["path"] is not None and not Path(d["path"]).is_file():
         raise ConfigError(f"data.path={d['path']!r} is not a file")
     if m["pos"] == "rope" and (a["d_k"] or m["d_model"] // m["n_heads"]) % 2:
         raise ConfigError(f"model.pos='rope' needs an even head width: d_k="

@@ -80,3 +80,95 @@ def test_nanogpt_presets_compose_and_build(compose_cfg):
     lrs = [tr.sched.lr_lambdas[0](s) * 1e-3 for s in (0, 99, 100, 1050, 2000)]
     assert lrs[0] == pytest.approx(1e-3 / 101) and lrs[1] == pytest.approx(1e-3 * 100 / 101)
     assert lrs[2] == pytest.approx(1e-3) and lrs[3] == pytest.approx(5.5e-4) and lrs[4] == pytest.approx(1e-4)
+
+
+# -- shakespeare_lines: one padded line per example -------------------------------------------
+
+def _lines(pad_side, seq_len=64):
+    return build_task({"name": "shakespeare_lines", "path": str(SHAKESPEARE), "seq_len": seq_len,
+                       "pad_side": pad_side}, seed=3)
+
+
+@needs_corpus
+def test_lines_pad_left_and_right_with_the_same_tokens_and_targets():
+    from data.synthetic import IGNORE
+    left, right = _lines("left"), _lines("right")
+    for step in (0, 7):
+        a, b = left.batch(step, 16), right.batch(step, 16)
+        assert a.x.shape == b.x.shape and a.x.shape[1] == int(a.key_padding_mask.sum(1).max())
+        for m, side in ((a, "left"), (b, "right")):
+            assert torch.equal(m.key_padding_mask, m.y != IGNORE)    # every real input has a scored target
+            first = m.key_padding_mask.int().argmax(1)               # each row's first real position
+            assert (m.x[torch.arange(16), first] == left.newline).all()  # "\n" starts every line
+            pads = (~m.key_padding_mask).sum(1)
+            assert pads.min() == 0 and pads.max() > 0                # padded to the longest in the batch
+            assert (first == (pads if side == "left" else 0)).all()
+        for i in range(16):  # the same line, the same scored targets, only the padding moved
+            assert torch.equal(a.x[i][a.key_padding_mask[i]], b.x[i][b.key_padding_mask[i]])
+            assert torch.equal(a.y[i][a.key_padding_mask[i]], b.y[i][b.key_padding_mask[i]])
+        real = left.decode(a.x[0][a.key_padding_mask[0]]) + left.decode(a.y[0][a.key_padding_mask[0]][-1:])
+        assert real[0] == real[-1] == "\n" and real[1:-1] in SHAKESPEARE.read_text(encoding="utf-8").split("\n")
+    assert torch.equal(left.batch(5, 8).x, _lines("left").batch(5, 8).x)   # (seed, split, step) decide it
+    assert not torch.equal(left.batch(5, 8).x, left.batch(5, 8, "val").x)
+
+
+@needs_corpus
+def test_lines_are_cut_at_seq_len_and_attention_weights_of_varying_length_are_saved(tmp_path):
+    import numpy as np
+    from experiments.io import load_attn_weights, save_attn_weights
+    t = _lines("right", seq_len=8)
+    assert t.batch(0, 32).x.shape == (32, 8)          # 32 lines: some longer than 7 characters
+    save_attn_weights(tmp_path / "w.npz", {0: {"L0": torch.ones(2, 3, 3)}, 5: {"L0": torch.ones(2, 5, 5)}})
+    w = load_attn_weights(tmp_path / "w.npz")
+    assert w[0]["L0"].shape == (2, 5, 5) and np.isnan(w[0]["L0"][:, 3:]).all() and (w[0]["L0"][:, :3, :3] == 1).all()
+
+
+# -- greedy samples and how garbled they are (experiments/training/measures/text.py) -------------
+
+@needs_corpus
+def test_greedy_sample_has_the_stated_length():
+    from types import SimpleNamespace
+    from attention import ModelConfig, TransformerLM
+    from experiments.training.measures import text
+    task = build_task({"name": "shakespeare_char", "path": str(SHAKESPEARE), "seq_len": 16}, seed=0)
+    torch.manual_seed(0)
+    model = TransformerLM(ModelConfig.from_dict({"vocab_size": 65, "block_size": 16, "d_model": 16,
+                                                 "n_layers": 1, "n_heads": 2}))
+    trainer = SimpleNamespace(task=task, model=model, device=torch.device("cpu"), tc={"batch_size": 4})
+    out = text.greedy_sample(trainer, {}, n=20)
+    assert len(out["sample/greedy"]) == 20 and len(out["sample/prompt"]) == text.PROMPT_CHARS
+    assert out["sample/prompt"] in SHAKESPEARE.read_text(encoding="utf-8")
+    assert 0 <= out["sample/repeat_frac"] <= 1 and out["sample/trigram_nll"] > 0
+    assert abs(out["gen/gap"]) < 1e-4  # causal: predicting from the prefix alone changes nothing
+    torch.manual_seed(0)                # heads merged without the transpose read later positions
+    trainer.model = TransformerLM(ModelConfig.from_dict({"vocab_size": 65, "block_size": 16, "d_model": 16,
+                                                         "n_layers": 1, "n_heads": 2,
+                                                         "attention": {"merge": "no_transpose"}}))
+    assert abs(text.greedy_sample(trainer, {}, n=8)["gen/gap"]) > 1e-3
+
+
+@needs_corpus
+def test_garbage_measures_are_lower_for_the_corpus_than_for_repeated_characters():
+    from experiments.training.measures import text
+    task = build_task({"name": "shakespeare_char", "path": str(SHAKESPEARE), "seq_len": 16}, seed=0)
+    train, real, junk = task.splits["train"], task.splits["val"][:300], task.encode("e" * 300)
+    assert text.trigram_nll(real, train, 65) + 3 < text.trigram_nll(junk, train, 65)
+    assert text.repeat_frac(real) + 0.5 < text.repeat_frac(junk)
+
+
+def test_report_shows_the_greedy_samples_of_the_failure_and_its_control(tmp_path):
+    from experiments.records import RunRecord
+    from experiments.report.sections import text_samples
+    fin = lambda loss, gen, sample: {"loss/train": loss, "gen/prefix_loss": gen, "gen/gap": gen - loss,  # noqa: E731
+                                     "sample/trigram_nll": 1.2, "sample/repeat_frac": 0.9, "sample/prompt": "GREMIO:",
+                                     "sample/greedy": sample, "sample/real_trigram_nll": 2.0,
+                                     "sample/real_repeat_frac": 0.14}
+    ctrl = RunRecord(exp="merge_transposed", status="completed", role="control", seed=0,
+                     final=fin(2.25, 2.25, "Good morrow"))
+    fail = RunRecord(exp="head_merge_no_transpose", status="completed", role="failure", seed=0,
+                     final=fin(1.25, 4.5, "the the the"), control={"name": "merge_transposed"}, control_run=ctrl)
+    md = text_samples.render([fail, ctrl], tmp_path)
+    assert "the the the" in md and "Good morrow" in md and "GREMIO:" in md
+    assert "| 0 | head_merge_no_transpose | 1.250 | 4.500 | 3.250 |" in md
+    assert "| 0 | merge_transposed | 2.250 | 2.250 | 0.000 |" in md
+    assert text_samples.render([ctrl], tmp_path) is None
