@@ -274,11 +274,12 @@ class MultiHeadAttention(nn.Module):
             k, v = cache.append(self.layer_idx, k, v)                     # (B, h_kv, T_cache + T_k, d)
         T_k = k.shape[2]
         explicit = not self.cfg.use_sdpa or need_weights or (self.recorder is not None and self.recorder.needs_weights)
-        # SDPA's own causal flag covers the square, unmasked case; otherwise one boolean mask.
-        # causal_align=top_left hands T_q != T_k to that flag as well, which aligns it top-left
-        sdpa_flag = not explicit and mask is None and key_padding_mask is None and self.cfg.causal == "correct" \
-            and self.cfg.reach == "all" and (
-            T_q == T_k or self.cfg.causal_align == "top_left")
+        # SDPA's own causal flag (a -inf fill) covers the square, unmasked case with a fill that
+        # acts as -inf there; otherwise one boolean mask. causal_align=top_left hands T_q != T_k to
+        # that flag as well, which aligns it top-left
+        sdpa_flag = (not explicit and mask is None and key_padding_mask is None and self.cfg.causal == "correct"
+                     and self.cfg.reach == "all" and self.cfg.mask_fill in ("finite", "neg_inf")
+                     and (T_q == T_k or self.cfg.causal_align == "top_left"))
         if is_causal and not sdpa_flag:
             causal = causal_mask(T_q, T_k, device=query.device, causal=self.cfg.causal,
                                  align=self.cfg.causal_align)                 # (T_q, T_k)

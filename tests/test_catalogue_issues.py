@@ -41,6 +41,22 @@ def test_added_minus_1e4_lets_a_future_score_beyond_1e4_win(backend):
     assert float(w[0, 0, 0, 1]) < 1e-6
 
 
+
+def test_added_minus_1e4_trains_the_same_on_every_backend():
+    """A training forward (no recorder, backend auto) must not hand the causal mask to SDPA's own
+    flag, whose -inf fill would hide the leak the -1e4 fill lets through."""
+    torch.manual_seed(0)
+    layers = {b: mha(mask_fill="add_minus_1e4", backend=b, d_model=4, n_heads=1, bias=False)
+              for b in ("auto", "explicit")}
+    layers["neg_inf"] = mha(mask_fill="neg_inf", d_model=4, n_heads=1, bias=False)
+    for m in layers.values():
+        for w in (m.W_q, m.W_k, m.W_v, m.W_o):
+            torch.nn.init.eye_(w.weight)
+    x = 300 * x_in(B=2, T=6, d=4)                                  # scores ~1e4-1e5: some pass the fill
+    out = {b: m(x, x, x, is_causal=True)[0] for b, m in layers.items()}
+    assert torch.allclose(out["auto"], out["explicit"], atol=1e-3)
+    assert not torch.allclose(out["auto"], out["neg_inf"], atol=1e-3)  # the future leaked in
+
 def test_replaced_minus_1e4_leaks_once_every_visible_score_is_below_it():
     m = mha(mask_fill="minus_1e4")
     q, k = torch.zeros(1, 1, 3, 4), torch.zeros(1, 1, 3, 4)
