@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from experiments.callbacks import REJECTED
 from experiments.io import write_json, write_text
-from experiments.on_text import check_text_data, overlay_overrides
+from experiments.on_text import SKIPPED, NoTextVersion, check_text_data, overlay_overrides
 from experiments.preflight import check_argv, exclude_sweep_presets
 from experiments.records import RunRecord
 from experiments.training.preemption import Preempted
@@ -43,8 +43,9 @@ def main(cfg: DictConfig) -> int:
         os._exit(143)  # at once, leaving no job result behind (a requeued job writes it)
     except ValueError as e:  # a bad config: one line, exit 2, nothing recorded as run
         if multirun:  # the sweep goes on; the job dir keeps the line for the sweep's summary
-            print(f"error: [{cfg.exp.name}] {e}", file=sys.stderr)
-            write_text(run_dir / REJECTED, f"{e}\n")
+            skip = isinstance(e, NoTextVersion)  # a cell of a text sweep with no text version
+            print(f"{'skipped' if skip else 'error'}: [{cfg.exp.name}] {e}", file=sys.stderr)
+            write_text(run_dir / (SKIPPED if skip else REJECTED), f"{e}\n")
             return 2
         remove_if_only_hydra(run_dir)
         fail(str(e))

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from hydra.experimental.callback import Callback
 
+from experiments.on_text import SKIPPED
+
 
 def job_dirs(sweep_dir: Path) -> list[Path]:
     """The jobs Hydra started: every dir under the sweep holding `.hydra/` (Hydra writes it
@@ -32,6 +34,8 @@ def crashed_jobs(sweep_dir: Path) -> list[tuple[Path, str]]:
     out = []
     for d in job_dirs(sweep_dir):
         path = d / "summary.json"
+        if (d / SKIPPED).exists():  # no text version: skipped, listed by finish_multirun
+            continue
         if (d / REJECTED).exists():
             out.append((d, f"config rejected: {(d / REJECTED).read_text().strip()}"))
             continue
@@ -68,6 +72,9 @@ def finish_multirun(sweep_dir: Path) -> int:
         except Exception:  # the runs are on disk; a broken report must not hide them
             traceback.print_exc()
             print(f"report: failed; rerun `python -m experiments.report {sweep_dir}`", file=sys.stderr)
+    for d in job_dirs(sweep_dir):
+        if (d / SKIPPED).exists():
+            print(f"skipped: {d.name}: {(d / SKIPPED).read_text().strip()}", flush=True)
     crashed = crashed_jobs(sweep_dir)
     for d, why in crashed:
         print(f"crashed: {d.name}: {why}", file=sys.stderr)

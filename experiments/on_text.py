@@ -12,7 +12,7 @@ beat the overlay (Hydra applies them after the defaults list). An overlay that r
 tasks only (the mask bugs need padded batches) lists them in `exp.text_data`.
 
 On text, an experiment without an overlay is rejected: one line naming the data it needs, exit 2;
-in a multirun that cell is rejected (rejected.txt), not failed. A check whose metric the run never
+in a multirun that cell is skipped (skipped.txt, listed at the sweep's end), not failed. A check whose metric the run never
 logged is "not measurable on this data" (judging.verdict), never a FAIL.
 """
 from pathlib import Path
@@ -22,6 +22,11 @@ import yaml
 CONF = Path(__file__).resolve().parents[1] / "conf"
 TEXT_TASKS = ("shakespeare_char", "shakespeare_lines")  # shakespeare_lines: one padded line per example
 GROUP = "on_text"
+SKIPPED = "skipped.txt"  # a cell of a multirun on text with no text version: its one line (not a crash)
+
+
+class NoTextVersion(ValueError):
+    """This experiment does not run on this text task (exit 2; in a multirun, a skipped cell)."""
 
 
 def is_text(data_name: str) -> bool:
@@ -52,7 +57,7 @@ def overlay_overrides(exp_name: str, data_name: str, overrides: list[str]) -> li
     if not is_text(data_name) or any(o.lstrip("+~").split("=")[0] == GROUP for o in overrides):
         return None
     if not (CONF / GROUP / f"{exp_name}.yaml").exists():
-        raise ValueError(f"{exp_name} has no text version (conf/{GROUP}/{exp_name}.yaml): "
+        raise NoTextVersion(f"{exp_name} has no text version (conf/{GROUP}/{exp_name}.yaml): "
                          f"it runs on data={synthetic_data(exp_name)}, not on {data_name}")
     return [*overrides, f"+{GROUP}={exp_name}"]
 
@@ -62,4 +67,4 @@ def check_text_data(cfg: dict) -> None:
     exp, data = cfg["exp"], cfg["data"]["name"]
     allowed = exp["text_data"]
     if is_text(data) and allowed and data not in allowed:
-        raise ValueError(f"{exp['name']} on text needs data={' or '.join(allowed)}, not {data}")
+        raise NoTextVersion(f"{exp['name']} on text needs data={' or '.join(allowed)}, not {data}")

@@ -105,3 +105,16 @@ def test_a_text_run_trains_its_floor_once_and_the_report_puts_it_beside_the_synt
     # the synthetic catalogue does not mix in the text runs
     catalogue = report.split("## Catalogue")[1].split("\n## ")[0]
     assert catalogue.count("sum_normalize") >= 1 and "shakespeare" not in catalogue
+
+
+def test_a_skipped_text_cell_is_not_a_crash_of_the_sweep(tmp_path, capsys):
+    from experiments.callbacks import REJECTED, crashed_jobs, finish_multirun
+    from experiments.on_text import SKIPPED
+    for name, marker in (("0_causal_kv_cache_seed0", SKIPPED), ("1_bad_seed0", REJECTED)):
+        (tmp_path / name / ".hydra").mkdir(parents=True)
+        (tmp_path / name / marker).write_text("the one line\n")
+    assert [d.name for d, _ in crashed_jobs(tmp_path)] == ["1_bad_seed0"]
+    (tmp_path / "1_bad_seed0" / REJECTED).unlink()
+    (tmp_path / "1_bad_seed0" / SKIPPED).write_text("x\n")
+    assert finish_multirun(tmp_path) == 0
+    assert "skipped: 0_causal_kv_cache_seed0: the one line" in capsys.readouterr().out

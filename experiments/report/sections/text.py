@@ -63,13 +63,17 @@ def finding(exp: str, synth: list[RunRecord], text: list[RunRecord]) -> str:
 
 def _figure(pairs, path: Path):
     """One panel per text version (its lowest seed): failure, control and floor loss per step."""
-    fig, axes = plt.subplots(1, len(pairs), figsize=(3.6 * len(pairs), 3.2), squeeze=False, sharey=True,
+    cols = min(4, len(pairs))
+    rows = -(-len(pairs) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.0 * rows), squeeze=False, sharey=True,
                              layout="constrained")
-    for ax, (run, ctrl, floor) in zip(axes[0], pairs):
+    for ax in axes.flat[len(pairs):]:
+        ax.set_visible(False)
+    for ax, (run, ctrl, floor) in zip(axes.flat, pairs):
         for r, label, style in ((floor, "no-attention floor", dict(color="grey", ls="--")),
                                 (ctrl, f"control ({ctrl.exp})" if ctrl else "", dict(color="tab:blue")),
                                 (run, run.exp, dict(color="tab:red"))):
-            if r is None or r is run and run.role == "baseline" and r is ctrl:
+            if r is None:
                 continue
             df = r.metrics_frame()
             if LOSS in df:
@@ -78,7 +82,8 @@ def _figure(pairs, path: Path):
         ax.set_title(f"{run.exp} (seed {run.seed})", fontsize=9)
         ax.set_xlabel("step")
         ax.legend(fontsize=7)
-    axes[0][0].set_ylabel("training loss (nats/char)")
+    for row in axes:
+        row[0].set_ylabel("training loss (nats/char)")
     fig.savefig(path, dpi=110, metadata={"Software": None})
     plt.close(fig)
 

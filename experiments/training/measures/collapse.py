@@ -13,7 +13,7 @@ def _head_cols(row: dict) -> list[str]:
 def per_head(trainer, cfg) -> dict:
     """The lowest head entropy at the last diagnostic step, the share of heads below COLLAPSED
     there, the first step where some head fell below it and the max logit (any layer) at that
-    step, and how much loss/copy moved after it (max - min of the logged training loss)."""
+    step, and how much the experiment's loss (exp.loss_metric) moved after it (max - min)."""
     rows = [r for r in trainer.res.rows if _head_cols(r)]
     if not rows:
         return {}
@@ -27,6 +27,7 @@ def per_head(trainer, cfg) -> dict:
     out["collapse/max_logit_at_collapse"] = logit(first) if first else math.nan
     out["collapse/max_logit"] = max(logit(r) for r in rows)
     if first:
-        after = [r["loss/copy"] for r in trainer.res.rows if r["step"] >= first["step"] and "loss/copy" in r]
+        loss = cfg["exp"]["loss_metric"]  # loss/copy; on text loss/train
+        after = [r[loss] for r in trainer.res.rows if r["step"] >= first["step"] and loss in r]
         out["collapse/loss_range_after"] = max(after) - min(after)
     return out
