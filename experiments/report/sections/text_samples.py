@@ -38,7 +38,7 @@ def render(runs: list[RunRecord], fig_dir: Path) -> str | None:
     for exp in sorted({r.exp for r in fails}):
         mine = [r for r in fails if r.exp == exp]
         real = mine[0].final
-        lines += [f"### {exp}", "",
+        lines += [f"### {exp} on text: greedy samples", "",
                   f"The text that really follows the prompt: trigram loss {_f(real.get('sample/real_trigram_nll'))}, "
                   f"repeated 4-grams {_f(real.get('sample/real_repeat_frac'))}.", "",
                   "| seed | run | val loss | loss from the prefix alone | gap | sample's trigram loss "
