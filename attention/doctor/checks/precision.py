@@ -1,0 +1,131 @@
+"""Low precision (float16, bfloat16) and long positions."""
+import math
+
+import torch
+
+from attention.doctor.adapters import Unsupported
+from attention.doctor.checks.amplified import amplifier
+from attention.doctor.checks.common import (ABSOLUTE_POS, LONG_BF16_FLOOR, LONG_BF16_RATIO, LONG_OFFSET, LONG_REL,
+                                            LOW_PRECISION_RATIO, TargetRaised, rel, row, skip)
+from attention.doctor.layouts import attention_modules
+
+LOW = (torch.float16, torch.bfloat16)
+
+
+def _name(dt):
+    return str(dt).replace("torch.", "")
+
+
+def _call_errors(ctx, lp, x):
+    """Per attention call of the target in low precision: (its error, the reference attention's
+    error in the same dtype), both against float64 on the call's own q, k, v."""
+    _, calls = ctx.probe(x, adapter=lp, modules=attention_modules(lp.module))
+    out = []
+    for c in calls:
+        if not c.complete:
+            continue
+        ref = c.reference(torch.float64)
+        live = torch.isfinite(ref).all(-1)   # rows with a visible key (the reference returns 0 otherwise)
+        if c.visible is not None:
+            live = live & c.visible.expand(ref.shape[:-1] + (c.k.shape[-2],)).any(-1)
+        e_t = rel(c.out[live], ref[live])
+        e_r = rel(c.reference(c.q.dtype)[live], ref[live])
+        out.append((e_t, e_r))
+    return out
+
+
+def low_precision(ctx):
+    if ctx.deterministic is False:
+        return skip("low_precision", "eval outputs are not repeatable (see eval_dropout)")
+    amp = amplifier(ctx)
+    x = ctx.sample(k=40)
+    padded = ctx.left_padded(k=41)
+    parts, bad, worst_ratio = [], [], 0.0
+    for dt in LOW:
+        try:
+            lp = ctx.adapter.converted(dtype=dt)
+        except Exception as e:   # a module that cannot be converted
+            parts.append(f"{_name(dt)}: cannot convert the target ({type(e).__name__})")
+            continue
+        # non-finite outputs: at init and with amplified q.k; plain and left-padded with a mask
+        nonfinite = []
+        for label, (xx, m) in (("plain", (x, None)), ("left-padded", padded)):
+            for amped in (False, True):
+                if amped and isinstance(amp, str):
+                    continue
+                try:
+                    if amped:
+                        y, _ = amp.probe(ctx, xx, m, adapter=lp)
+                    else:
+                        y = ctx.run(xx, m, adapter=lp)
+                except Unsupported:
+                    continue
+                except TargetRaised as e:
+                    nonfinite.append(f"{label}{' amplified' if amped else ''} raised {e}")
+                    continue
+                real = y if m is None else y[m]
+                n = int((~torch.isfinite(real)).sum())
+                if n:
+                    nonfinite.append(f"{n} non-finite {label}{' amplified' if amped else ''}")
+        errs = _call_errors(ctx, lp, x)
+        ratio = max((e_t / max(e_r, torch.finfo(dt).eps) for e_t, e_r in errs), default=None)
+        if ratio is not None:
+            worst_ratio = max(worst_ratio, ratio)
+        p = f"{_name(dt)}: " + (", ".join(nonfinite) if nonfinite else "outputs finite (plain, left-padded"
+                                 + (", amplified" if not isinstance(amp, str) else "") + ")")
+        p += (f"; attention error / reference attention's error, worst of {len(errs)} call(s): {ratio:.3g}"
+              if ratio is not None else "; error ratio: n/a (q, k, v of the calls not seen)")
+        parts.append(p)
+        if nonfinite or (ratio is not None and ratio > LOW_PRECISION_RATIO):
+            bad.append(_name(dt))
+    if not any("ratio" in p or "finite" in p for p in parts):
+        return skip("low_precision", "; ".join(parts))
+    if isinstance(amp, str):
+        parts.append(f"amplified q.k not tried: {amp}")
+    measured = math.inf if any("non-finite" in p or "raised" in p for p in parts) else worst_ratio
+    return row("low_precision", "fail" if bad else "pass", measured,
+               f"finite; error <= {LOW_PRECISION_RATIO:g}x reference's", "; ".join(parts))
+
+
+def _at(ctx, adapter, x, offset):
+    pos = torch.arange(offset, offset + x.shape[1], device=adapter.device).expand(x.shape[0], -1)
+    return ctx.run(x, positions=pos, adapter=adapter)
+
+
+def long_positions(ctx):
+    a = ctx.adapter
+    if a.kind != "lm":
+        return skip("long_positions", "needs positions (a layer takes none)")
+    if ctx.deterministic is False:
+        return skip("long_positions", "eval outputs are not repeatable (see eval_dropout)")
+    if a.max_len is not None and a.max_len < LONG_OFFSET + ctx.T:
+        return skip("long_positions", f"needs positions up to {LONG_OFFSET + ctx.T} (the target takes {a.max_len})")
+    x = ctx.sample(k=50)
+    try:
+        y0 = _at(ctx, a, x, 0)
+        d_small = rel(_at(ctx, a, x, 16), y0)
+    except Unsupported as e:
+        return skip("long_positions", str(e))
+    except TargetRaised as e:
+        return skip("long_positions", f"the target does not take positions {LONG_OFFSET}.. ({e})")
+    parts, bad, measured = [], False, 0.0
+    if d_small <= ABSOLUTE_POS:   # relative positions: outputs must not move with a shift
+        d_long = rel(_at(ctx, a, x, LONG_OFFSET), y0)
+        bad |= d_long > LONG_REL
+        measured = d_long
+        parts.append(f"{_name(a.dtype)}: outputs at +{LONG_OFFSET} against +0: {d_long:.3g} (at +16: {d_small:.3g})")
+    else:
+        parts.append(f"absolute positions (outputs at +16 differ by {d_small:.3g}): no shift invariance to test")
+    try:
+        hi, lo = a.converted(dtype=torch.float64), a.converted(dtype=torch.bfloat16)
+        e = [rel(_at(ctx, lo, x, o), _at(ctx, hi, x, o)) for o in (0, LONG_OFFSET)]
+    except Exception as ex:
+        parts.append(f"bfloat16: n/a ({type(ex).__name__})")
+    else:
+        lim = LONG_BF16_RATIO * e[0] + LONG_BF16_FLOOR
+        bad |= e[1] > lim
+        measured = max(measured, e[1] / max(e[0], 1e-30)) if e[1] > lim else measured
+        parts.append(f"bfloat16 error against float64 at +0: {e[0]:.3g}, at +{LONG_OFFSET}: {e[1]:.3g} (limit {lim:.3g})")
+    return row("long_positions", "fail" if bad else "pass", measured,
+               f"<= {LONG_REL:g} rel (shift); bf16 error at +{LONG_OFFSET} <= {LONG_BF16_RATIO:g}x at +0 + {LONG_BF16_FLOOR:g}",
+               "; ".join(parts))

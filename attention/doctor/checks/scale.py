@@ -1,0 +1,42 @@
+"""Score scale: with q and k made unit-variance at their sites, the scores' standard deviation."""
+import math
+
+import torch
+
+from attention.doctor.checks.common import SCALE_BAND, row, skip, visible_scores
+from attention.doctor.layouts import measured_sites, scaled_sites
+
+
+def score_scale(ctx):
+    sites = ctx.sites()
+    if not sites:
+        return skip("score_scale", "needs the q and k projections (no known q/k layout)")
+    x = ctx.sample(k=60)
+    rms = {}
+    with measured_sites(sites, rms):
+        ctx.run(x)
+    if not all(rms.get(s.name) for s in sites):
+        return skip("score_scale", "a q/k site was not called in the forward")
+    fq = {s.name: 1 / max(rms[s.name][0][0], 1e-30) for s in sites}
+    fk = {s.name: 1 / max(rms[s.name][0][1], 1e-30) for s in sites}
+    after = {}
+    with scaled_sites(sites, fq, fk), measured_sites(sites, after):
+        _, calls = ctx.probe(x)
+    stds = []
+    for i, c in enumerate(calls):
+        s = visible_scores(c)
+        s = s[torch.isfinite(s)]
+        if s.numel() < 2 or c.module not in after or not after[c.module]:
+            continue
+        rq, rk = after[c.module][0]
+        stds.append(float(s.std()) / max(rq * rk, 1e-30))
+    if not stds:
+        return skip("score_scale", "needs the scores of a known q/k site's calls (none seen)")
+    worst = max(stds, key=lambda v: abs(math.log(max(v, 1e-30))))
+    lo, hi = SCALE_BAND
+    ok = lo <= worst <= hi
+    hint = "" if ok else (" (too large: a missing 1/sqrt(d_k)?)" if worst > hi else
+                          " (too small: scores that cannot sharpen, e.g. cosine without a temperature)")
+    return row("score_scale", "pass" if ok else "fail", worst, f"in [{lo:g}, {hi:g}]",
+               f"score std per attention call with unit-variance q and k: "
+               + ", ".join(f"{v:.3g}" for v in stds) + hint)
