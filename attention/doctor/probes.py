@@ -4,6 +4,7 @@ through this project's Recorder where its explicit path runs (a softmax it does 
 naive or a sum normalisation, is still seen). A call holds what could be seen of it: the scores
 the softmax got, the weights, q, k, v and the output."""
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -100,6 +101,7 @@ class Probe(TorchFunctionMode):
         self.modules = list(modules)
         self.qk_factor = qk_factor
         self.calls: list[Call] = []
+        self.errors: list[str] = []   # raised by the probe's own code (a doctor bug), not the target
         self._stack: list[tuple[str, bool]] = []   # (module name, recorded by the project's recorder)
         self._hooks = []
         self._recorders = []
@@ -138,15 +140,55 @@ class Probe(TorchFunctionMode):
         kwargs = kwargs or {}
         if func in SDPA:
             return self._sdpa(func, args, kwargs)
+        if func is F.multi_head_attention_forward:   # a Python function the mode sees whole
+            with self._inside_functional():
+                return func(*args, **kwargs)
         out = func(*args, **kwargs)
         if self._recording():
-            if func in SOFTMAX:
-                self._softmax(args, kwargs, out)
-            elif func in MATMUL:
-                self._matmul(args[0], args[1], out)
-            elif func in BADDBMM:
-                self._matmul(_arg(args, kwargs, 1, "batch1"), _arg(args, kwargs, 2, "batch2"), out)
+            try:
+                if func in SOFTMAX:
+                    self._softmax(args, kwargs, out)
+                elif func in MATMUL:
+                    self._matmul(args[0], args[1], out)
+                elif func in BADDBMM:
+                    self._matmul(_arg(args, kwargs, 1, "batch1"), _arg(args, kwargs, 2, "batch2"), out)
+            except Exception as e:   # the doctor's own error: the target's forward goes on
+                self.errors.append(f"{type(e).__name__}: {e}")
         return out
+
+    @contextmanager
+    def _inside_functional(self):
+        """While the mode is paused (inside its own handler), the softmax, SDPA and bmm that
+        torch.nn.functional's Python code calls are seen by swapping those names for the length
+        of one call (nn.MultiheadAttention's forward is one such function)."""
+        def seen(fn, handle):
+            def wrapper(*a, **kw):
+                return handle(fn, a, kw)
+            return wrapper
+
+        softmax, baddbmm = F.softmax, torch.baddbmm   # the originals: the names are swapped below
+
+        def plain(fn, a, kw):
+            out = fn(*a, **kw)
+            if self._recording():
+                if fn is softmax:
+                    self._softmax(a, kw, out)
+                elif fn is baddbmm:
+                    self._matmul(_arg(a, kw, 1, "batch1"), _arg(a, kw, 2, "batch2"), out)
+                else:
+                    self._matmul(a[0], a[1], out)
+            return out
+        swaps = [(F, "softmax", seen(F.softmax, plain)),
+                 (F, "scaled_dot_product_attention", seen(F.scaled_dot_product_attention, self._sdpa)),
+                 (torch, "bmm", seen(torch.bmm, plain)), (torch, "baddbmm", seen(torch.baddbmm, plain))]
+        old = [(mod, name, getattr(mod, name)) for mod, name, _ in swaps]
+        try:
+            for mod, name, fn in swaps:
+                setattr(mod, name, fn)
+            yield
+        finally:
+            for mod, name, fn in old:
+                setattr(mod, name, fn)
 
     def _sdpa(self, func, args, kwargs):
         q, k, v = args[0], args[1], args[2]

@@ -99,10 +99,13 @@ def fully_masked_rows(ctx):
             grads = torch.autograd.grad(loss, params, allow_unused=True)
     except Unsupported as e:
         return skip("fully_masked_rows", str(e))
+    with torch.no_grad():   # inference may take another path (nn.MultiheadAttention's fast path)
+        padded_ng = _describe(ctx.run(x.detach(), mask)[~mask])
     bad_out = int((~torch.isfinite(y[mask])).sum())
     bad_grad = sum(int((~torch.isfinite(g)).sum()) for g in grads if g is not None)
     padded = _describe(y.detach()[~mask])
     verdict = "fail" if bad_out or bad_grad else "pass"
     return row("fully_masked_rows", verdict, bad_out + bad_grad, "== 0 non-finite",
                f"{bad_out} non-finite real outputs, {bad_grad} non-finite parameter gradients "
-               f"(loss on the real positions only); rows with no visible key return {padded}")
+               f"(loss on the real positions only); rows with no visible key return {padded} "
+               f"(under no_grad: {padded_ng})")

@@ -1,26 +1,54 @@
 """Score scale: with q and k made unit-variance at their sites, the scores' standard deviation."""
 import math
+from contextlib import contextmanager
 
 import torch
 
 from attention.doctor.checks.common import SCALE_BAND, row, skip, visible_scores
-from attention.doctor.layouts import measured_sites, scaled_sites
+from attention.doctor.layouts import attention_modules, measured_sites, scaled_sites
+
+
+def unit_factors(ctx):
+    """{site: factor} for q and for k that make each site's q and k unit-variance (rms 1) on a
+    sample input, or None where the target has no known q/k site. Computed once per target."""
+    if "unit_qk" not in ctx.cache:
+        sites = ctx.sites()
+        rms = {}
+        if sites:
+            with measured_sites(sites, rms):
+                ctx.run(ctx.sample(k=60))
+        if not sites or not all(rms.get(s.name) for s in sites):
+            ctx.cache["unit_qk"] = None
+        else:
+            ctx.cache["unit_qk"] = ({s.name: 1 / max(rms[s.name][0][0], 1e-30) for s in sites},
+                                    {s.name: 1 / max(rms[s.name][0][1], 1e-30) for s in sites})
+    return ctx.cache["unit_qk"]
+
+
+@contextmanager
+def unit_qk(ctx, adapter=None):
+    """q and k made unit-variance at every site of `adapter` (ctx's target or a converted copy);
+    a no-op for a target without known sites."""
+    f = unit_factors(ctx)
+    if f is None:
+        yield False
+        return
+    a = adapter or ctx.adapter
+    sites = [s for _, _, s in attention_modules(a.module) if s is not None]
+    with scaled_sites(sites, *f):
+        yield True
 
 
 def score_scale(ctx):
     sites = ctx.sites()
     if not sites:
         return skip("score_scale", "needs the q and k projections (no known q/k layout)")
-    x = ctx.sample(k=60)
-    rms = {}
-    with measured_sites(sites, rms):
-        ctx.run(x)
-    if not all(rms.get(s.name) for s in sites):
+    f = unit_factors(ctx)
+    if f is None:
         return skip("score_scale", "a q/k site was not called in the forward")
-    fq = {s.name: 1 / max(rms[s.name][0][0], 1e-30) for s in sites}
-    fk = {s.name: 1 / max(rms[s.name][0][1], 1e-30) for s in sites}
+    x = ctx.sample(k=60)
     after = {}
-    with scaled_sites(sites, fq, fk), measured_sites(sites, after):
+    with scaled_sites(sites, *f), measured_sites(sites, after):
         _, calls = ctx.probe(x)
     stds = []
     for i, c in enumerate(calls):
