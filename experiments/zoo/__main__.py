@@ -69,8 +69,7 @@ def main(argv=None):
         fail(str(e))
     hashes = {x: entry_hash(x, shrink) + ("" if checks is None else "-" + ",".join(checks or ["none"]))
               for x in archs}
-    tasks = {x: [i for i in impls if a.redo or not runner.done(a.out, x, i, hashes[x])] for x in archs}
-    tasks = {x: i for x, i in tasks.items() if i}
+    tasks = runner.pending(archs, impls, a.out, hashes, a.redo)
     t0 = time.monotonic()
     if not a.table and tasks:
         print(f"zoo: {len(tasks)} architecture(s) to run, {len(archs) - len(tasks)} already done; "

@@ -29,12 +29,18 @@ def done(out: Path, arch: str, impl: str, table_hash: str) -> bool:
     return r.get("shrink_hash") == table_hash
 
 
-def _child(*args):
+def pending(archs, impls, out: Path, hashes: dict[str, str], redo=False) -> dict[str, list[str]]:
+    """arch -> the implementations without a current result (all of them with redo)."""
+    tasks = {a: [i for i in impls if redo or not done(out, a, i, hashes[a])] for a in archs}
+    return {a: i for a, i in tasks.items() if i}
+
+
+def _child(body, *args):
     try:  # die with the runner: a killed zoo leaves no orphan workers behind
         ctypes.CDLL("libc.so.6").prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except OSError:
         pass
-    run_arch(*args)
+    body(*args)
 
 
 def _log_tail(out: Path, arch: str) -> str:
@@ -63,8 +69,9 @@ def _died(proc, killed_at, limits) -> tuple[str, str]:
 
 def run(tasks: dict[str, list[str]], out: Path, *, checks, table: dict, hashes: dict[str, str],
         workers: int = 2, timeout_s: int = 600, cpu_s: int = 300, mem_bytes: int = 4 << 30,
-        progress=print) -> None:
-    """tasks: arch -> the implementations still to do. Each arch runs in its own process."""
+        progress=print, body=run_arch) -> None:
+    """tasks: arch -> the implementations still to do. Each arch runs in its own process, which
+    calls body(arch, impls, out, checks, table, hash, mem_bytes, cpu_s) (worker.run_arch)."""
     import torch  # noqa: F401  imported before the fork so every child inherits it
     import transformers  # noqa: F401
 
@@ -78,7 +85,7 @@ def run(tasks: dict[str, list[str]], out: Path, *, checks, table: dict, hashes: 
         while queue and len(running) < workers:
             arch, impls = queue.pop(0)
             p = ctx.Process(target=_child, name=f"zoo-{arch}", daemon=True,
-                            args=(arch, impls, str(out), checks, table, hashes[arch], mem_bytes, cpu_s))
+                            args=(body, arch, impls, str(out), checks, table, hashes[arch], mem_bytes, cpu_s))
             p.start()
             running[arch] = (p, impls, time.monotonic(), None)
         time.sleep(0.05)

@@ -33,12 +33,21 @@ def _known(cfg) -> set:
     return set(cfg.to_dict()) | set(getattr(cfg, "attribute_map", {}) or {})
 
 
+def _per_layer(d: dict) -> set:
+    """Keys a config derives from its depth (lists with one entry per layer, per-layer configs):
+    left out of a sub-config's dict so the shrunk config derives them again for its own depth."""
+    n = d.get("num_hidden_layers")
+    return {k for k, v in d.items() if k == "per_layer_config" or (isinstance(v, list) and len(v) == n and n)}
+
+
 def _shrunk_kwargs(cfg, generic: dict, extra: dict) -> dict:
     kw = {k: v for k, v in generic.items() if k in _known(cfg)}
     for sub in getattr(cfg, "sub_configs", {}) or {}:
         s = getattr(cfg, sub, None)
         if s is not None and hasattr(s, "to_dict"):
-            kw[sub] = {**s.to_dict(), **_shrunk_kwargs(s, generic, extra.get(sub, {}))}
+            d = s.to_dict()
+            d = {k: v for k, v in d.items() if k not in _per_layer(d)}
+            kw[sub] = {**d, **_shrunk_kwargs(s, generic, extra.get(sub, {}))}
     kw.update({k: v for k, v in extra.items() if not isinstance(v, dict) or k not in kw})
     return kw
 
@@ -76,10 +85,13 @@ def make_config(arch: str, table: dict | None = None):
     if entry.get("skip"):
         raise NotExamined(entry["skip"])
     init = entry.get("init", {})
-    default = AutoConfig.for_model(arch, **init)
+    try:
+        default = AutoConfig.for_model(arch)
+    except Exception:  # a default that fails its own validator: the entry's init repairs it
+        default = AutoConfig.for_model(arch, **init)
     kw = _shrunk_kwargs(default, table["generic"], init)
     cfg = AutoConfig.for_model(arch, **kw)
     _fix_derived(cfg, table["generic"], {**init, **entry.get("set", {})})
     for k, v in entry.get("set", {}).items():
         _set(cfg, k, v)
-    return cfg
+    return getattr(cfg, entry["use"]) if entry.get("use") else cfg

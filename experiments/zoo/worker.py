@@ -74,6 +74,15 @@ def smoke(model, vocab: int) -> dict:
     return out
 
 
+def _vocab(model, cfg) -> int:
+    """Ids below this are valid (an embedding may be a list of them: MusicGen's codebooks)."""
+    v = getattr(cfg, "vocab_size", None)
+    if isinstance(v, int):
+        return v
+    emb = model.get_input_embeddings()
+    return getattr(emb, "num_embeddings", 2)
+
+
 def examine_one(arch: str, impl: str, table: dict, checks) -> dict:
     """The result of one architecture x implementation (never raises, except for memory)."""
     import torch
@@ -96,17 +105,22 @@ def examine_one(arch: str, impl: str, table: dict, checks) -> dict:
         return {**res, "status": NOT_BUILT, "stage": "config", "reason": _line(e)}
     torch.manual_seed(0)
     try:
-        model = AutoModelForCausalLM.from_config(cfg, attn_implementation=impl).eval()
+        if entry.get("use"):  # a sub-config: the mapped class takes it directly
+            import transformers
+            cls = getattr(transformers, res["class"])
+            model = cls._from_config(cfg, attn_implementation=impl).eval()
+        else:
+            model = AutoModelForCausalLM.from_config(cfg, attn_implementation=impl).eval()
     except Exception as e:
         if _is_memory(e):
             raise
-        unsupported = ("does not support" in str(e) or "not supported" in str(e)) and impl in str(e)
+        unsupported = "does not support an attention implementation" in str(e) or (
+            "not supported" in str(e) and impl in str(e))
         return {**res, "status": UNSUPPORTED if unsupported else NOT_BUILT, "stage": "model", "reason": _line(e)}
     res["params"] = sum(p.numel() for p in model.parameters())
     res["impl_used"] = getattr(model.config, "_attn_implementation", None)
-    vocab = model.get_input_embeddings().num_embeddings if model.get_input_embeddings() is not None else 2
     try:
-        res["smoke"] = smoke(model, min(vocab, getattr(cfg, "vocab_size", vocab) or vocab))
+        res["smoke"] = smoke(model, _vocab(model, cfg))
     except Exception as e:
         if _is_memory(e):
             raise
