@@ -45,7 +45,7 @@ def catalogue() -> list[dict]:
         c = OmegaConf.load(f)
         e = c.get("exp")
         broken = str(e.get("broken", ""))
-        if e is None or broken.startswith("(") or e.get("control") is None:
+        if e is None or broken.startswith(("(sweep)", "(the fix)")) or e.get("control") is None:
             continue
         model = OmegaConf.to_container(c.model) if c.get("model") is not None else {}
         ctl = OmegaConf.to_container(e.control)

@@ -30,6 +30,8 @@ def small_config(model_type: str, **overrides):
         cfg.head_dim = cfg.hidden_size // cfg.num_attention_heads
     if "num_key_value_heads" in d and "num_key_value_heads" not in overrides:
         cfg.num_key_value_heads = KV_HEADS  # grouped-query where the architecture has it
+    if isinstance(d.get("query_pre_attn_scalar"), (int, float)) and "query_pre_attn_scalar" not in overrides:
+        cfg.query_pre_attn_scalar = cfg.hidden_size // cfg.num_attention_heads  # Gemma 2/3: head_dim
     if isinstance(d.get("rotary_dim"), int) and "rotary_dim" not in overrides:  # GPT-J, CodeGen: within a head
         cfg.rotary_dim = min(cfg.rotary_dim, cfg.hidden_size // cfg.num_attention_heads)
     for k in ("bos_token_id", "eos_token_id", "pad_token_id"):

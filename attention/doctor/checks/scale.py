@@ -5,7 +5,7 @@ from contextlib import contextmanager
 import torch
 
 from attention.doctor.checks.common import SCALE_BAND, row, skip, visible_scores
-from attention.doctor.layouts import attention_modules, measured_sites, scaled_sites
+from attention.doctor.layouts import measured_sites, scaled_sites
 
 
 def unit_factors(ctx):
@@ -33,8 +33,7 @@ def unit_qk(ctx, adapter=None):
     if f is None:
         yield False
         return
-    a = adapter or ctx.adapter
-    sites = [s for _, _, s in attention_modules(a.module) if s is not None]
+    sites = ctx.sites(None if adapter is None or adapter is ctx.adapter else adapter)
     with scaled_sites(sites, *f):
         yield True
 
