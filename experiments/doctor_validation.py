@@ -4,7 +4,8 @@
     python -m experiments.doctor_validation specificity   # real code, unchanged: MHA, transformers GPT-2 / Llama, nanoGPT
     python -m experiments.doctor_validation shipped       # pinned releases with a known attention bug, and their fixes
     python -m experiments.doctor_validation benchmark     # all checks on a small model: seconds on this machine
-    python -m experiments.doctor_validation example       # a real run's output on a buggy target (README)
+    python -m experiments.doctor_validation example       # a real run's output on a buggy target
+    python -m experiments.doctor_validation readme        # README's report:doctor block from the JSON
     python -m experiments.doctor_validation all
 
 Each writes results/doctor/NAME.json (--out DIR elsewhere), which the report's doctor section
@@ -116,8 +117,8 @@ FINDINGS = {
         "the SDPA path scales first and stays finite)",
     ("transformers Llama", "low_precision"):
         "the eager path computes matmul(q, k^T) in float16 before scaling: with large q.k it overflows to inf "
-        "and the softmax to NaN (the SDPA path scales q and k first and stays finite; pytorch/pytorch #60939 "
-        "is the same overflow in torch's own attention)",
+        "and the softmax to NaN, the SDPA path scales q and k first and stays finite (the same eager code "
+        "reported on Qwen2: huggingface/transformers #33317, QwenLM/Qwen3 #910)",
 }
 
 
@@ -156,32 +157,37 @@ def specificity(out: Path):
 # -- shipped bugs in pinned releases ----------------------------------------------------------
 
 # each case: a release with the bug, the release that fixed it, what to build, the check that must flag it
+# (Llama 4.38 keeps a max_position_embeddings^2 causal mask: 4160 positions, enough for +4096, not 8192)
 SHIPPED = [
-    {"name": "doge_sdpa_future", "package": "transformers", "buggy": "5.22.2", "fixed": "5.23.0",
-     "build": ["hf", "doge", "sdpa", {}], "check": "future_leak",
-     "thread": "huggingface/transformers #48748 (fixed by PR #48769)",
-     "bug": "DogeForCausalLM under SDPA attends to future tokens: with no padding the causal mask is skipped "
-            "while Doge passes its own dynamic mask, so is_causal is never set"},
-    {"name": "mistral_rope_bf16", "package": "transformers", "buggy": "4.38.2", "fixed": "4.40.2",
-     "build": ["hf", "mistral", None, {"max_position_embeddings": 64}], "check": "long_positions",
-     "thread": "huggingface/transformers #29496",
-     "bug": "Mistral recomputes its rotary cos/sin past the cached length from inv_freq cast to the model's "
-            "bfloat16: phases lose precision at long positions"},
-    {"name": "torchtune_eval_dropout", "package": "torchtune", "buggy": "0.3.1", "fixed": "0.4.0",
-     "build": ["torchtune", "llama2", None, {"attn_dropout": 0.1}], "check": "eval_dropout",
-     "thread": "meta-pytorch/torchtune #1791",
-     "bug": "MultiHeadAttention passes attn_dropout to scaled_dot_product_attention whatever self.training is"},
+    {"name": "llama_rope_bf16_autocast", "package": "transformers", "buggy": "4.38.1", "fixed": "4.38.2",
+     "build": ["hf", "llama", "sdpa", {"max_position_embeddings": 4160}], "check": "long_positions",
+     "thread": "huggingface/transformers #29285",
+     "bug": "Llama's rotary phases (inv_freq @ position_ids) run under bfloat16 autocast, so the phases "
+            "lose precision as positions grow; 4.38.2 computes them in float32 with autocast off"},
+    {"name": "phi_fp16_overflow", "package": "transformers", "buggy": "4.36.2", "fixed": "4.37.2",
+     "build": ["hf", "phi", "eager", {}], "check": "low_precision",
+     "thread": "huggingface/transformers #28163",
+     "bug": "PhiAttention computes q k^T in float16: large q.k overflows to inf and the logits turn NaN; "
+            "4.37 upcasts q and k to float32 for the scores"},
 ]
-# releases tried that do not import here (Python 3.11, torch 2.13), with why
-NOT_IMPORTABLE = {
-    "transformers 4.15.0 (GPT-2's finite masked_bias -1e4)":
-        "needs tokenizers<0.11: no wheel for Python 3.11 and building it needs crates.io",
-    "transformers 4.21.0": "needs tokenizers<0.13: no wheel for Python 3.11 and building it needs crates.io",
+# releases tried that do not import or do not show their bug here (Python 3.11, torch 2.13), and why
+NOT_USED = {
+    "transformers 4.15.0 (GPT-2's finite masked_bias -1e4, karpathy/minGPT #75)":
+        "needs tokenizers<0.11: no wheel for Python 3.11, and building one needs crates.io",
+    "transformers 4.21.0": "needs tokenizers<0.13: no wheel for Python 3.11, and building one needs crates.io",
+    "torchtune 0.3.1 / 0.4.0 (attention dropout in eval, meta-pytorch/torchtune #1791)":
+        "its package import needs torchvision, which does not import beside torch 2.13's CPU build "
+        "(operator torchvision::nms does not exist), and HF datasets",
+    "transformers 4.38.2 / 4.40.2 Mistral (rotary phases from a bfloat16 inv_freq, #29496)":
+        "the bug needs a sequence longer than the cached rotary length; position ids beyond the sequence "
+        "raise IndexError in these releases, so the doctor's long_positions skips them",
+    "transformers 5.20.2-5.22.2 Doge under SDPA (future tokens, #48748)":
+        "every release tried already passes allow_is_causal_skip=False; the doctor finds no leak in 5.22.2",
 }
 
 
 def _pinned_dir(pinned: Path, package: str, version: str) -> Path:
-    short = {"transformers": "tf", "torchtune": "tt"}[package]
+    short = {"transformers": "tf"}[package]
     return pinned / f"{short}-{version}"
 
 
@@ -191,10 +197,7 @@ def build_case(spec):
     if kind == "hf":
         from attention.doctor.hf import build
         return build(name, impl, **kw)
-    import torch
-    from torchtune.models.llama2 import llama2
-    torch.manual_seed(0)
-    return llama2(vocab_size=64, num_layers=2, num_heads=4, num_kv_heads=2, embed_dim=32, max_seq_len=8192, **kw)
+    raise ValueError(f"unknown case kind {kind}")
 
 
 def one(case_name: str) -> int:
@@ -233,7 +236,7 @@ def shipped(out: Path, pinned: Path):
                 row[which + "_version"] = j["version"]
         rows.append(row)
         print(f"  {case['name']}: " + "; ".join(f"{w} {_verdict(row, w, case['check'])}" for w in ("buggy", "fixed")))
-    _write(out, "shipped", {"env": _env(), "rows": rows, "not_importable": NOT_IMPORTABLE})
+    _write(out, "shipped", {"env": _env(), "rows": rows, "not_used": NOT_USED})
 
 
 def _verdict(row, which, check):
@@ -290,9 +293,19 @@ def example(out: Path):
                             "exit_code": p.returncode})
 
 
+def readme(out: Path, path: Path = ROOT / "README.md"):
+    """Fill README's <!-- BEGIN report:doctor --> block from the JSON (what `python -m
+    experiments.report --readme README.md` does along with every other block)."""
+    from experiments.report.build import update_readme
+    from experiments.report.sections import doctor
+    blocks = doctor.blocks([], out.parent / "figures")
+    update_readme(path, {"doctor": blocks["doctor"]}, out.parent)
+    print(f"doctor_validation: filled report:doctor in {path}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m experiments.doctor_validation", description=__doc__.split("\n")[0])
-    ap.add_argument("what", choices=("sensitivity", "specificity", "shipped", "benchmark", "example", "all", "one"))
+    ap.add_argument("what", choices=("sensitivity", "specificity", "shipped", "benchmark", "example", "readme", "all", "one"))
     ap.add_argument("case", nargs="?", help="one: the SHIPPED case to run in this interpreter")
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--pinned", type=Path, default=ROOT.parent / "pinned",
@@ -303,7 +316,7 @@ def main(argv=None) -> int:
         return one(a.case)
     steps = {"sensitivity": lambda: sensitivity(a.out), "specificity": lambda: specificity(a.out),
              "shipped": lambda: shipped(a.out, a.pinned), "benchmark": lambda: benchmark(a.out),
-             "example": lambda: example(a.out)}
+             "example": lambda: example(a.out), "readme": lambda: readme(a.out)}
     for name in (steps if a.what == "all" else [a.what]):
         print(f"doctor_validation: {name}")
         steps[name]()

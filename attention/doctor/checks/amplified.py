@@ -143,4 +143,4 @@ def amplified_logits(ctx):
               + (f"; softmax taken over dim {wrong_dim}, not the keys" if wrong_dim else ""))
     measured = max([v for _, _, v in parts if v is not None] + ([math.inf] if not finite else []))
     return row("amplified_logits", "fail" if bad else "pass", measured,
-               f"finite; masked weight, leak <= {EXACT_REL:g}; hull <= {HULL_REL:g}; row sums +-{ROW_SUM_TOL:g}", detail)
+               f"finite; leak <= {EXACT_REL:g}; hull <= {HULL_REL:g}", detail)
