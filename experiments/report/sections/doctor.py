@@ -36,7 +36,8 @@ def sensitivity(s: dict) -> str:
     for r in s["rows"]:
         v = _verdicts(r["result"])
         t = set(r["targets"])
-        ctl = ", ".join(f"{SHORT[c]} {_cell(_verdicts(r['control'])[c], False)}" for c in r["targets"]) if r.get("control") else "–"
+        ctl = ", ".join(f"{SHORT[c]} {_cell(_verdicts(r['control'])[c], False)}" for c in r["targets"]) \
+            if r.get("control") and r["targets"] else "–"
         lines.append(f"| `{r['exp']}` | " + " | ".join(_cell(v[n], n in t) for n in names) + f" | {ctl} |")
         missed += [f"{r['exp']}/{c}" for c in r["targets"] if v[c] not in ("fail", "warn")]
         if not t and r["exp"] != "baseline":
@@ -46,6 +47,9 @@ def sensitivity(s: dict) -> str:
            f"that target that value; the last column: the same checks on the experiment's control (the "
            f"value fixed). Targeted checks that did not flag their failure value: "
            f"{', '.join(missed) if missed else 'none'}.", "", *lines, ""]
+    notes = [f"- `{r['exp']}`: {r['control_note']}" for r in s["rows"] if r.get("control_note")]
+    if notes:
+        out += ["Controls on which a targeted check does not pass:\n", *notes, ""]
     if untargeted:
         out.append("Catalogue failures no check targets, and why:\n")
         out += [f"- `{r['exp']}` ({r['broken']}): {r.get('not_detected') or 'no reason recorded'}" for r in untargeted]
