@@ -37,9 +37,9 @@ ENTRIES = [
           "float16/bfloat16 error beyond twice a reference attention's; inf or NaN with large q.k"),
     Entry("long_positions", ("rope_low_precision",), "huggingface/transformers #29496",
           "outputs at positions shifted by 4096 differ (rotary phases in low precision)"),
-    Entry("score_scale", ("no_scaling", "cosine_no_temperature"), "",
+    Entry("score_scale", ("no_scaling", "cosine_no_temperature"), "mlc-ai/mlc-llm #3426",
           "scores of unit-variance q and k with a standard deviation far from 1 (a missing 1/sqrt(d_k))"),
-    Entry("path_agreement", (), "",
+    Entry("path_agreement", (), "huggingface/transformers #48769",
           "the target's attention paths disagree with each other or with the reference"),
 ]
 CATALOGUE = {e.name: e for e in ENTRIES}
