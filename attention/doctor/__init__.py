@@ -8,7 +8,8 @@
 Depends on torch only (transformers and this project's Hydra config are imported only for the
 targets that need them). docs/doctor.md: the checks, their tolerances, the adapter protocol.
 """
-from attention.doctor.adapters import Adapter, CallableLM, Layer, TargetError, TorchMHA, Unsupported, adapt
+from attention.doctor.adapters import Adapter, CallableLM, Layer, TargetError, TorchMHA, Unsupported
+from attention.doctor.dispatch import adapt
 from attention.doctor.examine import examine
 from attention.doctor.result import DoctorResult, Row
 

@@ -4,7 +4,8 @@ import traceback
 
 import torch
 
-from attention.doctor.adapters import TargetError, adapt
+from attention.doctor.adapters import TargetError
+from attention.doctor.dispatch import adapt
 from attention.doctor.catalogue import ORDER
 from attention.doctor.checks import CHECKS, Context
 from attention.doctor.checks.common import TargetRaised, row

@@ -5,7 +5,7 @@ from contextlib import contextmanager
 
 import torch
 
-from attention.doctor.adapters import Adapter, TargetError, Unsupported
+from attention.doctor.adapters import Adapter, TargetError, Unsupported, _params
 
 # A small model: these attribute names are the common ones of transformers' configs (each
 # config maps its own names onto them through attribute_map, e.g. GPT-2's n_embd).
@@ -30,6 +30,10 @@ def small_config(model_type: str, **overrides):
         cfg.head_dim = cfg.hidden_size // cfg.num_attention_heads
     if "num_key_value_heads" in d and "num_key_value_heads" not in overrides:
         cfg.num_key_value_heads = KV_HEADS  # grouped-query where the architecture has it
+    if isinstance(d.get("query_pre_attn_scalar"), (int, float)) and "query_pre_attn_scalar" not in overrides:
+        cfg.query_pre_attn_scalar = cfg.hidden_size // cfg.num_attention_heads  # Gemma 2/3: head_dim
+    if isinstance(d.get("rotary_dim"), int) and "rotary_dim" not in overrides:  # GPT-J, CodeGen: within a head
+        cfg.rotary_dim = min(cfg.rotary_dim, cfg.hidden_size // cfg.num_attention_heads)
     for k in ("bos_token_id", "eos_token_id", "pad_token_id"):
         v = getattr(cfg, k, None)
         if isinstance(v, int) and v >= cfg.vocab_size:
@@ -68,6 +72,8 @@ class HFCausalLM(Adapter):
         if mask is not None:
             kw["attention_mask"] = mask.long()
         if positions is not None:
+            if "position_ids" not in _params(self.module.forward):
+                raise Unsupported("needs position ids (its forward takes no position_ids)")
             kw["position_ids"] = positions
         return self.module(input_ids=x, **kw).logits
 

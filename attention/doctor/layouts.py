@@ -18,7 +18,7 @@ PROJ_PAIRS = [("q_proj", "k_proj"), ("W_q", "W_k"), ("query", "key"), ("wq", "wk
               ("q", "k"), ("query_proj", "key_proj"), ("linear_q", "linear_k"), ("q_lin", "k_lin")]
 FUSED = ("c_attn", "qkv_proj", "Wqkv", "qkv", "query_key_value", "qkv_linear", "W_pack", "att_proj", "in_proj")
 HEADS = ("num_heads", "num_attention_heads", "n_head", "n_heads")
-KV_HEADS = ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "n_kv_head")
+KV_HEADS = ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "n_kv_head", "kv_heads")
 HEAD_DIM = ("head_dim", "head_size", "d_k")
 
 

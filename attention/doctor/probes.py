@@ -62,9 +62,15 @@ class Call:
 
     def reference(self, dtype=torch.float64) -> torch.Tensor:
         """The textbook attention on this call's q, k, v: softmax(q k^T scale + mask) v in `dtype`
-        (scores and softmax as `(q @ k^T) * scale` in that dtype: PyTorch's standard attention)."""
+        (scores as `(q @ k^T) * scale` in that dtype: PyTorch's standard attention); for an eager
+        trace, softmax(the scores it saw) v."""
         q, k, v = self.q.to(dtype), self.k.to(dtype), self.v.to(dtype)
-        s = (q @ k.transpose(-2, -1)) * self.scale
+        if self.source == "softmax":
+            # an eager trace: the scores as the softmax saw them (an additive bias the doctor cannot
+            # attribute, ALiBi or a learned mask, is in them); the check covers softmax and weights @ V
+            s = self.scores.to(dtype)
+        else:
+            s = (q @ k.transpose(-2, -1)) * self.scale
         if self.bias is not None:
             s = s + self.bias.to(dtype)
         vis = self.visible
@@ -81,6 +87,14 @@ def _expand(k, h):
     if k.dim() == 4 and k.shape[1] != h and h % k.shape[1] == 0:
         return k.repeat_interleave(h // k.shape[1], dim=1)
     return k
+
+
+def _like(t, lead):
+    """t (..., X, Y) viewed with leading dims `lead` when it holds the same elements (a
+    (B h, T, d) batch of heads as (B, h, T, d)); else t as it is."""
+    if tuple(t.shape[:-2]) == tuple(lead) or t.numel() != math.prod(lead) * t.shape[-2] * t.shape[-1]:
+        return t
+    return t.reshape(tuple(lead) + tuple(t.shape[-2:]))
 
 
 def _arg(args, kwargs, i, name, default=None):
@@ -228,8 +242,8 @@ class Probe(TorchFunctionMode):
         call = Call("softmax", self._where(), scores=s.detach(), weights=out.detach(), dim=dim - s.dim(),
                     visible=s.detach() > MASKED)
         qk = self._pending_qk
-        if qk is not None and qk[2].shape[-2:] == s.shape[-2:]:
-            a, b, prod = qk
+        if qk is not None and qk[2].shape[-2:] == s.shape[-2:] and qk[2].numel() == s.numel():
+            a, b, prod = (_like(t, s.shape[:-2]) for t in qk)   # (B h, T, d) -> (B, h, T, d) (Bloom, NeoX)
             call.q, call.k = a.detach(), b.detach().transpose(-2, -1)
             h = call.q.shape[-3] if call.q.dim() >= 3 else 1
             call.k = _expand(call.k, h)
@@ -244,8 +258,9 @@ class Probe(TorchFunctionMode):
             return
         c = self._pending_call
         if c is not None and c.weights is not None and a.shape[-2:] == c.weights.shape[-2:]:
-            c.v = _expand(b.detach(), c.q.shape[-3] if c.q is not None and c.q.dim() >= 3 else 1)
-            c.out = out.detach()
+            lead = c.weights.shape[:-2]
+            c.v = _expand(_like(b.detach(), lead), c.q.shape[-3] if c.q is not None and c.q.dim() >= 3 else 1)
+            c.out = _like(out.detach(), lead)
             self._pending_call = None
         else:
             self._pending_qk = (a, b, out)

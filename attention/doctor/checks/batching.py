@@ -22,7 +22,7 @@ def batch_independence(ctx):
     except Unsupported as e:
         d_mask, masked = 0.0, f"; with padding: n/a ({e})"
     worst = max(d_plain, d_mask)
-    return row("batch_independence", "fail" if worst > AGREE_REL else "pass", worst, f"<= {AGREE_REL:g} rel",
+    return row("batch_independence", "fail" if worst > AGREE_REL else "pass", worst, f"<= {AGREE_REL:g}",
                f"row 0 in a batch of {B} (B == T) against alone: {d_plain:.3g}{masked}")
 
 
@@ -54,7 +54,7 @@ def padding(ctx):
         d_left_pos = rel(ctx.run(x, m, positions=pos)[0, P:], ref) if ctx.adapter.kind == "lm" else None
     except Unsupported:
         d_left_pos = None
-    tol = f"<= {AGREE_REL:g} rel"
+    tol = f"<= {AGREE_REL:g}"
     detail = (f"real tokens' outputs against the unpadded row: right padding {d_right:.3g}, left padding "
               f"{d_left:.3g}" + ("" if d_left_pos is None else f", left padding with position ids from the mask {d_left_pos:.3g}"))
     if d_right > AGREE_REL:

@@ -51,5 +51,5 @@ def path_agreement(ctx):
             d = max(d, rel(outs[p][1], outs[first][1]))
         parts.append(f"{p} against {first}: {d:.3g}")
         worst = max(worst, d)
-    return row("path_agreement", "fail" if worst > AGREE_REL else "pass", worst, f"<= {AGREE_REL:g} rel",
+    return row("path_agreement", "fail" if worst > AGREE_REL else "pass", worst, f"<= {AGREE_REL:g}",
                "; ".join(parts) + " (padded batch: real tokens only)")

@@ -5,7 +5,7 @@ from contextlib import contextmanager
 import torch
 
 from attention.doctor.checks.common import SCALE_BAND, row, skip, visible_scores
-from attention.doctor.layouts import attention_modules, measured_sites, scaled_sites
+from attention.doctor.layouts import measured_sites, scaled_sites
 
 
 def unit_factors(ctx):
@@ -33,8 +33,7 @@ def unit_qk(ctx, adapter=None):
     if f is None:
         yield False
         return
-    a = adapter or ctx.adapter
-    sites = [s for _, _, s in attention_modules(a.module) if s is not None]
+    sites = ctx.sites(None if adapter is None or adapter is ctx.adapter else adapter)
     with scaled_sites(sites, *f):
         yield True
 
@@ -51,7 +50,9 @@ def score_scale(ctx):
     with scaled_sites(sites, *f), measured_sites(sites, after):
         _, calls = ctx.probe(x)
     stds = []
-    for i, c in enumerate(calls):
+    for c in calls:
+        if c.source == "project" and c.scale is None:   # additive or bilinear scores: not q . k
+            continue
         s = visible_scores(c)
         s = s[torch.isfinite(s)]
         if s.numel() < 2 or c.module not in after or not after[c.module]:
@@ -59,7 +60,7 @@ def score_scale(ctx):
         rq, rk = after[c.module][0]
         stds.append(float(s.std()) / max(rq * rk, 1e-30))
     if not stds:
-        return skip("score_scale", "needs the scores of a known q/k site's calls (none seen)")
+        return skip("score_scale", "needs dot-product scores of a known q/k site's calls (none seen)")
     worst = max(stds, key=lambda v: abs(math.log(max(v, 1e-30))))
     lo, hi = SCALE_BAND
     ok = lo <= worst <= hi
