@@ -77,13 +77,16 @@ def _vm_size() -> int:
 
 def test_runner_isolates_hang_crash_memory_and_cpu(tmp_path, monkeypatch):
     monkeypatch.setattr(worker, "examine_one", _fake_examine)
-    archs = ["hang", "segv", "hog", "spin", "ok"]
-    hashes = dict.fromkeys(archs, "h")
+    archs = ["hang", "segv", "hog", "ok"]
+    hashes = dict.fromkeys(archs + ["spin"], "h")
     tasks = runner.pending(archs, ["eager", "sdpa"], tmp_path, hashes)
     assert tasks == {a: ["eager", "sdpa"] for a in archs}
     seen = []
     runner.run(tasks, tmp_path, checks=None, table={"archs": {}}, hashes=hashes, workers=2,
-               timeout_s=5, cpu_s=1, mem_bytes=_vm_size() + (1 << 30), progress=seen.append)
+               timeout_s=5, cpu_s=60, mem_bytes=_vm_size() + (1 << 30), progress=seen.append)
+    # a busy loop meets the CPU cap (SIGXCPU) long before the wall clock, even on a loaded box
+    runner.run({"spin": ["eager"]}, tmp_path, checks=None, table={"archs": {}}, hashes=hashes,
+               timeout_s=300, cpu_s=1, mem_bytes=None, progress=seen.append)
     assert len(seen) == 5
     res = {(a, i): json.loads(worker.result_path(tmp_path, a, i).read_text())
            for a in archs for i in ("eager", "sdpa")}
@@ -91,8 +94,9 @@ def test_runner_isolates_hang_crash_memory_and_cpu(tmp_path, monkeypatch):
     assert res[("segv", "sdpa")]["status"] == "crash" and "SIGSEGV" in res[("segv", "sdpa")]["reason"]
     assert res[("hog", "eager")]["status"] == "memory"
     assert res[("hog", "sdpa")]["status"] == "memory"  # the next implementation ran after the first hit the cap
-    assert res[("spin", "eager")]["status"] == "timeout" and "SIGXCPU" in res[("spin", "eager")]["reason"]
     assert res[("ok", "sdpa")]["status"] == "examined"
+    spin = json.loads(worker.result_path(tmp_path, "spin", "eager").read_text())
+    assert spin["status"] == "timeout" and "SIGXCPU" in spin["reason"]
     # resume: only what has no result (or a stale shrink) is pending
     worker.result_path(tmp_path, "ok", "sdpa").unlink()
     assert runner.pending(archs, ["eager", "sdpa"], tmp_path, {**hashes, "segv": "changed"}) == {

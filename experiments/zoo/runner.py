@@ -84,8 +84,10 @@ def run(tasks: dict[str, list[str]], out: Path, *, checks, table: dict, hashes: 
     while queue or running:
         while queue and len(running) < workers:
             arch, impls = queue.pop(0)
+            mem = (table["archs"].get(arch) or {}).get("mem_gb")
             p = ctx.Process(target=_child, name=f"zoo-{arch}", daemon=True,
-                            args=(body, arch, impls, str(out), checks, table, hashes[arch], mem_bytes, cpu_s))
+                            args=(body, arch, impls, str(out), checks, table, hashes[arch],
+                                  int(mem * 2 ** 30) if mem else mem_bytes, cpu_s))
             p.start()
             running[arch] = (p, impls, time.monotonic(), None)
         time.sleep(0.05)

@@ -57,6 +57,10 @@ def _fix_derived(cfg, generic: dict, kw: dict):
     d = cfg.to_dict()
     if "head_dim" in d and "head_dim" not in kw and isinstance(d.get("num_attention_heads"), int):
         cfg.head_dim = d["hidden_size"] // d["num_attention_heads"]
+    if "query_pre_attn_scalar" in d and "query_pre_attn_scalar" not in kw:
+        # Gemma 2/3 scale scores by query_pre_attn_scalar ** -0.5, 256 by default: their default
+        # head_dim. Left at 256 beside a 16-wide head, scores would be 4x too small.
+        cfg.query_pre_attn_scalar = getattr(cfg, "head_dim", None) or d["hidden_size"] // d["num_attention_heads"]
     vocab = d.get("vocab_size")
     for k in ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id"):
         v = d.get(k)

@@ -16,6 +16,7 @@ NOT_BUILT = "build_error"      # the config or the model could not be built
 NO_FORWARD = "forward_error"   # built, but a plain forward or a cache step raised
 UNSUPPORTED = "unsupported"    # the architecture does not offer this attention implementation
 TARGET_ERROR = "doctor_target_error"  # the doctor could not use the model (its TargetError)
+DOCTOR_ERROR = "doctor_error"  # the doctor itself raised (a doctor bug, not the model's)
 SKIPPED = "skipped"            # the shrink table says why it is not examined
 MEMORY = "memory"              # an allocation failed under the memory cap
 
@@ -133,6 +134,11 @@ def examine_one(arch: str, impl: str, table: dict, checks) -> dict:
         r = examine(model, name=f"hf:{arch} {impl}", checks=checks, seed=0)
     except TargetError as e:
         return {**res, "status": TARGET_ERROR, "stage": "doctor", "reason": str(e)[:300]}
+    except Exception as e:  # the doctor's own exception: a row for /work/notes/zoo_to_doctor.md
+        if _is_memory(e):
+            raise
+        return {**res, "status": DOCTOR_ERROR, "stage": "doctor", "reason": _line(e),
+                "trace": traceback.format_exc(limit=-4)}
     d = r.to_dict()
     return {**res, "status": EXAMINED, "checks": d["checks"], "info": d.get("info", {})}
 

@@ -12,7 +12,7 @@ import yaml
 NAME = "zoo"
 ORDER = 58
 TRIAGE = Path(__file__).resolve().parents[2] / "zoo" / "triage.yaml"
-STATUSES = ["examined", "unsupported", "build_error", "forward_error", "doctor_target_error", "timeout",
+STATUSES = ["examined", "unsupported", "build_error", "forward_error", "doctor_target_error", "doctor_error", "timeout",
             "crash", "memory", "skipped"]
 KINDS = {"known": "known behaviour", "false_alarm": "doctor false alarm", "finding": "new finding"}
 
@@ -54,10 +54,40 @@ def _where(flags: list[tuple]) -> str:
     return ", ".join(f"{a} ({'+'.join(sorted(i))})" for a, i in sorted(by_arch.items()))
 
 
-def render(runs, fig_dir: Path) -> str | None:
+def blocks(runs, fig_dir: Path) -> dict[str, str]:
+    """The section (`zoo`) and a line for the README (`zoo_summary`); none without zoo.json."""
     z = load(fig_dir)
     if not z:
-        return None
+        return {}
+    return {"zoo": render_zoo(z), "zoo_summary": summary(z)}
+
+
+def render(runs, fig_dir: Path) -> str | None:
+    z = load(fig_dir)
+    return render_zoo(z) if z else None
+
+
+def _flags(z: dict) -> list[tuple]:
+    return [(r["arch"], r["impl"], c["name"], c["verdict"], c.get("measured"))
+            for r in z["results"] if r["status"] == "examined" for c in r["checks"]
+            if c["verdict"] in ("fail", "warn")]
+
+
+def summary(z: dict) -> str:
+    per_impl = Counter(r["impl"] for r in z["results"] if r["status"] == "examined")
+    flags = _flags(z)
+    entries = load_triage()
+    groups = triage(flags, entries)
+    kinds = Counter()
+    for i, fl in groups.items():
+        kinds[entries[i]["kind"] if i >= 0 else "untriaged"] += len(fl)
+    tri = ", ".join(f"{kinds[k]} {KINDS.get(k, k)}" for k in [*KINDS, "untriaged"] if kinds[k])
+    return (f"transformers {z['transformers']}: **{z['examined']} of {z['archs']}** causal-LM architectures "
+            f"examined (" + ", ".join(f"{i} {n}" for i, n in sorted(per_impl.items())) + f"); {len(flags)} fail "
+            f"or warn rows, triaged: {tri or 'none'}.\n")
+
+
+def render_zoo(z: dict) -> str:
     results = z["results"]
     impls = z["impls"]
     examined = [r for r in results if r["status"] == "examined"]
@@ -87,8 +117,7 @@ def render(runs, fig_dir: Path) -> str | None:
     out += [f"| {n} | " + " | ".join(" / ".join(str(v[(n, i, k)]) for k in kinds) for i in impls) + " |"
             for n in order]
     # triage
-    flags = [(r["arch"], r["impl"], c["name"], c["verdict"], c.get("measured"))
-             for r in examined for c in r["checks"] if c["verdict"] in ("fail", "warn")]
+    flags = _flags(z)
     entries = load_triage()
     groups = triage(flags, entries)
     out.append(f"\n### Every fail and warn, triaged\n\n{len(flags)} fail or warn rows. Each is a known "
