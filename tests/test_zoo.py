@@ -127,3 +127,31 @@ def test_bad_input_is_one_line_and_exit_2(args, names, capsys, tmp_path):
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1 and names in err[0], err
     assert not (tmp_path / "runs").exists()
+
+
+def test_report_section_counts_and_triage(tmp_path):
+    from experiments.report.sections import zoo as section
+    check = lambda name, verdict: {"name": name, "verdict": verdict, "measured": 0.5, "tolerance": "", "detail": ""}
+    results = [
+        {"arch": "gpt2", "impl": "eager", "status": "examined", "cpu_s": 1.0,
+         "checks": [check("padding", "warn"), check("low_precision", "fail")]},
+        {"arch": "gpt2", "impl": "sdpa", "status": "examined", "cpu_s": 1.0,
+         "checks": [check("padding", "warn"), check("low_precision", "pass")]},
+        {"arch": "newarch", "impl": "eager", "status": "examined", "cpu_s": 1.0,
+         "checks": [check("padding", "pass"), check("kv_cache", "fail")]},
+        {"arch": "broken", "impl": "eager", "status": "timeout", "reason": "killed after 600 s wall clock"},
+    ]
+    (tmp_path / "zoo").mkdir()
+    (tmp_path / "zoo" / "zoo.json").write_text(json.dumps({
+        "transformers": "5.23.0", "torch": "2.13.0", "archs": 3, "examined": 2, "impls": ["eager", "sdpa"],
+        "not_examined": {"broken": ["eager: timeout: killed after 600 s wall clock"]}, "not_run": [],
+        "results": results}))
+    blocks = section.blocks([], tmp_path / "figures")
+    md = blocks["zoo"]
+    assert "| eager | 2 | 1 |" in md and "| sdpa | 1 | 0 |" in md  # examined, timeout per implementation
+    assert "| padding | 1 / 0 / 1 / 0 | 0 / 0 / 1 / 0 |" in md    # pass / fail / warn / skip per implementation
+    # triaged by experiments/zoo/triage.yaml: gpt2's warn and eager fail are known; newarch's fail is not
+    assert "huggingface/transformers#21080" in md and "huggingface/transformers#33317" in md
+    assert "| kv_cache | fail | **untriaged** | newarch (eager) |" in md
+    assert "**broken**: eager: timeout" in md
+    assert "**2 of 3**" in blocks["zoo_summary"] and "1 untriaged" in blocks["zoo_summary"]

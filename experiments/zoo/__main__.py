@@ -20,7 +20,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-IMPLS = ("eager", "sdpa")  # flex_attention also runs on CPU, but compiles per input shape
+# flex_attention also runs on CPU, but torch.compile builds it anew for every input shape (seconds
+# of CPU each, and the doctor uses dozens of shapes): `--impl flex_attention` for a few architectures
+IMPLS = ("eager", "sdpa")
 
 
 def parse(argv):

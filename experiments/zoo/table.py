@@ -5,7 +5,7 @@ import csv
 import json
 from pathlib import Path
 
-from experiments.io import atomic_write, write_json
+from experiments.io import atomic_write
 from experiments.zoo.worker import EXAMINED
 
 COLUMNS = ["arch", "impl", "class", "status", "check", "verdict", "measured", "tolerance", "detail"]
@@ -46,12 +46,24 @@ def examined_archs(results: list[dict]) -> set[str]:
     return {r["arch"] for r in results if r["status"] == EXAMINED}
 
 
+def _why_not(results: list[dict], arch: str) -> list[str]:
+    """'eager+sdpa: timeout: killed after ...': one line per distinct (status, reason)."""
+    by: dict[tuple, list[str]] = {}
+    for r in results:
+        if r["arch"] == arch:
+            by.setdefault((r["status"], _short(r.get("reason"), 240)), []).append(r["impl"])
+    return [f"{'+'.join(sorted(i))}: {s}: {why}" for (s, why), i in sorted(by.items())]
+
+
 def write(out: Path, archs: list[str]) -> dict:
     """zoo.csv and zoo.json for the architectures `archs` (results of others are left out)."""
     import torch
     import transformers
     wanted = set(archs)
     results = [r for r in load(out) if r["arch"] in wanted]
+    if not results:  # a clean clone has the committed table but no result files: keep the table
+        return json.loads((Path(out) / "zoo.json").read_text()) if (Path(out) / "zoo.json").exists() else {
+            "archs": len(archs), "examined": 0}
     rows = flat(results)
 
     def w(f):
@@ -64,10 +76,19 @@ def write(out: Path, archs: list[str]) -> dict:
                "archs": len(archs), "examined": len(seen),
                "impls": sorted({r["impl"] for r in results}),
                "cpu_s": round(sum(r.get("cpu_s", 0) for r in results), 1),
-               "not_examined": {a: sorted({f"{r['impl']}: {r['status']}: {_short(r.get('reason'), 200)}"
-                                           for r in results if r["arch"] == a})
-                                for a in sorted(wanted - seen) if a in ran},
+               "not_examined": {a: _why_not(results, a) for a in sorted(wanted - seen) if a in ran},
                "not_run": sorted(wanted - ran),
-               "results": [{k: v for k, v in r.items() if k not in ("trace",)} for r in results]}
-    write_json(Path(out) / "zoo.json", summary)
+               "results": [_slim(r) for r in results]}
+    text = json.dumps(summary, sort_keys=True, separators=(",", ":"), default=str)
+    atomic_write(Path(out) / "zoo.json", lambda f: f.write(text.replace(',{"arch"', ',\n{"arch"')))
     return summary
+
+
+def _slim(r: dict) -> dict:
+    """A result as zoo.json keeps it: no traceback, no per-check timings, details cut at 400 chars."""
+    r = {k: v for k, v in r.items() if k != "trace"}
+    if "info" in r:
+        r["info"] = {k: v for k, v in r["info"].items() if k != "seconds"}
+    if "checks" in r:
+        r["checks"] = [{**c, "detail": _short(c.get("detail"), 400)} for c in r["checks"]]
+    return r

@@ -27,7 +27,8 @@ def load_triage(path=TRIAGE) -> list[dict]:
 
 
 def _matches(e: dict, arch: str, impl: str, check: str, verdict: str) -> bool:
-    return (e["check"] == check and e.get("verdict", verdict) == verdict and e.get("impl", impl) in (impl, "*")
+    return (fnmatch.fnmatchcase(check, e["check"]) and e.get("verdict", verdict) == verdict
+            and e.get("impl", impl) in (impl, "*")
             and any(fnmatch.fnmatchcase(arch, pat) for pat in e.get("archs", ["*"])))
 
 
@@ -98,7 +99,10 @@ def render_zoo(z: dict) -> str:
            f"`experiments/zoo/shrink.yaml`), runs a forward and a KV-cache step, then the doctor's checks, with "
            f"each attention implementation ({', '.join(impls)}; torch {z['torch']}, CPU), each architecture in "
            f"a process of its own. **{z['examined']} of {z['archs']}** architectures were examined with at "
-           f"least one implementation; {sum(r.get('cpu_s', 0) for r in results):,.0f} CPU seconds in all.\n"]
+           f"least one implementation; {sum(r.get('cpu_s', 0) for r in results):,.0f} CPU seconds in all. "
+           "Of transformers' other implementations, `flex_attention` runs on CPU but compiles for every new "
+           "input shape (`--impl flex_attention` runs it; it is not in this reference), `paged|eager` needs "
+           "the continuous-batching cache, and the flash-attention kernels need CUDA.\n"]
     # outcomes
     cnt = Counter((r["impl"], r["status"]) for r in results)
     cols = [s for s in STATUSES if any(cnt[(i, s)] for i in impls)]
@@ -134,8 +138,15 @@ def render_zoo(z: dict) -> str:
                 out.append(f"| {check} | {verdict} | **untriaged** | {_where(sub)} | |")
             else:
                 e = entries[i]
-                ref = link(e.get("thread", "")) if e["kind"] != "finding" else f"`{e.get('finding', '')}`"
+                ref = (link(e.get("thread", "")) if e["kind"] != "finding"
+                       else f"[{Path(e['finding']).name}](../{e['finding']})")
                 out.append(f"| {check} | {verdict} | {KINDS[e['kind']]}: {e['note']} | {_where(sub)} | {ref} |")
+    # no attention at all: the black-box checks still apply, the white-box ones skip
+    none = sorted({r["arch"] for r in examined if r.get("info", {}).get("attention_modules") == 0
+                   and r.get("info", {}).get("qk_sites", 0) == 0})
+    if none:
+        out.append(f"\nThe doctor found no attention module in: {', '.join(none)} (state-space and recurrent "
+                   "models, or a layout it does not know yet); the black-box checks apply, the white-box ones skip.")
     # not examined
     ne = z.get("not_examined", {})
     if ne:
