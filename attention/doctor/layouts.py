@@ -194,24 +194,33 @@ def _looks_like_attention(m: nn.Module) -> bool:
 
 def attention_modules(root: nn.Module) -> list[tuple[str, nn.Module, Site | None]]:
     """(name, module, site) of each attention module: a module whose class name says attention
-    (or nn.MultiheadAttention) with a known q/k layout; without any such, the outermost modules
-    whose class name says attention (site None: q and k cannot be reached)."""
-    found = []
+    (or nn.MultiheadAttention), with its q/k site where the layout is known; where it is not
+    (site None: q and k cannot be reached, its calls are still seen), the outermost such module
+    that neither holds nor sits in one with a site (a hybrid's softmax layers beside its linear ones)."""
+    sited = []
     for name, m in root.named_modules():
         if isinstance(m, nn.MultiheadAttention) or _looks_like_attention(m):
             s = site_of(name, m)
             if s is not None:
-                found.append((name, m, s))
+                sited.append((name, m, s))
     # an attention module inside another one with a site (a wrapper's core) is the same layer
-    names = [n for n, _, _ in found]
-    found = [f for f in found if not any(f[0] != o and f[0].startswith(o + ".") for o in names)]
-    if found:
-        return found
-    outer = []
+    names = [n for n, _, _ in sited]
+    sited = [f for f in sited if not any(f[0] != o and f[0].startswith(o + ".") for o in names)]
+    names = [n for n, _, _ in sited]
+    found, outer = list(sited), []
     for name, m in root.named_modules():
-        if _looks_like_attention(m) and not any(name.startswith(o + ".") for o, _, _ in outer):
-            outer.append((name, m, None))
-    return outer
+        if not _looks_like_attention(m) or name in names or any(name.startswith(o + ".") for o in outer):
+            continue
+        related = any(_nested(name, o) or _nested(o, name) for o in names)
+        if not related:
+            outer.append(name)
+            found.append((name, m, None))
+    order = {n: i for i, (n, _) in enumerate(root.named_modules())}
+    return sorted(found, key=lambda f: order[f[0]])
+
+
+def _nested(inner: str, outer: str) -> bool:
+    return outer == "" or inner.startswith(outer + ".")
 
 
 @contextmanager
