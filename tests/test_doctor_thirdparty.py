@@ -66,5 +66,5 @@ def test_hf_builder_makes_encoder_style_lms_decoders():
     alone is checked: importing BERT's modeling code costs seconds."""
     pytest.importorskip("transformers")
     from attention.doctor.hf import small_config
-    assert small_config("bert").is_decoder and small_config("llama").is_decoder
+    assert small_config("bert").is_decoder
     assert not small_config("bert", is_decoder=False).is_decoder
