@@ -136,3 +136,29 @@ def test_a_temperature_by_position_is_not_a_phase_error():
     torch.manual_seed(0)   # the same with the phases in bfloat16: the scores change key by key
     bad = examine(TemperedRopeLM(phase_dtype=torch.bfloat16), checks=["eval_dropout", "long_positions"], strict=True)
     assert bad["long_positions"].verdict == "fail", bad["long_positions"].detail
+
+
+class _Config:
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+class CompositeLM(nn.Module):
+    """A transformers-style multimodal LM: vocab_size only in the config's text part."""
+    def __init__(self):
+        super().__init__()
+        text = _Config(vocab_size=16, max_position_embeddings=64)
+        self.config = _Config(get_text_config=lambda: text)
+        self.emb, self.head = nn.Embedding(16, 8), nn.Linear(8, 16)
+
+    def get_input_embeddings(self):
+        return self.emb
+
+    def forward(self, input_ids, use_cache=False):
+        return _Config(logits=self.head(self.emb(input_ids)))
+
+
+def test_hf_adapter_reads_a_composite_config():
+    from attention.doctor.hf import HFCausalLM
+    a = HFCausalLM(CompositeLM())
+    assert a.vocab_size == 16 and a.forward(torch.zeros(2, 4, dtype=torch.long)).shape == (2, 4, 16)

@@ -75,7 +75,12 @@ class HFCausalLM(Adapter):
     def __init__(self, model, name=""):
         super().__init__(model, name or f"transformers {type(model).__name__}")
         cfg = model.config
-        self.vocab_size = cfg.vocab_size
+        if hasattr(cfg, "get_text_config"):   # a composite (multimodal) config keeps these in its text part
+            cfg = cfg.get_text_config()
+        emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+        self.vocab_size = getattr(cfg, "vocab_size", None) or getattr(emb, "num_embeddings", None)
+        if self.vocab_size is None:
+            raise TargetError(f"{self.name}: no vocab_size in its config and no input embedding")
         absolute = any(hasattr(cfg, k) for k in ("n_positions",)) or getattr(cfg, "position_embedding_type", "") == "absolute"
         self.max_len = getattr(cfg, "max_position_embeddings", None) if absolute else None
 
