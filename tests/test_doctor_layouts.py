@@ -162,3 +162,35 @@ def test_hf_adapter_reads_a_composite_config():
     from attention.doctor.hf import HFCausalLM
     a = HFCausalLM(CompositeLM())
     assert a.vocab_size == 16 and a.forward(torch.zeros(2, 4, dtype=torch.long)).shape == (2, 4, 16)
+
+
+class LatentAttention(nn.Module):
+    """Multi-head latent attention as DeepSeek-V2 names it: k per head is [kv_b_proj's nope part |
+    a rope part shared by the heads, from kv_a_proj_with_mqa]; `scale` None: 1/sqrt(d_k)."""
+    qk_nope_head_dim, qk_rope_head_dim, v_head_dim, kv_lora_rank, heads = 4, 2, 4, 6, 2
+
+    def __init__(self, d=16, scale=None):
+        super().__init__()
+        H, n, r, v, lo = self.heads, self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim, self.kv_lora_rank
+        self.scale = scale
+        self.q_proj, self.kv_a_proj_with_mqa = nn.Linear(d, H * (n + r)), nn.Linear(d, lo + r)
+        self.kv_b_proj, self.o_proj = nn.Linear(lo, H * (n + v)), nn.Linear(H * v, d)
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        H, n, r, v = self.heads, self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim
+        q = self.q_proj(x).view(B, T, H, n + r).transpose(1, 2)
+        latent, k_rot = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, r], -1)
+        k_nope, val = self.kv_b_proj(latent).view(B, T, H, n + v).transpose(1, 2).split([n, v], -1)
+        k = torch.cat([k_nope, k_rot[:, None].expand(B, H, T, r)], -1)
+        y = F.scaled_dot_product_attention(q, k, val, is_causal=True, scale=self.scale)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, H * v))
+
+
+def test_latent_attention_layout_makes_q_and_k_unit_variance():
+    torch.manual_seed(0)
+    r = examine(LatentAttention(), causal=True, checks=["eval_dropout", "score_scale"], strict=True)
+    assert r.info["qk_sites"] == 1 and r["score_scale"].verdict == "pass", r["score_scale"].detail
+    torch.manual_seed(0)   # no 1/sqrt(d_k): the std is sqrt(6)
+    bad = examine(LatentAttention(scale=1.0), causal=True, checks=["eval_dropout", "score_scale"], strict=True)
+    assert bad["score_scale"].verdict == "fail" and 2.0 < bad["score_scale"].measured < 3.0
