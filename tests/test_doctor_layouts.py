@@ -164,9 +164,10 @@ def test_hf_adapter_reads_a_composite_config():
     assert a.vocab_size == 16 and a.forward(torch.zeros(2, 4, dtype=torch.long)).shape == (2, 4, 16)
 
 
-class LatentAttention(nn.Module):
+class LatentMixer(nn.Module):
     """Multi-head latent attention as DeepSeek-V2 names it: k per head is [kv_b_proj's nope part |
-    a rope part shared by the heads, from kv_a_proj_with_mqa]; `scale` None: 1/sqrt(d_k)."""
+    a rope part shared by the heads, from kv_a_proj_with_mqa]; `scale` None: 1/sqrt(d_k). Its class
+    name does not say attention (LongcatFlashMLA's does not): the layout alone marks it."""
     qk_nope_head_dim, qk_rope_head_dim, v_head_dim, kv_lora_rank, heads = 4, 2, 4, 6, 2
 
     def __init__(self, d=16, scale=None):
@@ -189,8 +190,8 @@ class LatentAttention(nn.Module):
 
 def test_latent_attention_layout_makes_q_and_k_unit_variance():
     torch.manual_seed(0)
-    r = examine(LatentAttention(), causal=True, checks=["eval_dropout", "score_scale"], strict=True)
+    r = examine(LatentMixer(), causal=True, checks=["eval_dropout", "score_scale"], strict=True)
     assert r.info["qk_sites"] == 1 and r["score_scale"].verdict == "pass", r["score_scale"].detail
     torch.manual_seed(0)   # no 1/sqrt(d_k): the std is sqrt(6)
-    bad = examine(LatentAttention(scale=1.0), causal=True, checks=["eval_dropout", "score_scale"], strict=True)
+    bad = examine(LatentMixer(scale=1.0), causal=True, checks=["eval_dropout", "score_scale"], strict=True)
     assert bad["score_scale"].verdict == "fail" and 2.0 < bad["score_scale"].measured < 3.0

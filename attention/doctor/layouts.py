@@ -262,19 +262,20 @@ def _looks_like_attention(m: nn.Module) -> bool:
 
 
 def attention_modules(root: nn.Module) -> list[tuple[str, nn.Module, Site | None]]:
-    """(name, module, site) of each attention module: a module whose class name says attention
-    (or nn.MultiheadAttention), with its q/k site where the layout is known; where it is not
+    """(name, module, site) of each attention module: a module with a known q/k layout (its site),
+    or one whose class name says attention; where the layout is not known
     (site None: q and k cannot be reached, its calls are still seen), the outermost such module
     that neither holds nor sits in one with a site (a hybrid's softmax layers beside its linear ones)."""
     sited = []
     for name, m in root.named_modules():
-        if isinstance(m, nn.MultiheadAttention) or _looks_like_attention(m):
-            s = site_of(name, m)
-            if s is not None:
-                sited.append((name, m, s))
+        s = site_of(name, m)
+        # a class name that says attention, or a layout no other layer has (LongcatFlashMLA): a
+        # fused `in_proj` or a bare q/k pair alone does not make a module attention (Mamba's mixer)
+        if s is not None and (isinstance(m, nn.MultiheadAttention) or _looks_like_attention(m) or _distinctive(s)):
+            sited.append((name, m, s))
     # an attention module inside another one with a site (a wrapper's core) is the same layer
     names = [n for n, _, _ in sited]
-    sited = [f for f in sited if not any(f[0] != o and f[0].startswith(o + ".") for o in names)]
+    sited = [f for f in sited if not any(f[0] != o and _nested(f[0], o) for o in names)]
     names = [n for n, _, _ in sited]
     found, outer = list(sited), []
     for name, m in root.named_modules():
@@ -286,6 +287,15 @@ def attention_modules(root: nn.Module) -> list[tuple[str, nn.Module, Site | None
             found.append((name, m, None))
     order = {n: i for i, (n, _) in enumerate(root.named_modules())}
     return sorted(found, key=lambda f: order[f[0]])
+
+
+def _distinctive(site) -> bool:
+    if isinstance(site, MLASite):
+        return True
+    if isinstance(site, PairSite):
+        names = {n for n, c in site.module.named_children() if c is site.q or c is site.k}
+        return not names <= {"q", "k", "query", "key"}
+    return False
 
 
 def _nested(inner: str, outer: str) -> bool:
