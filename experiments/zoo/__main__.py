@@ -7,7 +7,7 @@ the attention doctor with each attention implementation; one table.
     python -m experiments.zoo --table                        # rewrite zoo.csv/zoo.json from the results
 
 Writes <out>/runs/<arch>__<impl>.json (one per result, atomically; a rerun skips those done
-with the same shrink), <out>/logs/<arch>.log, and <out>/zoo.csv + zoo.json.
+with the same shrink and the same doctor), <out>/logs/<arch>.log, and <out>/zoo.csv + zoo.json.
 """
 import argparse
 import os
@@ -40,6 +40,18 @@ def parse(argv):
     return p.parse_args(argv)
 
 
+def doctor_hash() -> str:
+    """Changes when the doctor's code does: a result of another doctor is stale (one table, one doctor)."""
+    import hashlib
+
+    import attention.doctor
+    root = Path(attention.doctor.__file__).parent
+    h = hashlib.sha1()
+    for p in sorted(root.rglob("*.py")):
+        h.update(p.relative_to(root).as_posix().encode() + p.read_bytes())
+    return h.hexdigest()[:8]
+
+
 def fail(msg):
     print(f"zoo: {msg}", file=sys.stderr)
     sys.exit(2)
@@ -69,7 +81,8 @@ def main(argv=None):
         shrink = load_table()
     except (OSError, ValueError) as e:
         fail(str(e))
-    hashes = {x: entry_hash(x, shrink) + ("" if checks is None else "-" + ",".join(checks or ["none"]))
+    doctor = doctor_hash()
+    hashes = {x: f"{entry_hash(x, shrink)}-{doctor}" + ("" if checks is None else "-" + ",".join(checks or ["none"]))
               for x in archs}
     tasks = runner.pending(archs, impls, a.out, hashes, a.redo)
     t0 = time.monotonic()
