@@ -27,7 +27,8 @@ def load_triage(path=TRIAGE) -> list[dict]:
 
 
 def _matches(e: dict, arch: str, impl: str, check: str, verdict: str) -> bool:
-    return (fnmatch.fnmatchcase(check, e["check"]) and e.get("verdict", verdict) == verdict
+    checks = e["check"] if isinstance(e["check"], list) else [e["check"]]
+    return (any(fnmatch.fnmatchcase(check, c) for c in checks) and e.get("verdict", verdict) == verdict
             and e.get("impl", impl) in (impl, "*")
             and any(fnmatch.fnmatchcase(arch, pat) for pat in e.get("archs", ["*"])))
 
@@ -125,7 +126,8 @@ def render_zoo(z: dict) -> str:
     entries = load_triage()
     groups = triage(flags, entries)
     out.append(f"\n### Every fail and warn, triaged\n\n{len(flags)} fail or warn rows. Each is a known "
-               "behaviour with its public thread, a doctor false alarm (fixed in the doctor, the row rerun), "
+               "behaviour with its public thread, a doctor false alarm (noted for the doctor; the row reruns once it "
+               "is fixed), "
                "or a new finding with a reproduction outside the doctor (`docs/findings/`); "
                "the triage is `experiments/zoo/triage.yaml`.\n")
     out.append("| check | verdict | triage | where (architecture, implementations) | thread or finding |\n"
