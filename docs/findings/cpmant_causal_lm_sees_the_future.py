@@ -29,3 +29,12 @@ with torch.no_grad():
     loss_a = m(input_ids=x, labels=x).loss
     loss_b = m(input_ids=x2, labels=x).loss  # same labels, later inputs changed
     print(f"cpmant: loss with the same labels, later inputs changed: {loss_a.item():.4f} -> {loss_b.item():.4f}")
+    # and its cache, called as a decoding loop calls it: CpmAntModel.forward prepends its prompt
+    # positions to the new tokens on every call, and the shapes no longer meet the cached keys
+    for new in (1, 3):
+        cache = m(input_ids=x[:, : 12 - new], use_cache=True).past_key_values
+        try:
+            m(input_ids=x[:, 12 - new:], past_key_values=cache, use_cache=True)
+            print(f"cpmant: prefill {12 - new}, then {new} token(s) through the cache: ran")
+        except RuntimeError as e:
+            print(f"cpmant: prefill {12 - new}, then {new} token(s) through the cache: RuntimeError: {str(e).splitlines()[0]}")

@@ -51,7 +51,7 @@ def _why_not(results: list[dict], arch: str) -> list[str]:
     by: dict[tuple, list[str]] = {}
     for r in results:
         if r["arch"] == arch:
-            by.setdefault((r["status"], _short(r.get("reason"), 240)), []).append(r["impl"])
+            by.setdefault((r["status"], _short(r.get("reason"), 400)), []).append(r["impl"])
     return [f"{'+'.join(sorted(i))}: {s}: {why}" for (s, why), i in sorted(by.items())]
 
 
