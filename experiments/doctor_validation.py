@@ -167,7 +167,11 @@ def specificity(out: Path):
 # -- shipped bugs in pinned releases ----------------------------------------------------------
 
 # each case: a release with the bug, the release that fixed it, what to build, the check that must flag it
-# (Llama 4.38 keeps a max_position_embeddings^2 causal mask: 4160 positions, enough for +4096, not 8192)
+# (Llama 4.38 keeps a max_position_embeddings^2 causal mask: 4160 positions, enough for +4096, not 8192).
+# "deps": directories under --pinned put on PYTHONPATH after the release's own; "python": a virtual
+# environment under --pinned whose interpreter runs the case (transformers < 4.22 checks the
+# tokenizers version at import and no tokenizers < 0.13 installs on Python 3.11: venv-notok has
+# torch and no tokenizers, which those releases accept). PINNED has the commands.
 SHIPPED = [
     {"name": "llama_rope_bf16_autocast", "package": "transformers", "buggy": "4.38.1", "fixed": "4.38.2",
      "build": ["hf", "llama", "sdpa", {"max_position_embeddings": 4160}], "check": "long_positions",
@@ -179,15 +183,36 @@ SHIPPED = [
      "thread": "huggingface/transformers #29285",
      "bug": "Gemma's own rotary embedding (modeling_gemma.py, written apart from Llama's) had the same "
             "phases under bfloat16 autocast; fixed in the same release"},
+    {"name": "gpt2_finite_masked_bias", "package": "transformers", "buggy": "4.20.1", "fixed": "4.21.0",
+     "build": ["hf", "gpt2", None, {}], "check": "amplified_logits", "python": "venv-notok",
+     "thread": "huggingface/transformers #17121 (fixed by PR #17306)",
+     "bug": "GPT-2's causal mask replaces future scores by masked_bias = -1e4, a finite value: a query whose "
+            "visible scores all fall below -1e4 gives the future keys the larger weight (a model can learn "
+            "to read the future, #17121, #15199); 4.21.0 uses torch.finfo(dtype).min"},
+    {"name": "torchtune_sdpa_dropout_in_eval", "package": "torchtune", "buggy": "0.3.1", "fixed": "0.4.0",
+     "build": ["torchtune", "llama2", None, {"attn_dropout": 0.1}], "check": "eval_dropout", "deps": ["tt-deps"],
+     "thread": "meta-pytorch/torchtune #1791 (fixed by PR #1803)",
+     "bug": "MultiHeadAttention passes attn_dropout to scaled_dot_product_attention whatever the mode, and "
+            "SDPA drops out whenever dropout_p > 0 (pytorch/pytorch #124464): a model built with attention "
+            "dropout stays random in eval; 0.4.0 passes 0.0 outside training"},
+]
+# how each pinned directory is made (--pinned is the directory these run in)
+PINNED = [
+    "pip install --no-deps --target tf-4.38.1 transformers==4.38.1 tokenizers==0.15.2 huggingface-hub==0.20.3",
+    "pip install --no-deps --target tf-4.38.2 transformers==4.38.2 tokenizers==0.15.2 huggingface-hub==0.20.3",
+    "python -m venv venv-notok && venv-notok/bin/pip install torch==2.13.0 numpy tqdm regex requests packaging "
+    "filelock pyyaml typing-extensions",
+    "venv-notok/bin/pip install --no-deps --target tf-4.20.1 transformers==4.20.1 huggingface-hub==0.8.1",
+    "venv-notok/bin/pip install --no-deps --target tf-4.21.0 transformers==4.21.0 huggingface-hub==0.8.1",
+    "pip install --no-deps --target tt-0.3.1 torchtune==0.3.1 torchao==0.6.1",
+    "pip install --no-deps --target tt-0.4.0 torchtune==0.4.0 torchao==0.6.1",
+    "pip install --no-deps --target tt-deps datasets multiprocess pyarrow dill xxhash sentencepiece tiktoken",
 ]
 # releases tried that do not import or do not show their bug here (Python 3.11, torch 2.13), and why
 NOT_USED = {
-    "transformers 4.15.0 (GPT-2's finite masked_bias -1e4, karpathy/minGPT #75)":
-        "needs tokenizers<0.11: no wheel for Python 3.11, and building one needs crates.io",
-    "transformers 4.21.0": "needs tokenizers<0.13: no wheel for Python 3.11, and building one needs crates.io",
-    "torchtune 0.3.1 / 0.4.0 (attention dropout in eval, meta-pytorch/torchtune #1791)":
-        "its package import needs torchvision, which does not import beside torch 2.13's CPU build "
-        "(operator torchvision::nms does not exist), and HF datasets",
+    "transformers 4.15.0 / 4.21.0 with their own tokenizers":
+        "tokenizers < 0.13 has no wheel for Python 3.11 and building one needs crates.io; the GPT-2 case "
+        "runs them in a virtual environment without tokenizers instead (the models need none)",
     "transformers 4.38.2 / 4.40.2 Mistral (rotary phases from a bfloat16 inv_freq, #29496)":
         "the bug needs a sequence longer than the cached rotary length; position ids beyond the sequence "
         "raise IndexError in these releases, so the doctor's long_positions skips them",
@@ -201,7 +226,7 @@ NOT_USED = {
 
 
 def _pinned_dir(pinned: Path, package: str, version: str) -> Path:
-    short = {"transformers": "tf"}[package]
+    short = {"transformers": "tf", "torchtune": "tt"}[package]
     return pinned / f"{short}-{version}"
 
 
@@ -211,6 +236,13 @@ def build_case(spec):
     if kind == "hf":
         from attention.doctor.hf import build
         return build(name, impl, **kw)
+    if kind == "torchtune":  # a small model from torchtune's own builder, random weights
+        import importlib
+        import torch
+        builder = getattr(importlib.import_module(f"torchtune.models.{name}"), name)
+        torch.manual_seed(0)
+        return builder(vocab_size=64, num_layers=2, num_heads=4, num_kv_heads=2, embed_dim=32,
+                       max_seq_len=4160, **kw).eval()
     raise ValueError(f"unknown case kind {kind}")
 
 
@@ -234,11 +266,18 @@ def shipped(out: Path, pinned: Path):
             d = _pinned_dir(pinned, case["package"], v)
             sys_ok = _installed_version(case["package"]) == v
             if not d.is_dir() and not sys_ok:
-                row[which + "_result"] = {"error": f"not installed: pip install --no-deps --target {d} {case['package']}=={v}"}
+                row[which + "_result"] = {"error": f"not installed: {d} (see PINNED in experiments/doctor_validation.py)"}
                 continue
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(([str(d)] if d.is_dir() else []) + [str(ROOT)]),
+            deps = [pinned / x for x in case.get("deps", [])]
+            python = pinned / case["python"] / "bin" / "python" if case.get("python") else Path(sys.executable)
+            missing = [str(x) for x in deps + [python] if not x.exists()]
+            if missing:
+                row[which + "_result"] = {"error": "not installed: " + ", ".join(missing)}
+                continue
+            path = ([str(d)] if d.is_dir() else []) + [str(x) for x in deps] + [str(ROOT)]
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(path),
                    "TRANSFORMERS_VERBOSITY": "error", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-            p = subprocess.run([sys.executable, "-m", "experiments.doctor_validation", "one", case["name"]],
+            p = subprocess.run([str(python), "-m", "experiments.doctor_validation", "one", case["name"]],
                                cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
             got = [ln[5:] for ln in p.stdout.splitlines() if ln.startswith("JSON:")]
             if p.returncode or not got:
@@ -250,7 +289,7 @@ def shipped(out: Path, pinned: Path):
                 row[which + "_version"] = j["version"]
         rows.append(row)
         print(f"  {case['name']}: " + "; ".join(f"{w} {_verdict(row, w, case['check'])}" for w in ("buggy", "fixed")))
-    _write(out, "shipped", {"env": _env(), "rows": rows, "not_used": NOT_USED})
+    _write(out, "shipped", {"env": _env(), "rows": rows, "pinned": PINNED, "not_used": NOT_USED})
 
 
 def _verdict(row, which, check):

@@ -58,3 +58,13 @@ def test_transformers_models(hf, model_type, impl):
     assert not_passed(r) == want, r.table() + "\n" + r.details()
     assert r["path_agreement"].verdict == "pass"   # eager and sdpa, each against the reference
     assert r.info["qk_sites"] == 2
+
+
+def test_hf_builder_makes_encoder_style_lms_decoders():
+    """hf:bert is BertLMHeadModel as a decoder (is_decoder=True, as transformers asks): built as an
+    encoder it reads the future (future_leak failed), the builder's fault, not BERT's. The config
+    alone is checked: importing BERT's modeling code costs seconds."""
+    pytest.importorskip("transformers")
+    from attention.doctor.hf import small_config
+    assert small_config("bert").is_decoder
+    assert not small_config("bert", is_decoder=False).is_decoder

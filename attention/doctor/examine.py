@@ -32,7 +32,14 @@ def examine(target, *, causal=None, device="cpu", dtype=torch.float32, checks=No
     order). seed: the inputs' seed. strict: re-raise the doctor's own errors instead of reporting
     them as `skip: doctor error`. Raises TargetError when the target cannot be used at all.
     """
-    adapter = adapt(target, causal=causal) if causal is not None else adapt(target)
+    try:
+        adapter = adapt(target, causal=causal) if causal is not None else adapt(target)
+    except TargetError:
+        raise
+    except Exception as e:   # an adapter that cannot read the target: one line, not a traceback
+        if strict:
+            raise
+        raise TargetError(f"cannot drive {type(target).__name__}: {type(e).__name__}: {e}"[:300]) from None
     try:
         adapter.module.to(device=torch.device(device), dtype=_dtype(dtype))
     except (RuntimeError, ValueError) as e:

@@ -34,6 +34,8 @@ def small_config(model_type: str, **overrides):
         cfg.query_pre_attn_scalar = cfg.hidden_size // cfg.num_attention_heads  # Gemma 2/3: head_dim
     if isinstance(d.get("rotary_dim"), int) and "rotary_dim" not in overrides:  # GPT-J, CodeGen: within a head
         cfg.rotary_dim = min(cfg.rotary_dim, cfg.hidden_size // cfg.num_attention_heads)
+    if d.get("is_decoder") is False and "is_decoder" not in overrides:
+        cfg.is_decoder = True   # BERT-style encoders are causal LMs only as decoders (transformers says so)
     for k in ("bos_token_id", "eos_token_id", "pad_token_id"):
         v = getattr(cfg, k, None)
         if isinstance(v, int) and v >= cfg.vocab_size:
@@ -55,6 +57,16 @@ def build(model_type_or_config, attn_implementation: str | None = None, seed: in
     return model.eval()
 
 
+def _takes(fn, name) -> bool:
+    """fn accepts the keyword `name` (by name or through **kwargs)."""
+    import inspect
+    try:
+        ps = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.name == name or p.kind is p.VAR_KEYWORD for p in ps)
+
+
 class HFCausalLM(Adapter):
     """Any transformers causal LM: logits from forward(input_ids, attention_mask, position_ids);
     the cache through past_key_values / use_cache; paths through set_attn_implementation."""
@@ -63,12 +75,17 @@ class HFCausalLM(Adapter):
     def __init__(self, model, name=""):
         super().__init__(model, name or f"transformers {type(model).__name__}")
         cfg = model.config
-        self.vocab_size = cfg.vocab_size
+        if hasattr(cfg, "get_text_config"):   # a composite (multimodal) config keeps these in its text part
+            cfg = cfg.get_text_config()
+        emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+        self.vocab_size = getattr(cfg, "vocab_size", None) or getattr(emb, "num_embeddings", None)
+        if self.vocab_size is None:
+            raise TargetError(f"{self.name}: no vocab_size in its config and no input embedding")
         absolute = any(hasattr(cfg, k) for k in ("n_positions",)) or getattr(cfg, "position_embedding_type", "") == "absolute"
         self.max_len = getattr(cfg, "max_position_embeddings", None) if absolute else None
 
     def forward(self, x, mask=None, positions=None):
-        kw = {"use_cache": False}
+        kw = {"use_cache": False} if _takes(self.module.forward, "use_cache") else {}   # older GPT, XLM: no cache
         if mask is not None:
             kw["attention_mask"] = mask.long()
         if positions is not None:

@@ -3,8 +3,9 @@
 
 A small registry of known layouts: this project's W_q/W_k (q_norm/k_norm under qk-layernorm),
 transformers' q_proj/k_proj (q_norm/k_norm where present), fused q|k|v projections (nanoGPT's and
-GPT-2's c_attn, qkv_proj, Wqkv, ...), nn.MultiheadAttention's in_proj_weight. A layout the doctor
-misreads is caught by measurement: the checks verify that scaling a site scaled the scores.
+GPT-2's c_attn, qkv_proj, Wqkv, ...), multi-head latent attention's q_b_proj / kv_a_proj_with_mqa /
+kv_b_proj, nn.MultiheadAttention's in_proj_weight. A layout the doctor misreads is caught by
+measurement: the checks verify that scaling a site scaled the scores.
 """
 from contextlib import ExitStack, contextmanager
 
@@ -108,6 +109,71 @@ class FusedSite(Site):
             h.remove()
 
 
+class MLASite(Site):
+    """Multi-head latent attention (DeepSeek-V2's names): q out of q_b_proj (or q_proj); each head's
+    k is [its first qk_nope_head_dim columns of kv_b_proj's (nope + v) | the rope part shared by the
+    heads: kv_a_proj_with_mqa's columns after kv_lora_rank]."""
+    def __init__(self, name, module, q, kv_a, kv_b, nope, rope, v_dim, lora):
+        super().__init__(name, module)
+        self.q, self.kv_a, self.kv_b = q, kv_a, kv_b
+        self.nope, self.rope, self.v_dim, self.lora = nope, rope, v_dim, lora
+
+    def _nope_v(self, o):
+        return o.unflatten(-1, (-1, self.nope + self.v_dim)).split([self.nope, self.v_dim], -1)
+
+    @contextmanager
+    def scaled(self, fq, fk):
+        def kv_b(m, i, o):
+            n, v = self._nope_v(o)
+            return torch.cat([n * fk, v], -1).flatten(-2)
+        def kv_a(m, i, o):
+            return torch.cat([o[..., :self.lora], o[..., self.lora:] * fk], -1)
+        hs = [self.q.register_forward_hook(lambda m, i, o: _mul(o, fq)),
+              self.kv_a.register_forward_hook(kv_a), self.kv_b.register_forward_hook(kv_b)]
+        try:
+            yield
+        finally:
+            for h in hs:
+                h.remove()
+
+    @contextmanager
+    def measuring(self, out):
+        got = {}
+        def done():
+            if len(got) == 3:   # q, and k's mean square over its nope and rope columns
+                ms = (self.nope * got.pop("nope") + self.rope * got.pop("rope")) / (self.nope + self.rope)
+                out.append((got.pop("q"), ms ** 0.5))
+        def hq(m, i, o):
+            got["q"] = _rms(o)
+            done()
+        def ha(m, i, o):
+            got["rope"] = _rms(o[..., self.lora:]) ** 2
+            done()
+        def hb(m, i, o):
+            got["nope"] = _rms(self._nope_v(o)[0]) ** 2
+            done()
+        hs = [self.q.register_forward_hook(hq), self.kv_a.register_forward_hook(ha),
+              self.kv_b.register_forward_hook(hb)]
+        try:
+            yield
+        finally:
+            for h in hs:
+                h.remove()
+
+
+def _mla(name, m):
+    q = _child(m, "q_b_proj") if _child(m, "q_b_proj") is not None else _child(m, "q_proj")
+    kv_a, kv_b = _child(m, "kv_a_proj_with_mqa"), _child(m, "kv_b_proj")
+    if q is None or kv_a is None or kv_b is None:
+        return None
+    cfg = getattr(m, "config", None)
+    dims = [getattr(m, a, None) or getattr(cfg, a, None)
+            for a in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank")]
+    if not all(isinstance(d, int) and d > 0 for d in dims):
+        return None
+    return MLASite(name, m, q, kv_a, kv_b, *dims)
+
+
 class MHASite(Site):
     """nn.MultiheadAttention: q and k rows of in_proj_weight (and bias), scaled in place and
     restored; measured from the query and key it is called with."""
@@ -169,6 +235,9 @@ def site_of(name: str, m: nn.Module) -> Site | None:
     """The q/k site of module m if its layout is known, else None."""
     if isinstance(m, nn.MultiheadAttention):
         return MHASite(name, m)
+    mla = _mla(name, m)
+    if mla is not None:
+        return mla
     for pairs in (NORM_PAIRS, PROJ_PAIRS):
         for a, b in pairs:
             q, k = _child(m, a), _child(m, b)
@@ -193,25 +262,44 @@ def _looks_like_attention(m: nn.Module) -> bool:
 
 
 def attention_modules(root: nn.Module) -> list[tuple[str, nn.Module, Site | None]]:
-    """(name, module, site) of each attention module: a module whose class name says attention
-    (or nn.MultiheadAttention) with a known q/k layout; without any such, the outermost modules
-    whose class name says attention (site None: q and k cannot be reached)."""
-    found = []
+    """(name, module, site) of each attention module: a module with a known q/k layout (its site),
+    or one whose class name says attention; where the layout is not known
+    (site None: q and k cannot be reached, its calls are still seen), the outermost such module
+    that neither holds nor sits in one with a site (a hybrid's softmax layers beside its linear ones)."""
+    sited = []
     for name, m in root.named_modules():
-        if isinstance(m, nn.MultiheadAttention) or _looks_like_attention(m):
-            s = site_of(name, m)
-            if s is not None:
-                found.append((name, m, s))
+        s = site_of(name, m)
+        # a class name that says attention, or a layout no other layer has (LongcatFlashMLA): a
+        # fused `in_proj` or a bare q/k pair alone does not make a module attention (Mamba's mixer)
+        if s is not None and (isinstance(m, nn.MultiheadAttention) or _looks_like_attention(m) or _distinctive(s)):
+            sited.append((name, m, s))
     # an attention module inside another one with a site (a wrapper's core) is the same layer
-    names = [n for n, _, _ in found]
-    found = [f for f in found if not any(f[0] != o and f[0].startswith(o + ".") for o in names)]
-    if found:
-        return found
-    outer = []
+    names = [n for n, _, _ in sited]
+    sited = [f for f in sited if not any(f[0] != o and _nested(f[0], o) for o in names)]
+    names = [n for n, _, _ in sited]
+    found, outer = list(sited), []
     for name, m in root.named_modules():
-        if _looks_like_attention(m) and not any(name.startswith(o + ".") for o, _, _ in outer):
-            outer.append((name, m, None))
-    return outer
+        if not _looks_like_attention(m) or name in names or any(name.startswith(o + ".") for o in outer):
+            continue
+        related = any(_nested(name, o) or _nested(o, name) for o in names)
+        if not related:
+            outer.append(name)
+            found.append((name, m, None))
+    order = {n: i for i, (n, _) in enumerate(root.named_modules())}
+    return sorted(found, key=lambda f: order[f[0]])
+
+
+def _distinctive(site) -> bool:
+    if isinstance(site, MLASite):
+        return True
+    if isinstance(site, PairSite):
+        names = {n for n, c in site.module.named_children() if c is site.q or c is site.k}
+        return not names <= {"q", "k", "query", "key"}
+    return False
+
+
+def _nested(inner: str, outer: str) -> bool:
+    return outer == "" or inner.startswith(outer + ".")
 
 
 @contextmanager

@@ -107,13 +107,21 @@ class Probe(TorchFunctionMode):
     """with Probe(modules) as p: model(x)  ->  p.calls.
 
     modules: [(name, module)] of the attention modules; function calls are recorded only while
-    one of them runs (all of them when the list is empty). qk_factor multiplies q and k of every
-    sdpa call (the fallback to amplify scores where no q/k site is known)."""
+    one of them runs (all of them when the list is empty).
 
-    def __init__(self, modules=(), qk_factor: float | None = None):
+    Scores amplified inside the calls (the fallback where no q/k site is known): qk_factor
+    multiplies q and k of every sdpa call, and the two inputs of each matmul named in qk_matmuls
+    ((module, n): the n-th matmul that module ran in this forward, one a softmax took the
+    output of in an earlier trace: `call.extra["qk_matmul"]`); qk_where: the modules where this
+    applies (None: all)."""
+
+    def __init__(self, modules=(), qk_factor: float | None = None, qk_where=None, qk_matmuls=()):
         super().__init__()
         self.modules = list(modules)
         self.qk_factor = qk_factor
+        self.qk_where = None if qk_where is None else set(qk_where)
+        self.qk_matmuls = set(qk_matmuls)
+        self._matmuls: dict[str, int] = {}   # module -> matmuls it ran so far
         self.calls: list[Call] = []
         self.errors: list[str] = []   # raised by the probe's own code (a doctor bug), not the target
         self._stack: list[tuple[str, bool]] = []   # (module name, recorded by the project's recorder)
@@ -157,18 +165,28 @@ class Probe(TorchFunctionMode):
         if func is F.multi_head_attention_forward:   # a Python function the mode sees whole
             with self._inside_functional():
                 return func(*args, **kwargs)
+        mm = None
+        if (func in MATMUL or func in BADDBMM) and self._recording():
+            where = self._where()
+            mm = (where, self._matmuls.get(where, 0))
+            self._matmuls[where] = mm[1] + 1
+            if mm in self.qk_matmuls and self._scaling(where):
+                args, kwargs = _scaled_matmul(func, args, kwargs, self.qk_factor)
         out = func(*args, **kwargs)
         if self._recording():
             try:
                 if func in SOFTMAX:
                     self._softmax(args, kwargs, out)
                 elif func in MATMUL:
-                    self._matmul(args[0], args[1], out)
+                    self._matmul(args[0], args[1], out, mm)
                 elif func in BADDBMM:
-                    self._matmul(_arg(args, kwargs, 1, "batch1"), _arg(args, kwargs, 2, "batch2"), out)
+                    self._matmul(_arg(args, kwargs, 1, "batch1"), _arg(args, kwargs, 2, "batch2"), out, mm)
             except Exception as e:   # the doctor's own error: the target's forward goes on
                 self.errors.append(f"{type(e).__name__}: {e}")
         return out
+
+    def _scaling(self, where) -> bool:
+        return self.qk_factor is not None and (self.qk_where is None or where in self.qk_where)
 
     @contextmanager
     def _inside_functional(self):
@@ -206,7 +224,7 @@ class Probe(TorchFunctionMode):
 
     def _sdpa(self, func, args, kwargs):
         q, k, v = args[0], args[1], args[2]
-        if self.qk_factor is not None:
+        if self._scaling(self._where()) and (self._recording() or not self.modules):
             q, k = q * self.qk_factor, k * self.qk_factor
             args = (q, k, v) + tuple(args[3:])
         out = func(*args, **kwargs)
@@ -243,7 +261,9 @@ class Probe(TorchFunctionMode):
                     visible=s.detach() > MASKED)
         qk = self._pending_qk
         if qk is not None and qk[2].shape[-2:] == s.shape[-2:] and qk[2].numel() == s.numel():
-            a, b, prod = (_like(t, s.shape[:-2]) for t in qk)   # (B h, T, d) -> (B, h, T, d) (Bloom, NeoX)
+            if qk[3] is not None:
+                call.extra["qk_matmul"] = qk[3]
+            a, b, prod = (_like(t, s.shape[:-2]) for t in qk[:3])   # (B h, T, d) -> (B, h, T, d) (Bloom, NeoX)
             call.q, call.k = a.detach(), b.detach().transpose(-2, -1)
             h = call.q.shape[-3] if call.q.dim() >= 3 else 1
             call.k = _expand(call.k, h)
@@ -253,7 +273,7 @@ class Probe(TorchFunctionMode):
         self._pending_call = call
         self.calls.append(call)
 
-    def _matmul(self, a, b, out):
+    def _matmul(self, a, b, out, mm=None):
         if not isinstance(out, torch.Tensor) or out.dim() < 3:
             return
         c = self._pending_call
@@ -263,7 +283,21 @@ class Probe(TorchFunctionMode):
             c.out = _like(out.detach(), lead)
             self._pending_call = None
         else:
-            self._pending_qk = (a, b, out)
+            self._pending_qk = (a, b, out, mm)
+
+
+def _scaled_matmul(func, args, kwargs, f):
+    """args, kwargs of a matmul (a @ b) or baddbmm (input + alpha batch1 @ batch2) with its two
+    factors times f: its product, and so the scores, times f^2; a bias it adds is left alone."""
+    if func in MATMUL:
+        return (args[0] * f, args[1] * f) + tuple(args[2:]), kwargs
+    args, kwargs = list(args), dict(kwargs)
+    for i, name in ((1, "batch1"), (2, "batch2")):
+        if name in kwargs:
+            kwargs[name] = kwargs[name] * f
+        else:
+            args[i] = args[i] * f
+    return tuple(args), kwargs
 
 
 def _project_explicit(m) -> bool:

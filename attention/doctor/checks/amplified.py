@@ -10,30 +10,38 @@ from attention.doctor.layouts import attention_modules, scaled_sites
 
 
 class Amplifier:
-    """How to scale the scores of a target: its q/k sites times `factor`, or (no known site)
-    every SDPA call's q and k times `factor`."""
-    def __init__(self, ctx, factor, by_sites: bool, reached: float):
-        self.ctx, self.factor, self.by_sites, self.reached = ctx, factor, by_sites, reached
+    """How to scale the scores of a target: q and k times `factor` at each verified q/k site whose
+    module computes scores (`at`: their names; a linear attention's are left alone), and in the
+    modules without one inside their calls (SDPA's q and k; the two inputs of the matmul whose
+    output a softmax took, found in an unamplified trace)."""
+    def __init__(self, ctx, factor, reached: float, at=frozenset(), in_call=frozenset(), matmuls=frozenset()):
+        self.ctx, self.factor, self.reached = ctx, factor, reached
+        self.at, self.in_call, self.matmuls = at, in_call, matmuls
+        self.by_sites = bool(at)
 
     @contextmanager
     def on(self, adapter):
-        """Scaled scores on `adapter` (this one or a converted copy: sites are found afresh)."""
-        if self.by_sites:
-            sites = self.ctx.sites(None if adapter is self.ctx.adapter else adapter)
-            with scaled_sites(sites, self.factor, self.factor):
-                yield None
-        else:
-            yield self.factor   # the probe's qk_factor
+        """Scaled scores on `adapter` (this one or a converted copy: sites are found afresh);
+        yields the probe's in-call arguments."""
+        sites = [s for s in self.ctx.sites(None if adapter is self.ctx.adapter else adapter) if s.name in self.at]
+        with scaled_sites(sites, self.factor, self.factor):
+            yield ({"qk_factor": self.factor, "qk_where": self.in_call, "qk_matmuls": self.matmuls}
+                   if self.in_call else {})
 
     def scaled_to(self, largest: float) -> "Amplifier":
         """The same amplifier aimed at a largest score of `largest` (scores scale as factor^2)."""
-        return Amplifier(self.ctx, self.factor * math.sqrt(largest / self.reached), self.by_sites, largest)
+        return Amplifier(self.ctx, self.factor * math.sqrt(largest / self.reached), largest,
+                         self.at, self.in_call, self.matmuls)
+
+    def where(self) -> str:
+        return ", ".join(([f"at {len(self.at)} q/k site(s)"] if self.by_sites else []) +
+                         ([f"inside the calls of {len(self.in_call)} module(s) without one"] if self.in_call else []))
 
     def probe(self, ctx, x, mask=None, adapter=None):
         adapter = adapter or ctx.adapter
-        with self.on(adapter) as qk:
+        with self.on(adapter) as kw:
             mods = attention_modules(adapter.module) if adapter is not ctx.adapter else None
-            return ctx.probe(x, mask, qk_factor=qk, adapter=adapter, modules=mods)
+            return ctx.probe(x, mask, adapter=adapter, modules=mods, **kw)
 
 
 def _max_score(calls) -> float:
@@ -48,16 +56,21 @@ def amplifier(ctx):
     x = ctx.sample(k=30)
     _, calls = ctx.probe(x)
     m0 = _max_score(calls)
-    by_sites = bool(ctx.sites())
+    sited = {s.name for s in ctx.sites()}
+    at = frozenset(sited & {c.module for c in calls})
+    unsited = {c.module for c in calls if c.module not in sited}
+    in_call = frozenset(m for m in unsited if any(c.module == m and c.source == "sdpa" for c in calls))
+    matmuls = frozenset(c.extra["qk_matmul"] for c in calls if c.module in unsited and "qk_matmul" in c.extra)
+    in_call |= {m for m, _ in matmuls}
     if not calls or m0 == 0.0:
         ctx._amp = "needs to see the scores (no softmax or SDPA call seen)"
         return ctx._amp
-    if not by_sites and not any(c.source == "sdpa" for c in calls):
-        ctx._amp = "needs q and k (no known q/k layout, no SDPA call)"
+    if not at and not in_call:
+        ctx._amp = "needs q and k (no known q/k layout, no SDPA call, no q k^T before a softmax)"
         return ctx._amp
     f, m = math.sqrt(AMP_TARGET / m0), m0
     for _ in range(6):
-        amp = Amplifier(ctx, f, by_sites, 0.0)
+        amp = Amplifier(ctx, f, 0.0, at, in_call, matmuls)
         _, calls = amp.probe(ctx, x)
         m = _max_score(calls)
         if AMP_LO <= m <= AMP_HI:
@@ -137,8 +150,7 @@ def amplified_logits(ctx):
              ("rows' weights sum to 1 (worst |sum - 1|)", row_err <= ROW_SUM_TOL and not wrong_dim, row_err),
              ("outputs outside their values' hull (at init or amplified)", hull <= HULL_REL, hull)]
     bad = [p for p in parts if not p[1]]
-    detail = (f"largest score {amp.reached:.3g} (q and k scaled by {amp.factor:.3g}"
-              f"{'' if amp.by_sites else ', inside SDPA calls'}); " +
+    detail = (f"largest score {amp.reached:.3g} (q and k scaled by {amp.factor:.3g} {amp.where()}); " +
               "; ".join(f"{n}: {'yes' if v is None and ok else ('no' if v is None else f'{v:.3g}')}" for n, ok, v in parts)
               + (f"; softmax taken over dim {wrong_dim}, not the keys" if wrong_dim else ""))
     measured = max([v for _, _, v in parts if v is not None] + ([math.inf] if not finite else []))

@@ -83,7 +83,8 @@ class Context:
         """The q/k sites of the target's attention modules whose layout was verified: scaling
         one site's q by 2 must double q k^T in that module's calls, exactly. A site whose calls
         show no q and k cannot be verified and is kept; one that fails is dropped (and named in
-        info). adapter: a converted copy of the target (its sites are found afresh, by name)."""
+        info), and so is one whose module a plain forward never calls. adapter: a converted copy
+        of the target (its sites are found afresh, by name)."""
         if "sites" not in self.cache:
             self.cache["sites"] = self._verified([s for _, _, s in self.modules if s is not None])
         names = self.cache["sites"]
@@ -92,9 +93,18 @@ class Context:
 
     def _verified(self, sites) -> set:
         x = self.sample(k=90)
-        _, base = self.probe(x)
+        ran = set()
+        hooks = [s.module.register_forward_pre_hook(lambda m, a, n=s.name: ran.add(n)) for s in sites]
+        try:
+            _, base = self.probe(x)
+        finally:
+            for h in hooks:
+                h.remove()
         ok = set()
         for site in sites:
+            if site.name not in ran:   # never called by a forward (a decoder's cross-attention)
+                self.info.setdefault("qk_sites_not_called", []).append(site.name)
+                continue
             mine = [c for c in base if c.module == site.name and c.q is not None and c.k is not None]
             if not mine:
                 ok.add(site.name)
@@ -124,12 +134,13 @@ class Context:
             except Exception as e:
                 raise TargetRaised(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]) from e
 
-    def probe(self, x, mask=None, positions=None, qk_factor=None, adapter=None, modules=None):
+    def probe(self, x, mask=None, positions=None, qk_factor=None, adapter=None, modules=None,
+              qk_where=None, qk_matmuls=()):
         """(output, the attention calls seen) of one forward. It runs with autograd on, as
         training does: a fused inference-only path (nn.MultiheadAttention's fast path under
         no_grad) shows nothing; its black-box checks run it, its white-box checks see the other."""
         mods = [(n, m) for n, m, _ in (self.modules if modules is None else modules)]
-        with Probe(mods, qk_factor=qk_factor) as p:
+        with Probe(mods, qk_factor=qk_factor, qk_where=qk_where, qk_matmuls=qk_matmuls) as p:
             out = self.run(x, mask, positions, adapter=adapter, grad=True)
         if p.errors:
             raise RuntimeError(f"probe: {p.errors[0]}")

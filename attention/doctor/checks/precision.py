@@ -110,6 +110,31 @@ def _at(ctx, adapter, x, offset, autocast=False):
         return ctx.run(x, positions=pos, adapter=adapter).float()
 
 
+def _per_query_residual(ctx, adapter, x):
+    """Scores at +LONG_OFFSET against those at +0, each query's row fitted by one factor (least
+    squares over its visible keys): the largest residual relative to the call's largest score, or
+    None where the calls' scores are not seen. A temperature that depends on the query's position
+    leaves 0; a rotary phase error, which differs from key to key, does not."""
+    calls = []
+    for o in (0, LONG_OFFSET):
+        pos = torch.arange(o, o + x.shape[1], device=adapter.device).expand(x.shape[0], -1)
+        with unit_qk(ctx, adapter):
+            calls.append(ctx.probe(x, positions=pos, adapter=adapter)[1])
+    pairs = [(c0, c1) for c0, c1 in zip(*calls) if c0.weights is not None or c0.complete]
+    if not pairs or len(calls[0]) != len(calls[1]):
+        return None
+    worst = 0.0
+    for c0, c1 in pairs:
+        s0, s1 = c0.seen_scores().double(), c1.seen_scores().double()
+        vis = torch.isfinite(s0) & torch.isfinite(s1)
+        if c0.visible is not None:
+            vis &= c0.visible.expand_as(s0)
+        s0, s1 = s0.masked_fill(~vis, 0.0), s1.masked_fill(~vis, 0.0)
+        f = (s0 * s1).sum(-1, keepdim=True) / (s0 * s0).sum(-1, keepdim=True).clamp_min(1e-300)
+        worst = max(worst, float((s1 - f * s0).abs().max()) / max(float(s0.abs().max()), 1e-30))
+    return worst
+
+
 def long_positions(ctx):
     a = ctx.adapter
     if a.kind != "lm":
@@ -129,9 +154,19 @@ def long_positions(ctx):
     parts, bad, measured = [], False, 0.0
     if d_small <= ABSOLUTE_POS:   # relative positions: outputs must not move with a shift
         d_long = rel(_at(ctx, a, x, LONG_OFFSET), y0)
-        bad |= d_long > LONG_REL
         measured = d_long
         parts.append(f"{_name(a.dtype)}: outputs at +{LONG_OFFSET} against +0: {d_long:.3g} (at +16: {d_small:.3g})")
+        if d_long > LONG_REL:
+            r = _per_query_residual(ctx, a, x)
+            if r is not None and r <= LONG_REL:   # a temperature by position (Llama 4's, Beam's), by design
+                measured = r
+                parts.append(f"but the scores at +{LONG_OFFSET} are those at +0 times one factor per query "
+                             f"(residual {r:.3g}): a position-dependent temperature, not a phase error")
+            else:
+                bad = True
+                if r is not None:
+                    parts.append(f"the scores at +{LONG_OFFSET} are not those at +0 times a factor per query "
+                                 f"(residual {r:.3g})")
     else:
         parts.append(f"absolute positions (outputs at +16 differ by {d_small:.3g}): no shift invariance to test")
     # in bfloat16 (weights cast, and float32 weights under autocast, as mixed-precision training

@@ -80,7 +80,12 @@ def _shipped_cell(row, which):
     r = row.get(which + "_result", {})
     if "error" in r:
         return f"error: {r['error']}"
-    return f"{row.get(which + '_version', row[which])}: **{_verdicts(r).get(row['check'], '?')}**"
+    c = next((c for c in r["checks"] if c["name"] == row["check"]), None)
+    if c is None:
+        return f"{row.get(which + '_version', row[which])}: ?"
+    m = c["measured"]
+    m = f" ({m:.3g})" if isinstance(m, (int, float)) else ""
+    return f"{row.get(which + '_version', row[which])}: **{c['verdict']}**{m}"
 
 
 def shipped(s: dict) -> str:
@@ -90,7 +95,9 @@ def shipped(s: dict) -> str:
                      f"{r['package']} {_shipped_cell(r, 'fixed')} | {r['thread']} |")
     tried = [f"- {k}: {v}" for k, v in s.get("not_used", {}).items()]
     return ("Pinned releases of public libraries with a known, shipped attention bug, each installed in a "
-            "directory of its own (`pip install --no-deps --target DIR`), against the release that fixed it:\n\n"
+            "directory of its own (`PINNED` in experiments/doctor_validation.py has the commands), against the "
+            "release that fixed it "
+            "(the check's verdict and what it measured, against the tolerance in docs/doctor.md):\n\n"
             + "\n".join(lines) + "\n\nAlso tried, and why they are not in the table:\n\n" + "\n".join(tried) + "\n")
 
 

@@ -1,0 +1,94 @@
+"""The zoo's table: the result files of every architecture x implementation gathered into
+zoo.csv (one row per check, or one row saying why there are none) and zoo.json (the results
+whole, with the versions). Sorted, no timestamps: the same result files give the same bytes."""
+import csv
+import json
+from pathlib import Path
+
+from experiments.io import atomic_write
+from experiments.zoo.worker import EXAMINED
+
+COLUMNS = ["arch", "impl", "class", "status", "check", "verdict", "measured", "tolerance", "detail"]
+
+
+def load(out: Path) -> list[dict]:
+    rows = []
+    for p in sorted((Path(out) / "runs").glob("*.json")):
+        try:
+            rows.append(json.loads(p.read_text()))
+        except ValueError:
+            continue  # written atomically, so only a foreign file can be half-written
+    return sorted(rows, key=lambda r: (r["arch"], r["impl"]))
+
+
+def _short(text, n=160) -> str:
+    return " ".join(str(text or "").split())[:n]
+
+
+def flat(results: list[dict]) -> list[dict]:
+    """architecture x implementation x check."""
+    out = []
+    for r in results:
+        base = {"arch": r["arch"], "impl": r["impl"], "class": r.get("class") or "", "status": r["status"]}
+        if r["status"] == EXAMINED:
+            for c in r["checks"]:
+                m = c.get("measured")
+                out.append({**base, "check": c["name"], "verdict": c["verdict"],
+                            "measured": "" if m is None else (f"{m:.3g}" if isinstance(m, float) else m),
+                            "tolerance": c.get("tolerance") or "", "detail": _short(c.get("detail"))})
+        else:
+            out.append({**base, "check": "", "verdict": "", "measured": "", "tolerance": "",
+                        "detail": _short(r.get("reason"), 300)})
+    return out
+
+
+def examined_archs(results: list[dict]) -> set[str]:
+    return {r["arch"] for r in results if r["status"] == EXAMINED}
+
+
+def _why_not(results: list[dict], arch: str) -> list[str]:
+    """'eager+sdpa: timeout: killed after ...': one line per distinct (status, reason)."""
+    by: dict[tuple, list[str]] = {}
+    for r in results:
+        if r["arch"] == arch:
+            by.setdefault((r["status"], _short(r.get("reason"), 400)), []).append(r["impl"])
+    return [f"{'+'.join(sorted(i))}: {s}: {why}" for (s, why), i in sorted(by.items())]
+
+
+def write(out: Path, archs: list[str]) -> dict:
+    """zoo.csv and zoo.json for the architectures `archs` (results of others are left out)."""
+    import torch
+    import transformers
+    wanted = set(archs)
+    results = [r for r in load(out) if r["arch"] in wanted]
+    if not results:  # a clean clone has the committed table but no result files: keep the table
+        return json.loads((Path(out) / "zoo.json").read_text()) if (Path(out) / "zoo.json").exists() else {
+            "archs": len(archs), "examined": 0}
+    rows = flat(results)
+
+    def w(f):
+        wr = csv.DictWriter(f, fieldnames=COLUMNS, lineterminator="\n")
+        wr.writeheader()
+        wr.writerows(rows)
+    atomic_write(Path(out) / "zoo.csv", w)
+    seen, ran = examined_archs(results), {r["arch"] for r in results}
+    summary = {"transformers": transformers.__version__, "torch": torch.__version__,
+               "archs": len(archs), "examined": len(seen),
+               "impls": sorted({r["impl"] for r in results}),
+               "cpu_s": round(sum(r.get("cpu_s", 0) for r in results), 1),
+               "not_examined": {a: _why_not(results, a) for a in sorted(wanted - seen) if a in ran},
+               "not_run": sorted(wanted - ran),
+               "results": [_slim(r) for r in results]}
+    text = json.dumps(summary, sort_keys=True, separators=(",", ":"), default=str)
+    atomic_write(Path(out) / "zoo.json", lambda f: f.write(text.replace(',{"arch"', ',\n{"arch"')))
+    return summary
+
+
+def _slim(r: dict) -> dict:
+    """A result as zoo.json keeps it: no traceback, no per-check timings, details cut at 400 chars."""
+    r = {k: v for k, v in r.items() if k != "trace"}
+    if "info" in r:
+        r["info"] = {k: v for k, v in r["info"].items() if k != "seconds"}
+    if "checks" in r:
+        r["checks"] = [{**c, "detail": _short(c.get("detail"), 400)} for c in r["checks"]]
+    return r
