@@ -127,13 +127,20 @@ def _train_run(cfg: dict, run_dir: Path, role: str, ckpt: Path, progress_factory
     logger = make_logger(cfg["logger"], run_dir, cfg, name=f"{name}-seed{cfg['seed']}",
                          group=cfg["exp"]["group"] or name, tags=[name, role, f"seed{cfg['seed']}"])
     trainer.log_fn = logger.log
+    try:
+        return _train(cfg, run_dir, role, ckpt, trainer, progress), logger
+    except BaseException:  # preempted, or a crash outside the training loop: the W&B run is closed here
+        logger.finish(exit_code=1)
+        raise
+
+
+def _train(cfg: dict, run_dir: Path, role: str, ckpt: Path, trainer: Trainer, progress) -> RunRecord:
     t0, c0 = time.perf_counter(), time.process_time()
     error = None
     try:
         res = trainer.run()
     except Preempted:
         write_metrics(run_dir, trainer.res)
-        logger.finish()
         raise
     except Exception as e:  # a crash is a recorded outcome (status error), not a lost run
         res = trainer.res
@@ -150,19 +157,14 @@ def _train_run(cfg: dict, run_dir: Path, role: str, ckpt: Path, progress_factory
             res.final.update(measure_fn(ref)(trainer, cfg))
     tps = [p["perf/tokens_per_s"] for p in res.perf[1:]] or [p["perf/tokens_per_s"] for p in res.perf]
     record = RunRecord(
-        exp=name, role=role, claim=cfg["exp"]["claim"], status=res.status, seed=cfg["seed"],
+        exp=cfg["exp"]["name"], role=role, claim=cfg["exp"]["claim"], status=res.status, seed=cfg["seed"],
         steps_done=res.steps_done, final=res.final or (res.rows[-1] if res.rows else {}),
         nonfinite=res.nonfinite, error=error, params=res.params, config_hash=config_hash(cfg),
         device=str(trainer.device), env=run_env(trainer.device), wall_s=wall, cpu_s=cpu,
         perf={"tokens_per_s": sum(tps) / len(tps) if tps else None},
         context=_context(cfg, trainer, res), config=cfg, dir=run_dir)
     remove_checkpoint(ckpt)  # finished: a rerun starts afresh; only an interrupted run resumes
-    return record, logger
-
-
-def _finish_logger(logger, record: RunRecord, **extra):
-    logger.summary({"status": record.status, **extra, **{f"final/{k}": v for k, v in record.final.items()}})
-    logger.finish()
+    return record
 
 
 def find_or_train_control(cfg: dict, progress_factory=None, make=control_config) -> RunRecord:
@@ -174,18 +176,35 @@ def find_or_train_control(cfg: dict, progress_factory=None, make=control_config)
         if (cdir / "summary.json").exists():
             return RunRecord.read(cdir)
         record, logger = train_run(ccfg, cdir, role="control", progress_factory=progress_factory)
-        _finish_logger(logger, record)
+        try:
+            logger.summary({"status": record.status, **{f"final/{k}": v for k, v in record.final.items()}})
+        finally:
+            logger.finish()
         write_json(cdir / "summary.json", record.to_summary())
         return record
 
 
 def run_experiment(cfg: dict, run_dir: Path, progress_factory=None) -> RunRecord:
-    """Train, judge against the control, write summary.json and curves.png; returns the record."""
+    """Train, judge against the control, write summary.json and curves.png; returns the record.
+    The run's W&B run stays open while its control and floor train (in runs of their own) and is
+    closed here, on every path, after the verdict is in its summary."""
     run_dir = Path(run_dir)
     preflight(cfg)
-    exp = cfg["exp"]
-    record, logger = train_run(cfg, run_dir, role="failure" if exp["control"] else "baseline",
+    record, logger = train_run(cfg, run_dir, role="failure" if cfg["exp"]["control"] else "baseline",
                                progress_factory=progress_factory)
+    try:
+        judge(cfg, record, run_dir, progress_factory)
+        write_json(run_dir / "summary.json", record.to_summary())
+        logger.summary({"status": record.status, "reproduced": record.verdict["reproduced"],
+                        "verdict": record.verdict, **{f"final/{k}": v for k, v in record.final.items()}})
+    finally:
+        logger.finish()
+    return record
+
+
+def judge(cfg: dict, record: RunRecord, run_dir: Path, progress_factory=None) -> None:
+    """Find or train the control (and the floor), set record.verdict, draw curves.png."""
+    exp = cfg["exp"]
     rows = record.metrics()
     control, crows = None, []
     if exp["control"]:
@@ -209,9 +228,6 @@ def run_experiment(cfg: dict, run_dir: Path, progress_factory=None) -> RunRecord
     plot_experiment(run_dir / "curves.png", exp["name"], [(exp["name"], rows_frame(rows), read_attn_weights(run_dir))],
                     controls, control_name=controls[0][0] if controls else "control",
                     loss_metric=exp["loss_metric"], chance=record.context["ln_V"], third=exp.get("figure_metric"))
-    write_json(run_dir / "summary.json", record.to_summary())
-    _finish_logger(logger, record, reproduced=record.verdict["reproduced"], verdict=record.verdict)
-    return record
 
 
 def verdict_line(record: RunRecord, run_dir) -> str:
