@@ -12,14 +12,15 @@ import math
 import platform
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
 
-from experiments.io import save_attn_weights, write_json
+from experiments.io import save_attn_weights, write_json, write_text
 from experiments.judging.checks import signature
 from experiments.judging.verdict import RunView, evaluate
-from experiments.records import RunRecord, config_hash, read_attn_weights, rows_frame
+from experiments.records import TRACEBACK, RunRecord, config_hash, error_message, read_attn_weights, rows_frame
 from experiments.report.figures import plot_experiment
 from experiments.schema import validate
 from experiments.training.build import check
@@ -144,7 +145,8 @@ def _train(cfg: dict, run_dir: Path, role: str, ckpt: Path, trainer: Trainer, pr
         raise
     except Exception as e:  # a crash is a recorded outcome (status error), not a lost run
         res = trainer.res
-        res.status, error = "error", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        res.status, error = "error", error_message(e)
+        write_text(run_dir / TRACEBACK, traceback.format_exc())
     finally:
         if progress:
             progress.close()
@@ -184,12 +186,13 @@ def find_or_train_control(cfg: dict, progress_factory=None, make=control_config)
         return record
 
 
-def run_experiment(cfg: dict, run_dir: Path, progress_factory=None) -> RunRecord:
+def run_experiment(cfg: dict, run_dir: Path, progress_factory=None, checked: bool = False) -> RunRecord:
     """Train, judge against the control, write summary.json and curves.png; returns the record.
     The run's W&B run stays open while its control and floor train (in runs of their own) and is
     closed here, on every path, after the verdict is in its summary."""
     run_dir = Path(run_dir)
-    preflight(cfg)
+    if not checked:  # run.py preflights first, so that a bad config (exit 2) is never taken for a crash
+        preflight(cfg)
     record, logger = train_run(cfg, run_dir, role="failure" if cfg["exp"]["control"] else "baseline",
                                progress_factory=progress_factory)
     try:
@@ -197,8 +200,17 @@ def run_experiment(cfg: dict, run_dir: Path, progress_factory=None) -> RunRecord
         write_json(run_dir / "summary.json", record.to_summary())
         logger.summary({"status": record.status, "reproduced": record.verdict["reproduced"],
                         "verdict": record.verdict, **{f"final/{k}": v for k, v in record.final.items()}})
-    finally:
-        logger.finish()
+    except Exception as e:  # judging, the control or W&B raised: the run is an error, never `completed`
+        record.status, record.error = "error", error_message(e)
+        earlier = (run_dir / TRACEBACK).read_text() + "\n" if (run_dir / TRACEBACK).exists() else ""
+        write_text(run_dir / TRACEBACK, earlier + traceback.format_exc())  # the training's own, if any, first
+        write_json(run_dir / "summary.json", record.to_summary())
+        try:
+            logger.summary({"status": "error", "error": record.error})
+        finally:
+            logger.finish(exit_code=1)
+        raise
+    logger.finish()
     return record
 
 
