@@ -9,18 +9,20 @@ import json
 import os
 import shutil
 import sys
+import time
 import traceback
 from pathlib import Path
 
 import hydra
 from hydra import compose
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
 from experiments.callbacks import REJECTED
 from experiments.io import write_json, write_text
 from experiments.on_text import SKIPPED, NoTextVersion, check_text_data, overlay_overrides
-from experiments.preflight import check_argv, exclude_sweep_presets
+from experiments.preflight import check_argv, exclude_sweep_presets, hydra_error_line, remove_empty_sweeps
 from experiments.records import TRACEBACK, RunRecord, error_message
 from experiments.training.preemption import Preempted
 from experiments.training.progress import progress_factory
@@ -111,7 +113,12 @@ def remove_if_only_hydra(run_dir: Path):
 
 
 if __name__ == "__main__":
-    conf = Path(__file__).parent / "conf"
-    check_argv(sys.argv[1:], conf)
+    conf, started = Path(__file__).parent / "conf", time.time()
+    results_dir = check_argv(sys.argv[1:], conf)
     sys.argv[1:] = exclude_sweep_presets(sys.argv[1:], conf)  # glob(*) is the catalogue, not the sweeps
-    main()
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra's errors reach us whole, to be said in one line
+    try:
+        main()
+    except CompactHydraException as e:  # a bad override or a config that does not compose
+        remove_empty_sweeps(results_dir, started)
+        fail(hydra_error_line(e, conf))
