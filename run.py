@@ -21,12 +21,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from experiments.callbacks import REJECTED
 from experiments.io import write_json, write_text
+from experiments.judging.verdict import verdict_line
 from experiments.on_text import SKIPPED, NoTextVersion, check_text_data, overlay_overrides
 from experiments.preflight import check_argv, exclude_sweep_presets, hydra_error_line, remove_empty_sweeps
 from experiments.records import TRACEBACK, RunRecord, error_message
 from experiments.training.preemption import Preempted
 from experiments.training.progress import progress_factory
-from experiments.judging.verdict import verdict_line
 from experiments.training.runner import exit_code, fail, preflight, run_experiment
 
 os.environ.setdefault("WANDB_SILENT", "true")
