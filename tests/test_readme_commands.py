@@ -210,6 +210,12 @@ POOL = ThreadPoolExecutor(max_workers=2)  # two commands at a time: one per core
 STARTED: dict[str, Future] = {}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _pool():
+    yield
+    POOL.shutdown(wait=True, cancel_futures=True)  # a session stopped early starts no further command
+
+
 def start_all(tmp_path_factory) -> None:
     """Every runnable command that needs no other's runs, started at once, two at a time in README
     order; each test then waits for its own."""
