@@ -227,7 +227,9 @@ class MultiHeadAttention(nn.Module):
             weights = SOFTMAXES[self.cfg.softmax](scores, dim=-1)     # (B, h, T_q, T_k)
         mask = visible(mask)
         weights = F.dropout(weights, self.cfg.dropout, self.training)
-        out = weights @ v                                             # (B, h, T_q, d_v)
+        # upcast leaves the weights in float32; a float16 model (weights cast, no autocast) needs
+        # them back in v's dtype (under autocast the matmul casts them the same way)
+        out = weights.to(v.dtype) @ v                                 # (B, h, T_q, d_v)
         if self.recorder is not None:
             self.recorder.record(self.name, q, k, scores, weights, mask, out=out, v=v,
                                  scale=float(torch.as_tensor(self.scale_factor()).detach().mean()))

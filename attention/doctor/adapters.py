@@ -1,0 +1,192 @@
+"""The adapter protocol: everything the doctor calls on a target, and the adapters built in.
+
+A target is driven through an `Adapter`. Inputs are token ids (B, T) for a language model
+(`kind = "lm"`) or vectors (B, T, C) for a layer (`kind = "layer"`); the output is (B, T, D)
+floats (logits, or the layer's output). Masks are (B, T) bool, True on real tokens; positions
+are (B, T) long. A capability the target lacks raises `Unsupported(why)`: the checks that need
+it say `skip: why`, never pass. docs/doctor.md has the protocol and a worked example.
+"""
+import copy
+import inspect
+from contextlib import contextmanager
+
+import torch
+import torch.nn as nn
+
+
+class Unsupported(Exception):
+    """The target cannot do what a check needs (the check skips, saying why)."""
+
+
+class TargetError(Exception):
+    """The doctor cannot use the target at all (the CLI exits 2 with this line)."""
+
+
+class Adapter:
+    kind = "lm"                # "lm": ids in, logits out | "layer": (B, T, C) in, (B, T, C) out
+    causal: bool | None = True  # a layer may say None: the doctor finds out and reports it
+    max_len: int | None = None  # the longest position the target accepts (None: no limit known)
+
+    def __init__(self, module: nn.Module, name: str = ""):
+        self.module = module
+        self.name = name or type(module).__name__
+
+    # -- required ----------------------------------------------------------------------------
+    def forward(self, x, mask=None, positions=None) -> torch.Tensor:
+        """(B, T, D) floats for inputs x; mask (B, T) bool True = real token; positions (B, T)."""
+        raise NotImplementedError
+
+    def sample(self, B: int, T: int, gen: torch.Generator) -> torch.Tensor:
+        """Random inputs on the module's device: ids for an LM, N(0, 1) vectors for a layer."""
+        dev = self.device
+        if self.kind == "lm":
+            return torch.randint(0, self.vocab_size, (B, T), generator=gen).to(dev)
+        return torch.randn(B, T, self.d_model, generator=gen).to(dev, self.dtype)
+
+    # -- optional ----------------------------------------------------------------------------
+    def prefill(self, x):
+        """Run x with a fresh cache: (state, output). A cache the target lacks: Unsupported."""
+        raise Unsupported("needs a KV cache (prefill and step)")
+
+    def step(self, state, x):
+        """Run the new tokens x after `state`: (state, output for x)."""
+        raise Unsupported("needs a KV cache (prefill and step)")
+
+    def paths(self) -> list[str]:
+        """Names of the target's switchable attention paths (e.g. eager, sdpa); [] if none."""
+        return []
+
+    @contextmanager
+    def use_path(self, name: str):
+        raise Unsupported("no switch between attention paths")
+        yield
+
+    def embedding(self) -> nn.Module | None:
+        """An LM's input embedding (its output is what gradients are taken against)."""
+        for m in self.module.modules():
+            if isinstance(m, nn.Embedding):
+                return m
+        return None
+
+    # -- derived -----------------------------------------------------------------------------
+    @property
+    def device(self):
+        p = next(self.module.parameters(), None)
+        return p.device if p is not None else torch.device("cpu")
+
+    @property
+    def dtype(self):
+        p = next((p for p in self.module.parameters() if p.is_floating_point()), None)
+        return p.dtype if p is not None else torch.float32
+
+    def converted(self, dtype=None, device=None) -> "Adapter":
+        """A copy of this adapter on a deep copy of the module, moved to dtype / device."""
+        new = copy.copy(self)
+        new.module = copy.deepcopy(self.module).to(device=device, dtype=dtype)
+        return new
+
+
+def _first_output(out):
+    """logits from logits, (logits, loss), or an object with .logits (HF's ModelOutput)."""
+    if hasattr(out, "logits"):
+        return out.logits
+    if isinstance(out, (tuple, list)):
+        return out[0]
+    return out
+
+
+def _params(fn) -> set[str]:
+    try:
+        return set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
+class CallableLM(Adapter):
+    """A causal LM called as forward(ids) returning logits or (logits, loss) (nanoGPT's
+    convention); `attention_mask` / `position_ids` are passed when its forward names them."""
+    kind = "lm"
+
+    def __init__(self, module, name="", vocab_size=None):
+        super().__init__(module, name)
+        emb = self.embedding()
+        self.vocab_size = vocab_size or (emb.num_embeddings if emb is not None else None)
+        if self.vocab_size is None:
+            raise TargetError(f"{self.name}: no nn.Embedding to take the vocabulary size from")
+        self._accepts = _params(module.forward)
+
+    def forward(self, x, mask=None, positions=None):
+        kw = {}
+        if mask is not None:
+            if "attention_mask" not in self._accepts:
+                raise Unsupported("needs a padding mask (forward takes no attention_mask)")
+            kw["attention_mask"] = mask.long()
+        if positions is not None:
+            if "position_ids" not in self._accepts:
+                raise Unsupported("needs position ids (forward takes no position_ids)")
+            kw["position_ids"] = positions
+        return _first_output(self.module(x, **kw))
+
+
+class Layer(Adapter):
+    """A layer called as forward(x) -> y on (B, T, C) (or a tuple whose first item is y).
+    causal: True / False if known; None lets the doctor find out."""
+    kind = "layer"
+
+    def __init__(self, module, name="", causal=None, d_model=None):
+        super().__init__(module, name)
+        self.causal = causal
+        self.d_model = d_model or _width(module)
+        if self.d_model is None:
+            raise TargetError(f"{self.name}: cannot tell the input width (no nn.Linear); pass d_model")
+
+    def forward(self, x, mask=None, positions=None):
+        if mask is not None:
+            raise Unsupported("needs a padding mask (a plain forward(x) takes none)")
+        if positions is not None:
+            raise Unsupported("needs positions (a layer takes none)")
+        return _first_output(self.module(x))
+
+
+def _width(module) -> int | None:
+    if isinstance(module, nn.MultiheadAttention):
+        return module.embed_dim
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            return m.in_features
+    return None
+
+
+class TorchMHA(Layer):
+    """nn.MultiheadAttention as self-attention: forward(x, x, x); the padding mask goes in as its
+    key_padding_mask (True = ignore), causal as attn_mask; its two paths are need_weights."""
+
+    def __init__(self, module: nn.MultiheadAttention, name="", causal=False):
+        super().__init__(module, name or "torch.nn.MultiheadAttention", causal=causal, d_model=module.embed_dim)
+        self.need_weights = True   # the module's default
+
+    def forward(self, x, mask=None, positions=None):
+        if positions is not None:
+            raise Unsupported("needs positions (a layer takes none)")
+        if not self.module.batch_first:
+            x = x.transpose(0, 1)
+        T = x.shape[0] if not self.module.batch_first else x.shape[1]
+        kw = {"need_weights": self.need_weights}
+        if mask is not None:
+            kw["key_padding_mask"] = ~mask
+        if self.causal:
+            kw["attn_mask"] = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)  # True = masked
+            kw["is_causal"] = True
+        y, _ = self.module(x, x, x, **kw)
+        return y if self.module.batch_first else y.transpose(0, 1)
+
+    def paths(self):
+        return ["need_weights=True", "need_weights=False"]
+
+    @contextmanager
+    def use_path(self, name):
+        old, self.need_weights = self.need_weights, name.endswith("True")
+        try:
+            yield
+        finally:
+            self.need_weights = old

@@ -1,0 +1,146 @@
+"""Amplified logits: q and k scaled until the largest score reaches 1e4..1e5."""
+import math
+from contextlib import contextmanager, nullcontext
+
+import torch
+
+from attention.doctor.checks.common import (AMP_HI, AMP_LO, AMP_TARGET, EXACT_REL, HULL_REL, ROW_SUM_TOL,
+                                            finite_max_abs, rel, row, skip, visible_scores)
+from attention.doctor.layouts import attention_modules, scaled_sites
+
+
+class Amplifier:
+    """How to scale the scores of a target: its q/k sites times `factor`, or (no known site)
+    every SDPA call's q and k times `factor`."""
+    def __init__(self, ctx, factor, by_sites: bool, reached: float):
+        self.ctx, self.factor, self.by_sites, self.reached = ctx, factor, by_sites, reached
+
+    @contextmanager
+    def on(self, adapter):
+        """Scaled scores on `adapter` (this one or a converted copy: sites are found afresh)."""
+        if self.by_sites:
+            sites = self.ctx.sites(None if adapter is self.ctx.adapter else adapter)
+            with scaled_sites(sites, self.factor, self.factor):
+                yield None
+        else:
+            yield self.factor   # the probe's qk_factor
+
+    def scaled_to(self, largest: float) -> "Amplifier":
+        """The same amplifier aimed at a largest score of `largest` (scores scale as factor^2)."""
+        return Amplifier(self.ctx, self.factor * math.sqrt(largest / self.reached), self.by_sites, largest)
+
+    def probe(self, ctx, x, mask=None, adapter=None):
+        adapter = adapter or ctx.adapter
+        with self.on(adapter) as qk:
+            mods = attention_modules(adapter.module) if adapter is not ctx.adapter else None
+            return ctx.probe(x, mask, qk_factor=qk, adapter=adapter, modules=mods)
+
+
+def _max_score(calls) -> float:
+    return max((finite_max_abs(visible_scores(c)) for c in calls), default=0.0)
+
+
+def amplifier(ctx):
+    """The Amplifier that brings the largest score into [AMP_LO, AMP_HI], or a reason why not.
+    Computed once per target; the factor is verified by measuring the scores it gives."""
+    if ctx._amp is not None:
+        return ctx._amp
+    x = ctx.sample(k=30)
+    _, calls = ctx.probe(x)
+    m0 = _max_score(calls)
+    by_sites = bool(ctx.sites())
+    if not calls or m0 == 0.0:
+        ctx._amp = "needs to see the scores (no softmax or SDPA call seen)"
+        return ctx._amp
+    if not by_sites and not any(c.source == "sdpa" for c in calls):
+        ctx._amp = "needs q and k (no known q/k layout, no SDPA call)"
+        return ctx._amp
+    f, m = math.sqrt(AMP_TARGET / m0), m0
+    for _ in range(6):
+        amp = Amplifier(ctx, f, by_sites, 0.0)
+        _, calls = amp.probe(ctx, x)
+        m = _max_score(calls)
+        if AMP_LO <= m <= AMP_HI:
+            amp.reached = m
+            ctx._amp = amp
+            return amp
+        if m <= m0 * 1.01:   # scaling q and k did not move the scores
+            break
+        f *= math.sqrt(AMP_TARGET / m)
+    ctx._amp = (f"scores could not be amplified: the largest reached {m:.3g} with q and k scaled by {f:.3g} "
+                "(normalised or capped scores, or a q/k layout read wrong)")
+    return ctx._amp
+
+
+def _weights_checks(calls, init_calls):
+    """(largest weight on a masked key, worst |row sum - 1|, worst hull excursion, softmax dims)."""
+    masked_w, row_err, hull, dims = 0.0, 0.0, 0.0, set()
+    for i, c in enumerate(calls):
+        vis = c.visible
+        if c.source == "softmax":  # masks inferred from the same call before amplification
+            vis = init_calls[i].visible if i < len(init_calls) and init_calls[i].source == "softmax" else None
+            dims.add(c.dim)
+        if c.weights is None and not c.complete:
+            continue
+        w = c.seen_weights().double()
+        live = torch.ones(w.shape[:-1], dtype=torch.bool, device=w.device)
+        if vis is not None:
+            v = vis.expand_as(w)
+            live = v.any(-1)
+            if (~v).any():
+                masked_w = max(masked_w, float(w.masked_fill(v, 0).nan_to_num(1.0).abs().max()))
+        s = w.sum(-1)
+        row_err = max(row_err, float((s - 1).abs()[live].nan_to_num(math.inf).max()) if live.any() else 0.0)
+        if c.out is not None and c.v is not None and vis is not None:
+            hull = max(hull, _hull(c.out.double(), c.v.double(), vis, live))
+    return masked_w, row_err, hull, dims
+
+
+def _hull(out, v, vis, live):
+    """The largest excursion of an output outside the range of the values it may mix, relative to
+    that range. out (B, h, T_q, d), v (B, h, T_k, d), vis broadcastable to (B, h, T_q, T_k)."""
+    vis = vis.expand(out.shape[:-1] + (v.shape[-2],))
+    big = torch.finfo(torch.float64).max
+    vv = v.unsqueeze(-3)                                      # (B, h, 1, T_k, d)
+    lo = vv.masked_fill(~vis.unsqueeze(-1), big).amin(-2)     # (B, h, T_q, d)
+    hi = vv.masked_fill(~vis.unsqueeze(-1), -big).amax(-2)
+    span = (v.amax(-2, keepdim=True) - v.amin(-2, keepdim=True)).amax(-1, keepdim=True).clamp_min(1e-30)
+    exc = (torch.relu(lo - out) + torch.relu(out - hi)) / span
+    exc = exc.amax(-1)[live.expand(exc.shape[:-1])]
+    return float(exc.nan_to_num(math.inf).max()) if exc.numel() else 0.0
+
+
+def amplified_logits(ctx):
+    if ctx.deterministic is False:
+        return skip("amplified_logits", "eval outputs are not repeatable (see eval_dropout)")
+    amp = amplifier(ctx)
+    if isinstance(amp, str):
+        return skip("amplified_logits", amp)
+    x = ctx.sample(k=30)
+    _, init_calls = ctx.probe(x)
+    y, calls = amp.probe(ctx, x)
+    finite = bool(torch.isfinite(y).all())
+    leak = 0.0
+    if ctx.causal is not False:
+        t = ctx.T // 2
+        x2 = x.clone()
+        x2[:, t:] = ctx.sample(k=31)[:, t:]
+        y2, _ = amp.probe(ctx, x2)
+        leak = rel(y2[:, :t], y[:, :t]) if finite else 0.0
+    masked_w, row_err, hull, dims = _weights_checks(calls, init_calls)
+    _, _, hull0, _ = _weights_checks(init_calls, init_calls)
+    hull = max(hull, hull0)
+    wrong_dim = [d for d in dims if d != -1]
+    parts = [("outputs finite", finite, None),
+             ("masked keys' largest weight", masked_w <= EXACT_REL, masked_w),
+             ("earlier outputs' change with later tokens replaced", leak <= EXACT_REL, leak),
+             ("rows' weights sum to 1 (worst |sum - 1|)", row_err <= ROW_SUM_TOL and not wrong_dim, row_err),
+             ("outputs outside their values' hull (at init or amplified)", hull <= HULL_REL, hull)]
+    bad = [p for p in parts if not p[1]]
+    detail = (f"largest score {amp.reached:.3g} (q and k scaled by {amp.factor:.3g}"
+              f"{'' if amp.by_sites else ', inside SDPA calls'}); " +
+              "; ".join(f"{n}: {'yes' if v is None and ok else ('no' if v is None else f'{v:.3g}')}" for n, ok, v in parts)
+              + (f"; softmax taken over dim {wrong_dim}, not the keys" if wrong_dim else ""))
+    measured = max([v for _, _, v in parts if v is not None] + ([math.inf] if not finite else []))
+    return row("amplified_logits", "fail" if bad else "pass", measured,
+               f"finite; leak <= {EXACT_REL:g}; hull <= {HULL_REL:g}", detail)

@@ -1,0 +1,111 @@
+"""Batch independence, padding (right and left), and rows with no visible key."""
+import math
+
+import torch
+
+from attention.doctor.adapters import Unsupported
+from attention.doctor.checks.common import AGREE_REL, rel, row, skip
+
+
+def batch_independence(ctx):
+    if ctx.deterministic is False:
+        return skip("batch_independence", "eval outputs are not repeatable (see eval_dropout)")
+    B = ctx.T  # B == T: an unexpanded (B, T) mask broadcasts silently onto the queries
+    x = ctx.sample(B=B, k=3)
+    d_plain = rel(ctx.run(x)[0], ctx.run(x[:1])[0])
+    mask = torch.ones(B, ctx.T, dtype=torch.bool, device=ctx.adapter.device)
+    for b in range(1, B):  # every other row right-padded, by a different amount
+        mask[b, ctx.T - 1 - (b % (ctx.T - 1)):] = False
+    try:
+        d_mask = rel(ctx.run(x, mask)[0], ctx.run(x[:1], mask[:1])[0])
+        masked = f"; with the other rows padded: {d_mask:.3g}"
+    except Unsupported as e:
+        d_mask, masked = 0.0, f"; with padding: n/a ({e})"
+    worst = max(d_plain, d_mask)
+    return row("batch_independence", "fail" if worst > AGREE_REL else "pass", worst, f"<= {AGREE_REL:g}",
+               f"row 0 in a batch of {B} (B == T) against alone: {d_plain:.3g}{masked}")
+
+
+def padding(ctx):
+    if ctx.deterministic is False:
+        return skip("padding", "eval outputs are not repeatable (see eval_dropout)")
+    P, T = ctx.T // 4, ctx.T
+    L = T - P
+    real = ctx.sample(1, L, k=4)
+    other = ctx.sample(2, T, k=5)
+    try:
+        ref = ctx.run(real)[0]
+        # right: row 0 = real tokens then P padding tokens; row 1 unpadded
+        x = other.clone()
+        x[0, :L] = real[0]
+        m = torch.ones(2, T, dtype=torch.bool, device=x.device)
+        m[0, L:] = False
+        d_right = rel(ctx.run(x, m)[0, :L], ref)
+        # left: row 0 = P padding tokens then the real tokens
+        x = other.clone()
+        x[0, P:] = real[0]
+        m = torch.ones(2, T, dtype=torch.bool, device=x.device)
+        m[0, :P] = False
+        d_left = rel(ctx.run(x, m)[0, P:], ref)
+    except Unsupported as e:
+        return skip("padding", str(e))
+    pos = (m.long().cumsum(-1) - 1).clamp(min=0)
+    try:
+        d_left_pos = rel(ctx.run(x, m, positions=pos)[0, P:], ref) if ctx.adapter.kind == "lm" else None
+    except Unsupported:
+        d_left_pos = None
+    tol = f"<= {AGREE_REL:g}"
+    detail = (f"real tokens' outputs against the unpadded row: right padding {d_right:.3g}, left padding "
+              f"{d_left:.3g}" + ("" if d_left_pos is None else f", left padding with position ids from the mask {d_left_pos:.3g}"))
+    if d_right > AGREE_REL:
+        return row("padding", "fail", d_right, tol, detail)
+    if d_left <= AGREE_REL:
+        return row("padding", "pass", max(d_right, d_left), tol, detail)
+    if d_left_pos is not None and d_left_pos <= AGREE_REL:
+        return row("padding", "warn", d_left, tol, detail + ". Left padding changes the outputs unless the "
+                   "caller passes position ids from the mask: positions count from the padding "
+                   "(huggingface/transformers #21080)")
+    return row("padding", "fail", d_left, tol, detail)
+
+
+def _describe(t: torch.Tensor) -> str:
+    if t.numel() == 0:
+        return "none"
+    if torch.isnan(t).any():
+        return "NaN"
+    if not torch.isfinite(t).all():
+        return "inf"
+    return "zeros" if bool((t == 0).all()) else "finite values"
+
+
+def fully_masked_rows(ctx):
+    """Rows whose query sees no key: left padding under a causal mask (the padding tokens'
+    queries), or, in a bidirectional layer, a row that is padding only."""
+    a = ctx.adapter
+    if ctx.causal is False:
+        x = ctx.sample(2, ctx.T, k=6)
+        mask = torch.ones(2, ctx.T, dtype=torch.bool, device=a.device)
+        mask[0] = False
+    else:
+        x, mask = ctx.left_padded(k=6)
+    try:
+        with torch.enable_grad():
+            if a.kind == "layer":
+                x = x.clone().requires_grad_(True)
+            y = ctx.run(x, mask, grad=True)
+            w = torch.randn(y.shape, generator=ctx.gen(8)).to(y.device, y.dtype)
+            loss = (y * w)[mask].sum()   # the padded positions' outputs are not in the loss
+            params = [p for p in a.module.parameters() if p.requires_grad]
+            grads = torch.autograd.grad(loss, params, allow_unused=True)
+    except Unsupported as e:
+        return skip("fully_masked_rows", str(e))
+    with torch.no_grad():   # inference may take another path (nn.MultiheadAttention's fast path)
+        padded_ng = _describe(ctx.run(x.detach(), mask)[~mask])
+    bad_out = int((~torch.isfinite(y[mask])).sum())
+    bad_grad = sum(int((~torch.isfinite(g)).sum()) for g in grads if g is not None)
+    padded = _describe(y.detach()[~mask])
+    verdict = "fail" if bad_out or bad_grad else "pass"
+    return row("fully_masked_rows", verdict, bad_out + bad_grad, "== 0 non-finite",
+               f"{bad_out} non-finite real outputs, {bad_grad} non-finite parameter gradients "
+               f"(loss on the real positions only); rows with no visible key return {padded} "
+               f"(under no_grad: {padded_ng})")

@@ -1,0 +1,134 @@
+"""Dropout off in eval, the future leak, self-visibility, and the KV cache."""
+import torch
+
+from attention.doctor.adapters import Unsupported
+from attention.doctor.checks.common import AGREE_REL, EXACT_REL, TargetRaised, rel, row, skip
+
+
+def eval_dropout(ctx):
+    x = ctx.sample()
+    y1, y2 = ctx.run(x), ctx.run(x)
+    same = torch.equal(torch.nan_to_num(y1), torch.nan_to_num(y2))
+    ctx.deterministic = same
+    d = float((y1.double() - y2.double()).abs().nan_to_num().max())
+    p = 0.0 if same else max((c.dropout_p for c in ctx.probe(x)[1]), default=0.0)
+    why = f"; scaled_dot_product_attention got dropout_p={p:g} in eval" if p else ""
+    return row("eval_dropout", "pass" if same else "fail", d, "== 0 (bit-identical)",
+               f"two eval calls on the same input differ by up to {d:.3g}{why}" if not same
+               else "two eval calls are bit-identical")
+
+
+def _find_causal(ctx, x, y):
+    """A layer that did not say: causal if position 0 does not read position T-1."""
+    x2 = x.clone()
+    x2[:, -1] = ctx.sample(k=11)[:, -1]
+    d = rel(ctx.run(x2)[:, 0], y[:, 0])
+    ctx.causal = d == 0.0
+    ctx.info["causal"] = f"{'causal' if ctx.causal else 'not causal'} (found: position 0 " \
+                         f"{'does not read' if ctx.causal else 'reads'} position T-1)"
+    return ctx.causal
+
+
+def _input_grads(ctx, x, t):
+    """d (weighted outputs before t) / d (inputs at and after t): the largest |.|, or None."""
+    a = ctx.adapter
+    w = torch.randn(x.shape[0], t, 1, generator=ctx.gen(5)).to(a.device)
+    if a.kind == "layer":
+        xi = x.clone().requires_grad_(True)
+        y = ctx.run(xi, grad=True)
+        g, = torch.autograd.grad((y[:, :t].double() * w).sum(), xi)
+        return float(g[:, t:].abs().max())
+    emb = a.embedding()
+    if emb is None:
+        return None
+    got = []
+    h = emb.register_forward_hook(lambda m, i, o: got.append(o))
+    try:
+        with torch.enable_grad():
+            y = ctx.run(x, grad=True)
+    finally:
+        h.remove()
+    if len(got) != 1 or not got[0].requires_grad:
+        return None
+    g, = torch.autograd.grad((y[:, :t].double() * w).sum(), got[0], allow_unused=True)
+    return None if g is None else float(g[:, t:].abs().max())
+
+
+def future_leak(ctx):
+    if ctx.deterministic is False:
+        return skip("future_leak", "eval outputs are not repeatable (see eval_dropout)")
+    x = ctx.sample()
+    y = ctx.run(x)
+    causal = ctx.adapter.causal if ctx.adapter.causal is not None else _find_causal(ctx, x, y)
+    ctx.causal = causal
+    if not causal:
+        return skip("future_leak", "not causal (a bidirectional layer sees every position)")
+    worst, grads, at = 0.0, [], []
+    for t in (1, ctx.T // 2, ctx.T - 1):
+        x2 = x.clone()
+        x2[:, t:] = ctx.sample(k=20 + t)[:, t:]
+        d = rel(ctx.run(x2)[:, :t], y[:, :t])
+        at.append(f"t={t}: {d:.3g}")
+        worst = max(worst, d)
+        g = _input_grads(ctx, x, t)
+        if g is not None:
+            grads.append(g)
+    g = max(grads) if grads else None
+    bad = worst > EXACT_REL or (g is not None and g != 0.0)
+    detail = ("outputs before t with tokens from t on replaced, relative change: " + ", ".join(at) +
+              ("; gradient of earlier outputs w.r.t. later inputs: max |g| = %.3g" % g if g is not None
+               else "; gradient: n/a (no input embedding to differentiate against)"))
+    return row("future_leak", "fail" if bad else "pass", worst, f"<= {EXACT_REL:g}; gradient == 0", detail)
+
+
+def self_visibility(ctx):
+    if ctx.deterministic is False:
+        return skip("self_visibility", "eval outputs are not repeatable (see eval_dropout)")
+    _, calls = ctx.probe(ctx.sample())
+    diag = []
+    for c in calls:
+        if c.weights is None and not c.complete:
+            continue
+        w = c.seen_weights().double()
+        if w.shape[-1] != w.shape[-2]:
+            continue
+        diag.append(float(torch.diagonal(w, dim1=-2, dim2=-1).nan_to_num(0.0).abs().min()))
+    if not diag:
+        return skip("self_visibility", "needs the attention weights (no softmax or SDPA call seen)")
+    m = min(diag)
+    return row("self_visibility", "pass" if m > 0 else "fail", m, "> 0",
+               f"smallest |weight| of a query on its own key over {len(diag)} attention call(s): {m:.3g}"
+               + ("" if m > 0 else " (a token cannot see itself: a causal mask off by one)"))
+
+
+def _target(fn, *args):
+    """Call the target's prefill/step: what it raises is the target's (TargetRaised)."""
+    try:
+        return fn(*args)
+    except Unsupported:
+        raise
+    except Exception as e:
+        raise TargetRaised(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]) from e
+
+
+def kv_cache(ctx):
+    a = ctx.adapter
+    if a.kind != "lm":
+        return skip("kv_cache", "needs a KV cache (a layer has none)")
+    if ctx.deterministic is False:
+        return skip("kv_cache", "eval outputs are not repeatable (see eval_dropout)")
+    x = ctx.sample()
+    full = ctx.run(x)
+    worst, parts = 0.0, []
+    try:
+        for n in (1, 3):
+            with torch.no_grad():
+                state, pre = _target(a.prefill, x[:, :-n])
+                state, new = _target(a.step, state, x[:, -n:])
+            d_pre, d_new = rel(pre, full[:, :-n]), rel(new, full[:, -n:])
+            parts.append(f"prefill {ctx.T - n} then {n} new: prefill {d_pre:.3g}, new tokens {d_new:.3g}")
+            worst = max(worst, d_pre, d_new)
+    except Unsupported as e:
+        return skip("kv_cache", str(e))
+    return row("kv_cache", "fail" if worst > AGREE_REL else "pass", worst, f"<= {AGREE_REL:g}",
+               "cached against the full forward: " + "; ".join(parts))

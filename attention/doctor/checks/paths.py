@@ -1,0 +1,55 @@
+"""Path agreement: where the target switches between attention paths, the paths agree with each
+other and each path's attention calls agree with the textbook attention on their own q, k, v."""
+import torch
+
+from attention.doctor.adapters import Unsupported
+from attention.doctor.checks.common import AGREE_REL, TargetRaised, rel, row, skip
+
+
+def _reference_error(calls) -> float | None:
+    errs = []
+    for c in calls:
+        if not c.complete:
+            continue
+        ref = c.reference(torch.float64)
+        live = torch.ones(ref.shape[:-1], dtype=torch.bool, device=ref.device)
+        if c.visible is not None:
+            live = c.visible.expand(ref.shape[:-1] + (c.k.shape[-2],)).any(-1)
+        errs.append(rel(c.out[live], ref[live]))
+    return max(errs) if errs else None
+
+
+def path_agreement(ctx):
+    a = ctx.adapter
+    try:
+        paths = a.paths()
+    except Unsupported as e:
+        return skip("path_agreement", str(e))
+    if len(paths) < 2:
+        return skip("path_agreement", "no switch between attention paths")
+    x = ctx.sample(k=70)
+    xp, m = ctx.left_padded(k=71)
+    outs, parts, worst = {}, [], 0.0
+    for p in paths:
+        try:
+            with a.use_path(p):
+                y, calls = ctx.probe(x)
+                try:
+                    yp = ctx.run(xp, m)[m]
+                except (Unsupported, TargetRaised):   # a mask the target rejects: padding's failure
+                    yp = None
+        except TargetRaised as e:
+            return row("path_agreement", "fail", None, "", f"path {p} raised {e}")
+        outs[p] = (y, yp)
+        e = _reference_error(calls)
+        parts.append(f"{p}: calls against the textbook attention {'n/a' if e is None else f'{e:.3g}'}")
+        worst = max(worst, e or 0.0)
+    first = paths[0]
+    for p in paths[1:]:
+        d = rel(outs[p][0], outs[first][0])
+        if outs[p][1] is not None and outs[first][1] is not None:
+            d = max(d, rel(outs[p][1], outs[first][1]))
+        parts.append(f"{p} against {first}: {d:.3g}")
+        worst = max(worst, d)
+    return row("path_agreement", "fail" if worst > AGREE_REL else "pass", worst, f"<= {AGREE_REL:g}",
+               "; ".join(parts) + " (padded batch: real tokens only)")

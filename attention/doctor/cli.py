@@ -1,0 +1,64 @@
+"""python -m attention.doctor TARGET [--attn-impl eager|sdpa] [--json F] [--device D] [--dtype T]
+
+Exit 0: nothing failed; 1: a check failed; 2: a target it cannot use (one line on stderr,
+nothing written)."""
+import argparse
+import os
+import sys
+
+EPILOG = """targets:
+  pkg.module:obj            a module instance, a class or a zero-argument factory
+  hf:NAME                   a transformers causal LM of model type NAME (llama, gpt2, ...) from a small
+                            config, random weights, no download
+  self:                     this project's LM from conf/ (the healthy baseline)
+  'self:KEY=VAL KEY=VAL'    the same with Hydra overrides, e.g. self:model.attention.merge=no_transpose
+exit codes: 0 nothing failed, 1 a check failed, 2 a target the doctor cannot use"""
+
+
+def parser():
+    p = argparse.ArgumentParser(prog="attention-doctor", description="Look for the catalogue's attention bugs in a target.",
+                                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("target")
+    p.add_argument("--attn-impl", default=None, help="hf: targets: transformers' attn_implementation (eager, sdpa)")
+    p.add_argument("--json", default=None, metavar="FILE", help="write the rows as JSON")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", help="float32 (default), float64, bfloat16, float16")
+    p.add_argument("--causal", choices=("yes", "no"), default=None, help="a layer: causal or not (default: found out)")
+    p.add_argument("--details", action="store_true", help="print each check's detail under the table")
+    return p
+
+
+class _ArgError(Exception):
+    pass
+
+
+def main(argv=None) -> int:
+    p = parser()
+    p.error = lambda msg: (_ for _ in ()).throw(_ArgError(msg))   # one line, exit 2, no usage dump
+    try:
+        args = p.parse_args(argv)
+    except _ArgError as e:
+        print(f"attention-doctor: {e}", file=sys.stderr)
+        return 2
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    import torch
+    from attention.doctor.adapters import TargetError
+    from attention.doctor.examine import examine
+    from attention.doctor.targets import resolve
+    try:
+        if args.device.startswith("cuda") and not torch.cuda.is_available():
+            raise TargetError(f"--device {args.device}: no CUDA device here")
+        if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
+            raise TargetError(f"--json {args.json}: its directory does not exist")
+        model = resolve(args.target, args.attn_impl)
+        causal = None if args.causal is None else args.causal == "yes"
+        result = examine(model, causal=causal, device=args.device, dtype=args.dtype, name=args.target)
+    except TargetError as e:
+        print(f"attention-doctor: {e}", file=sys.stderr)
+        return 2
+    print(result.table())
+    if args.details:
+        print(result.details())
+    if args.json:
+        result.to_json(args.json)
+    return 1 if result.failed else 0

@@ -1,0 +1,27 @@
+"""Which built-in adapter drives a module (its own module: the adapters for transformers and this
+project import the base protocol, and this chooses among them)."""
+import torch.nn as nn
+
+from attention.doctor.adapters import Adapter, CallableLM, Layer, TargetError, TorchMHA
+
+
+def adapt(obj, causal=None, **kw) -> Adapter:
+    """The built-in adapter for obj: an Adapter as is; transformers' causal LMs; this project's
+    LM and layer; nn.MultiheadAttention; else a module with an nn.Embedding is a causal LM
+    (forward(ids)), anything else a layer (forward(x))."""
+    if isinstance(obj, Adapter):
+        return obj
+    if not isinstance(obj, nn.Module):
+        raise TargetError(f"{type(obj).__name__} is not a torch.nn.Module")
+    mro = {c.__module__.split(".")[0] + "." + c.__name__ for c in type(obj).__mro__}
+    if "transformers.PreTrainedModel" in mro:
+        from attention.doctor.hf import HFCausalLM
+        return HFCausalLM(obj, **kw)
+    if "attention.TransformerLM" in mro or "attention.MultiHeadAttention" in mro:
+        from attention.doctor.project import adapt_project
+        return adapt_project(obj, **kw)
+    if isinstance(obj, nn.MultiheadAttention):
+        return TorchMHA(obj, causal=bool(causal), **kw)
+    if any(isinstance(m, nn.Embedding) for m in obj.modules()):
+        return CallableLM(obj, **kw)
+    return Layer(obj, causal=causal, **kw)

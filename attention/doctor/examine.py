@@ -1,0 +1,83 @@
+"""examine(): run the checks on a target and return a DoctorResult."""
+import time
+import traceback
+
+import torch
+
+from attention.doctor.adapters import TargetError
+from attention.doctor.dispatch import adapt
+from attention.doctor.catalogue import ORDER
+from attention.doctor.checks import CHECKS, Context
+from attention.doctor.checks.common import TargetRaised, row
+from attention.doctor.result import DoctorResult
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _dtype(d):
+    if isinstance(d, torch.dtype):
+        return d
+    if d not in DTYPES:
+        raise TargetError(f"--dtype {d!r} is not one of {', '.join(DTYPES)}")
+    return DTYPES[d]
+
+
+def examine(target, *, causal=None, device="cpu", dtype=torch.float32, checks=None, seed=0, T=16,
+            name=None, strict=False) -> DoctorResult:
+    """Run the doctor's checks on `target` (a torch module, or an Adapter) and return the result.
+
+    causal: for a layer, True/False if known, None to let the doctor find out (LMs are causal).
+    device, dtype: where and in what precision the checks run (low_precision and long_positions
+    add float16/bfloat16/float64 copies of their own). checks: names to run (default: all, in
+    order). seed: the inputs' seed. strict: re-raise the doctor's own errors instead of reporting
+    them as `skip: doctor error`. Raises TargetError when the target cannot be used at all.
+    """
+    adapter = adapt(target, causal=causal) if causal is not None else adapt(target)
+    try:
+        adapter.module.to(device=torch.device(device), dtype=_dtype(dtype))
+    except (RuntimeError, ValueError) as e:
+        raise TargetError(f"cannot move the target to {device}/{dtype}: {e}") from None
+    adapter.module.eval()
+    ctx = Context(adapter, T=T, seed=seed)
+    if adapter.kind == "lm":
+        ctx.causal = True
+    elif adapter.causal is not None:
+        ctx.causal = adapter.causal
+    _smoke(ctx)
+    result = DoctorResult(name or adapter.name, info={
+        "kind": adapter.kind, "device": str(adapter.device), "dtype": str(adapter.dtype).replace("torch.", ""),
+        "attention_modules": len(ctx.modules), "qk_sites": len(ctx.sites()), "torch": torch.__version__})
+    timings = {}
+    for n in ORDER:
+        if checks is not None and n not in checks:
+            continue
+        t0 = time.perf_counter()
+        try:
+            r = CHECKS[n](ctx)
+        except TargetRaised as e:
+            r = row(n, "fail", None, "", f"the target raised on a valid input: {e}")
+        except Exception as e:
+            if strict:
+                raise
+            r = row(n, f"skip: doctor error ({type(e).__name__}: {e})"[:200], None, "",
+                    traceback.format_exc(limit=-3))
+        timings[n] = round(time.perf_counter() - t0, 3)
+        result.checks.append(r)
+    result.info.update(ctx.info)
+    result.info["seconds"] = timings
+    return result
+
+
+def _smoke(ctx):
+    """One plain forward: a target whose forward cannot be called or returns no (B, T, D)
+    floating tensor is a TargetError (exit 2), not a failed check."""
+    x = ctx.sample()
+    try:
+        y = ctx.run(x)
+    except TargetRaised as e:
+        raise TargetError(f"{ctx.adapter.name}: its forward raised on a ({ctx.B}, {ctx.T}) input: {e}") from None
+    except Exception as e:  # Unsupported on a plain call
+        raise TargetError(f"{ctx.adapter.name}: {e}") from None
+    if not isinstance(y, torch.Tensor) or not y.is_floating_point() or y.dim() != 3 or y.shape[:2] != x.shape[:2]:
+        shape = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
+        raise TargetError(f"{ctx.adapter.name}: forward returned {shape}, not ({ctx.B}, {ctx.T}, D) floats")

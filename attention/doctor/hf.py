@@ -1,0 +1,118 @@
+"""transformers' causal LMs: an adapter through the public API of transformers 5.x, and a builder
+of small random-weight models from a config (no download). transformers is imported only here,
+and only when a transformers model is examined or built."""
+from contextlib import contextmanager
+
+import torch
+
+from attention.doctor.adapters import Adapter, TargetError, Unsupported, _params
+
+# A small model: these attribute names are the common ones of transformers' configs (each
+# config maps its own names onto them through attribute_map, e.g. GPT-2's n_embd).
+SMALL = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+             intermediate_size=64, max_position_embeddings=8192)
+PATHS = ("eager", "sdpa")
+KV_HEADS = 2
+
+
+def small_config(model_type: str, **overrides):
+    """AutoConfig.for_model(model_type) shrunk to SMALL (and overrides), special token ids inside
+    the small vocabulary. Raises TargetError for an unknown model type."""
+    from transformers import AutoConfig
+    try:
+        cfg = AutoConfig.for_model(model_type)
+    except (ValueError, KeyError) as e:
+        raise TargetError(f"hf:{model_type}: not a transformers model type ({str(e).splitlines()[0][:120]})") from None
+    for k, v in {**SMALL, **overrides}.items():
+        setattr(cfg, k, v)
+    d = cfg.to_dict()
+    if "head_dim" in d and "head_dim" not in overrides:  # derived, not the 7B default
+        cfg.head_dim = cfg.hidden_size // cfg.num_attention_heads
+    if "num_key_value_heads" in d and "num_key_value_heads" not in overrides:
+        cfg.num_key_value_heads = KV_HEADS  # grouped-query where the architecture has it
+    if isinstance(d.get("query_pre_attn_scalar"), (int, float)) and "query_pre_attn_scalar" not in overrides:
+        cfg.query_pre_attn_scalar = cfg.hidden_size // cfg.num_attention_heads  # Gemma 2/3: head_dim
+    if isinstance(d.get("rotary_dim"), int) and "rotary_dim" not in overrides:  # GPT-J, CodeGen: within a head
+        cfg.rotary_dim = min(cfg.rotary_dim, cfg.hidden_size // cfg.num_attention_heads)
+    for k in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        v = getattr(cfg, k, None)
+        if isinstance(v, int) and v >= cfg.vocab_size:
+            setattr(cfg, k, cfg.vocab_size - 1)
+    return cfg
+
+
+def build(model_type_or_config, attn_implementation: str | None = None, seed: int = 0, **overrides):
+    """A causal LM with random weights from a small config: `build("llama", "sdpa")`."""
+    from transformers import AutoModelForCausalLM
+    cfg = (small_config(model_type_or_config, **overrides) if isinstance(model_type_or_config, str)
+           else model_type_or_config)
+    torch.manual_seed(seed)
+    kw = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    try:
+        model = AutoModelForCausalLM.from_config(cfg, **kw)
+    except ValueError as e:
+        raise TargetError(f"hf:{getattr(cfg, 'model_type', '?')}: {str(e).splitlines()[0][:160]}") from None
+    return model.eval()
+
+
+class HFCausalLM(Adapter):
+    """Any transformers causal LM: logits from forward(input_ids, attention_mask, position_ids);
+    the cache through past_key_values / use_cache; paths through set_attn_implementation."""
+    kind = "lm"
+
+    def __init__(self, model, name=""):
+        super().__init__(model, name or f"transformers {type(model).__name__}")
+        cfg = model.config
+        self.vocab_size = cfg.vocab_size
+        absolute = any(hasattr(cfg, k) for k in ("n_positions",)) or getattr(cfg, "position_embedding_type", "") == "absolute"
+        self.max_len = getattr(cfg, "max_position_embeddings", None) if absolute else None
+
+    def forward(self, x, mask=None, positions=None):
+        kw = {"use_cache": False}
+        if mask is not None:
+            kw["attention_mask"] = mask.long()
+        if positions is not None:
+            if "position_ids" not in _params(self.module.forward):
+                raise Unsupported("needs position ids (its forward takes no position_ids)")
+            kw["position_ids"] = positions
+        return self.module(input_ids=x, **kw).logits
+
+    def prefill(self, x):
+        out = self.module(input_ids=x, use_cache=True)
+        if getattr(out, "past_key_values", None) is None:
+            raise Unsupported("needs a KV cache (forward returned no past_key_values)")
+        return out.past_key_values, out.logits
+
+    def step(self, state, x):
+        out = self.module(input_ids=x, past_key_values=state, use_cache=True)
+        return out.past_key_values, out.logits
+
+    def embedding(self):
+        return self.module.get_input_embeddings()
+
+    @property
+    def implementation(self) -> str:
+        return getattr(self.module.config, "_attn_implementation", "eager")
+
+    def paths(self):
+        have = []
+        current = self.implementation
+        if not hasattr(self.module, "set_attn_implementation"):  # transformers < 5: fixed at build
+            return []
+        for p in PATHS:
+            try:
+                self.module.set_attn_implementation(p)
+                have.append(p)
+            except (ValueError, ImportError, NotImplementedError, AttributeError):
+                pass
+        self.module.set_attn_implementation(current)
+        return have
+
+    @contextmanager
+    def use_path(self, name):
+        current = self.implementation
+        self.module.set_attn_implementation(name)
+        try:
+            yield
+        finally:
+            self.module.set_attn_implementation(current)

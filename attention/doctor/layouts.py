@@ -1,0 +1,234 @@
+"""Where a target's attention is: its attention modules and, in each, where q and k come out
+(the "sites" the doctor scales to amplify scores or to make q and k unit-variance).
+
+A small registry of known layouts: this project's W_q/W_k (q_norm/k_norm under qk-layernorm),
+transformers' q_proj/k_proj (q_norm/k_norm where present), fused q|k|v projections (nanoGPT's and
+GPT-2's c_attn, qkv_proj, Wqkv, ...), nn.MultiheadAttention's in_proj_weight. A layout the doctor
+misreads is caught by measurement: the checks verify that scaling a site scaled the scores.
+"""
+from contextlib import ExitStack, contextmanager
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+NORM_PAIRS = [("q_norm", "k_norm"), ("q_layernorm", "k_layernorm"), ("query_layernorm", "key_layernorm"),
+              ("q_ln", "k_ln")]
+PROJ_PAIRS = [("q_proj", "k_proj"), ("W_q", "W_k"), ("query", "key"), ("wq", "wk"), ("to_q", "to_k"),
+              ("q", "k"), ("query_proj", "key_proj"), ("linear_q", "linear_k"), ("q_lin", "k_lin")]
+FUSED = ("c_attn", "qkv_proj", "Wqkv", "qkv", "query_key_value", "qkv_linear", "W_pack", "att_proj", "in_proj")
+HEADS = ("num_heads", "num_attention_heads", "n_head", "n_heads")
+KV_HEADS = ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "n_kv_head", "kv_heads")
+HEAD_DIM = ("head_dim", "head_size", "d_k")
+
+
+def _attr(m, names):
+    for n in names:
+        v = getattr(m, n, None)
+        if isinstance(v, int) and v > 0:
+            return v
+    return None
+
+
+def _child(m, name):
+    c = getattr(m, name, None)
+    return c if isinstance(c, nn.Module) else None
+
+
+class Site:
+    """q and k of one attention module. `scaled(fq, fk)`: a context in which q is multiplied by fq
+    and k by fk; `measuring(out)`: a context that appends (rms q, rms k) of each call to out."""
+    def __init__(self, name, module):
+        self.name, self.module = name, module
+
+
+class PairSite(Site):
+    """q and k come out of two child modules."""
+    def __init__(self, name, module, q, k):
+        super().__init__(name, module)
+        self.q, self.k = q, k
+
+    @contextmanager
+    def scaled(self, fq, fk):
+        hs = [self.q.register_forward_hook(lambda m, i, o: _mul(o, fq)),
+              self.k.register_forward_hook(lambda m, i, o: _mul(o, fk))]
+        try:
+            yield
+        finally:
+            for h in hs:
+                h.remove()
+
+    @contextmanager
+    def measuring(self, out):
+        got = {}
+        def hq(m, i, o):
+            got["q"] = _rms(o)
+        def hk(m, i, o):
+            out.append((got.pop("q", float("nan")), _rms(o)))
+        hs = [self.q.register_forward_hook(hq), self.k.register_forward_hook(hk)]
+        try:
+            yield
+        finally:
+            for h in hs:
+                h.remove()
+
+
+class FusedSite(Site):
+    """q | k | v come out of one projection, q first, then k (sizes q_size, k_size)."""
+    def __init__(self, name, module, proj, q_size, k_size):
+        super().__init__(name, module)
+        self.proj, self.q_size, self.k_size = proj, q_size, k_size
+
+    def _split(self, o):
+        q, k = self.q_size, self.k_size
+        return o[..., :q], o[..., q:q + k], o[..., q + k:]
+
+    @contextmanager
+    def scaled(self, fq, fk):
+        def hook(m, i, o):
+            t = o[0] if isinstance(o, tuple) else o
+            q, k, rest = self._split(t)
+            t = torch.cat([q * fq, k * fk, rest], dim=-1)
+            return (t,) + tuple(o[1:]) if isinstance(o, tuple) else t
+        h = self.proj.register_forward_hook(hook)
+        try:
+            yield
+        finally:
+            h.remove()
+
+    @contextmanager
+    def measuring(self, out):
+        def hook(m, i, o):
+            q, k, _ = self._split(o[0] if isinstance(o, tuple) else o)
+            out.append((_rms(q), _rms(k)))
+        h = self.proj.register_forward_hook(hook)
+        try:
+            yield
+        finally:
+            h.remove()
+
+
+class MHASite(Site):
+    """nn.MultiheadAttention: q and k rows of in_proj_weight (and bias), scaled in place and
+    restored; measured from the query and key it is called with."""
+    def _wb(self):
+        m = self.module
+        E = m.embed_dim
+        if m.in_proj_weight is not None:
+            return [(m.in_proj_weight, slice(0, E)), (m.in_proj_weight, slice(E, 2 * E))], \
+                   [(m.in_proj_bias, slice(0, E)), (m.in_proj_bias, slice(E, 2 * E))]
+        return [(m.q_proj_weight, slice(None)), (m.k_proj_weight, slice(None))], \
+               [(m.in_proj_bias, slice(0, E)), (m.in_proj_bias, slice(E, 2 * E))]
+
+    @contextmanager
+    def scaled(self, fq, fk):
+        ws, bs = self._wb()
+        saved = []
+        with torch.no_grad():
+            for (p, sl), f in list(zip(ws, (fq, fk))) + list(zip(bs, (fq, fk))):
+                if p is None:
+                    continue
+                saved.append((p, sl, p[sl].clone()))
+                p[sl] *= f
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for p, sl, v in saved:
+                    p[sl] = v
+
+    @contextmanager
+    def measuring(self, out):
+        def pre(m, args, kwargs):
+            q_in = args[0] if args else kwargs["query"]
+            k_in = args[1] if len(args) > 1 else kwargs["key"]
+            (wq, sq), (wk, sk) = self._wb()[0]
+            (bq, bsq), (bk, bsk) = self._wb()[1]
+            q = F.linear(q_in, wq[sq], None if bq is None else bq[bsq])
+            k = F.linear(k_in, wk[sk], None if bk is None else bk[bsk])
+            out.append((_rms(q), _rms(k)))
+        h = self.module.register_forward_pre_hook(pre, with_kwargs=True)
+        try:
+            yield
+        finally:
+            h.remove()
+
+
+def _mul(o, f):
+    if isinstance(o, tuple):
+        return (o[0] * f,) + tuple(o[1:])
+    return o * f
+
+
+def _rms(t) -> float:
+    t = t[0] if isinstance(t, tuple) else t
+    return float(t.detach().double().pow(2).mean().sqrt())
+
+
+def site_of(name: str, m: nn.Module) -> Site | None:
+    """The q/k site of module m if its layout is known, else None."""
+    if isinstance(m, nn.MultiheadAttention):
+        return MHASite(name, m)
+    for pairs in (NORM_PAIRS, PROJ_PAIRS):
+        for a, b in pairs:
+            q, k = _child(m, a), _child(m, b)
+            if q is not None and k is not None:
+                return PairSite(name, m, q, k)
+    for f in FUSED:
+        proj = _child(m, f)
+        if proj is None:
+            continue
+        width = getattr(proj, "out_features", None) or getattr(proj, "nf", None)
+        h, hkv, d = _attr(m, HEADS), _attr(m, KV_HEADS), _attr(m, HEAD_DIM)
+        if h and d and hkv and width == (h + 2 * hkv) * d:
+            return FusedSite(name, m, proj, h * d, hkv * d)
+        if width and width % 3 == 0:
+            return FusedSite(name, m, proj, width // 3, width // 3)
+    return None
+
+
+def _looks_like_attention(m: nn.Module) -> bool:
+    n = type(m).__name__.lower()
+    return "attention" in n or "attn" in n
+
+
+def attention_modules(root: nn.Module) -> list[tuple[str, nn.Module, Site | None]]:
+    """(name, module, site) of each attention module: a module whose class name says attention
+    (or nn.MultiheadAttention) with a known q/k layout; without any such, the outermost modules
+    whose class name says attention (site None: q and k cannot be reached)."""
+    found = []
+    for name, m in root.named_modules():
+        if isinstance(m, nn.MultiheadAttention) or _looks_like_attention(m):
+            s = site_of(name, m)
+            if s is not None:
+                found.append((name, m, s))
+    # an attention module inside another one with a site (a wrapper's core) is the same layer
+    names = [n for n, _, _ in found]
+    found = [f for f in found if not any(f[0] != o and f[0].startswith(o + ".") for o in names)]
+    if found:
+        return found
+    outer = []
+    for name, m in root.named_modules():
+        if _looks_like_attention(m) and not any(name.startswith(o + ".") for o, _, _ in outer):
+            outer.append((name, m, None))
+    return outer
+
+
+@contextmanager
+def scaled_sites(sites: list[Site], fq, fk):
+    """Every site's q times fq and k times fk (numbers, or {site name: number})."""
+    with ExitStack() as stack:
+        for s in sites:
+            a = fq[s.name] if isinstance(fq, dict) else fq
+            b = fk[s.name] if isinstance(fk, dict) else fk
+            stack.enter_context(s.scaled(a, b))
+        yield
+
+
+@contextmanager
+def measured_sites(sites: list[Site], out: dict):
+    """out[site name] = [(rms q, rms k) per call] during the block."""
+    with ExitStack() as stack:
+        for s in sites:
+            stack.enter_context(s.measuring(out.setdefault(s.name, [])))
+        yield

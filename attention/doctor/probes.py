@@ -1,0 +1,295 @@
+"""What happens inside attention during a forward: every attention call, seen through torch's
+function modes (scaled_dot_product_attention; softmax, with the matmuls on either side of it) and
+through this project's Recorder where its explicit path runs (a softmax it does not call, e.g. a
+naive or a sum normalisation, is still seen). A call holds what could be seen of it: the scores
+the softmax got, the weights, q, k, v and the output."""
+import math
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+SDPA = {F.scaled_dot_product_attention}
+SOFTMAX = {F.softmax, torch.softmax, torch.Tensor.softmax, torch.special.softmax}
+MATMUL = {torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.bmm, torch.Tensor.bmm}
+BADDBMM = {torch.baddbmm, torch.Tensor.baddbmm}
+MASKED = -1e3  # a score below this at init is a masked one (fills: -inf, finfo.min, -1e4)
+
+
+@dataclass
+class Call:
+    source: str                       # sdpa | softmax | project
+    module: str = ""
+    q: torch.Tensor | None = None     # (B, h, T_q, d), k and v repeated to h heads
+    k: torch.Tensor | None = None
+    v: torch.Tensor | None = None
+    out: torch.Tensor | None = None   # (B, h, T_q, d_v)
+    scores: torch.Tensor | None = None   # what the softmax got (masked entries filled)
+    weights: torch.Tensor | None = None
+    visible: torch.Tensor | None = None  # bool, broadcastable to the scores; None: not known
+    bias: torch.Tensor | None = None     # sdpa's additive float mask
+    scale: float | None = None
+    dropout_p: float = 0.0
+    dim: int = -1                        # the softmax's dim
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        """q, k, v, out and how they were masked and scaled are known: the call can be recomputed."""
+        return all(t is not None for t in (self.q, self.k, self.v, self.out)) and self.scale is not None
+
+    def raw(self) -> torch.Tensor:
+        """q k^T * scale in float64 (no mask)."""
+        return (self.q.double() @ self.k.double().transpose(-2, -1)) * self.scale
+
+    def seen_scores(self) -> torch.Tensor:
+        """The scores as the softmax saw them (for sdpa: recomputed in float64, mask added)."""
+        if self.scores is not None:
+            return self.scores
+        s = self.raw()
+        if self.bias is not None:   # a float mask is added as it is: a finite fill stays finite
+            return s + self.bias.double()
+        if self.visible is not None:
+            s = s.masked_fill(~self.visible, float("-inf"))
+        return s
+
+    def seen_weights(self) -> torch.Tensor:
+        if self.weights is not None:
+            return self.weights
+        return torch.softmax(self.seen_scores(), dim=-1)
+
+    def reference(self, dtype=torch.float64) -> torch.Tensor:
+        """The textbook attention on this call's q, k, v: softmax(q k^T scale + mask) v in `dtype`
+        (scores as `(q @ k^T) * scale` in that dtype: PyTorch's standard attention); for an eager
+        trace, softmax(the scores it saw) v."""
+        q, k, v = self.q.to(dtype), self.k.to(dtype), self.v.to(dtype)
+        if self.source == "softmax":
+            # an eager trace: the scores as the softmax saw them (an additive bias the doctor cannot
+            # attribute, ALiBi or a learned mask, is in them); the check covers softmax and weights @ V
+            s = self.scores.to(dtype)
+        else:
+            s = (q @ k.transpose(-2, -1)) * self.scale
+        if self.bias is not None:
+            s = s + self.bias.to(dtype)
+        vis = self.visible
+        if vis is not None:
+            s = s.masked_fill(~vis, float("-inf"))
+        w = torch.softmax(s, dim=-1)
+        if vis is not None:  # a row with no visible key: the reference returns 0, not NaN
+            w = w.masked_fill(~vis.expand_as(w).any(-1, keepdim=True), 0.0)
+        return w @ v
+
+
+def _expand(k, h):
+    """k (B, h_kv, T, d) repeated to h heads (query head i reads kv head i // group)."""
+    if k.dim() == 4 and k.shape[1] != h and h % k.shape[1] == 0:
+        return k.repeat_interleave(h // k.shape[1], dim=1)
+    return k
+
+
+def _like(t, lead):
+    """t (..., X, Y) viewed with leading dims `lead` when it holds the same elements (a
+    (B h, T, d) batch of heads as (B, h, T, d)); else t as it is."""
+    if tuple(t.shape[:-2]) == tuple(lead) or t.numel() != math.prod(lead) * t.shape[-2] * t.shape[-1]:
+        return t
+    return t.reshape(tuple(lead) + tuple(t.shape[-2:]))
+
+
+def _arg(args, kwargs, i, name, default=None):
+    if name in kwargs:
+        return kwargs[name]
+    return args[i] if len(args) > i else default
+
+
+class Probe(TorchFunctionMode):
+    """with Probe(modules) as p: model(x)  ->  p.calls.
+
+    modules: [(name, module)] of the attention modules; function calls are recorded only while
+    one of them runs (all of them when the list is empty). qk_factor multiplies q and k of every
+    sdpa call (the fallback to amplify scores where no q/k site is known)."""
+
+    def __init__(self, modules=(), qk_factor: float | None = None):
+        super().__init__()
+        self.modules = list(modules)
+        self.qk_factor = qk_factor
+        self.calls: list[Call] = []
+        self.errors: list[str] = []   # raised by the probe's own code (a doctor bug), not the target
+        self._stack: list[tuple[str, bool]] = []   # (module name, recorded by the project's recorder)
+        self._hooks = []
+        self._recorders = []
+        self._pending_qk = None
+        self._pending_call = None
+
+    # -- module scope ------------------------------------------------------------------------
+    def __enter__(self):
+        for name, m in self.modules:
+            own = _project_explicit(m)
+            if own:
+                self._recorders.append((m, m.recorder))
+                m.recorder = _Capture(self, name, m)
+            self._hooks.append(m.register_forward_pre_hook(lambda mod, a, n=name, o=own: self._stack.append((n, o))))
+            self._hooks.append(m.register_forward_hook(lambda mod, a, out: self._stack.pop() and None))
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for h in self._hooks:
+            h.remove()
+        for m, r in self._recorders:
+            m.recorder = r
+        self._hooks, self._recorders = [], []
+        return super().__exit__(*exc)
+
+    def _recording(self) -> bool:
+        if not self.modules:
+            return True
+        return bool(self._stack) and not self._stack[-1][1]
+
+    def _where(self) -> str:
+        return self._stack[-1][0] if self._stack else ""
+
+    # -- function calls ----------------------------------------------------------------------
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in SDPA:
+            return self._sdpa(func, args, kwargs)
+        if func is F.multi_head_attention_forward:   # a Python function the mode sees whole
+            with self._inside_functional():
+                return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if self._recording():
+            try:
+                if func in SOFTMAX:
+                    self._softmax(args, kwargs, out)
+                elif func in MATMUL:
+                    self._matmul(args[0], args[1], out)
+                elif func in BADDBMM:
+                    self._matmul(_arg(args, kwargs, 1, "batch1"), _arg(args, kwargs, 2, "batch2"), out)
+            except Exception as e:   # the doctor's own error: the target's forward goes on
+                self.errors.append(f"{type(e).__name__}: {e}")
+        return out
+
+    @contextmanager
+    def _inside_functional(self):
+        """While the mode is paused (inside its own handler), the softmax, SDPA and bmm that
+        torch.nn.functional's Python code calls are seen by swapping those names for the length
+        of one call (nn.MultiheadAttention's forward is one such function)."""
+        def seen(fn, handle):
+            def wrapper(*a, **kw):
+                return handle(fn, a, kw)
+            return wrapper
+
+        softmax, baddbmm = F.softmax, torch.baddbmm   # the originals: the names are swapped below
+
+        def plain(fn, a, kw):
+            out = fn(*a, **kw)
+            if self._recording():
+                if fn is softmax:
+                    self._softmax(a, kw, out)
+                elif fn is baddbmm:
+                    self._matmul(_arg(a, kw, 1, "batch1"), _arg(a, kw, 2, "batch2"), out)
+                else:
+                    self._matmul(a[0], a[1], out)
+            return out
+        swaps = [(F, "softmax", seen(F.softmax, plain)),
+                 (F, "scaled_dot_product_attention", seen(F.scaled_dot_product_attention, self._sdpa)),
+                 (torch, "bmm", seen(torch.bmm, plain)), (torch, "baddbmm", seen(torch.baddbmm, plain))]
+        old = [(mod, name, getattr(mod, name)) for mod, name, _ in swaps]
+        try:
+            for mod, name, fn in swaps:
+                setattr(mod, name, fn)
+            yield
+        finally:
+            for mod, name, fn in old:
+                setattr(mod, name, fn)
+
+    def _sdpa(self, func, args, kwargs):
+        q, k, v = args[0], args[1], args[2]
+        if self.qk_factor is not None:
+            q, k = q * self.qk_factor, k * self.qk_factor
+            args = (q, k, v) + tuple(args[3:])
+        out = func(*args, **kwargs)
+        if not self._recording() and self.modules:
+            return out
+        mask = _arg(args, kwargs, 3, "attn_mask")
+        dropout_p = float(_arg(args, kwargs, 4, "dropout_p", 0.0) or 0.0)
+        is_causal = bool(_arg(args, kwargs, 5, "is_causal", False))
+        scale = _arg(args, kwargs, 6, "scale")
+        scale = 1 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+        h = q.shape[-3] if q.dim() >= 3 else 1
+        kk, vv = _expand(k.detach(), h), _expand(v.detach(), h)
+        T_q, T_k = q.shape[-2], k.shape[-2]
+        visible, bias = None, None
+        if mask is not None and mask.dtype == torch.bool:
+            visible = mask.detach()
+        elif mask is not None:
+            bias = mask.detach()
+            visible = bias > MASKED
+        if is_causal:  # SDPA's flag: a top-left aligned lower triangle
+            visible = torch.ones(T_q, T_k, dtype=torch.bool, device=q.device).tril()
+        self.calls.append(Call("sdpa", self._where(), q=q.detach(), k=kk, v=vv, out=out.detach(),
+                               visible=visible, bias=bias, scale=scale, dropout_p=dropout_p))
+        return out
+
+    def _softmax(self, args, kwargs, out):
+        s = args[0]
+        dim = _arg(args, kwargs, 1, "dim", -1)
+        if not isinstance(s, torch.Tensor) or s.dim() < 3 or dim is None:
+            return
+        dim = dim % s.dim()
+        # which scores are masked is inferred: below MASKED (true of a forward at init, not amplified)
+        call = Call("softmax", self._where(), scores=s.detach(), weights=out.detach(), dim=dim - s.dim(),
+                    visible=s.detach() > MASKED)
+        qk = self._pending_qk
+        if qk is not None and qk[2].shape[-2:] == s.shape[-2:] and qk[2].numel() == s.numel():
+            a, b, prod = (_like(t, s.shape[:-2]) for t in qk)   # (B h, T, d) -> (B, h, T, d) (Bloom, NeoX)
+            call.q, call.k = a.detach(), b.detach().transpose(-2, -1)
+            h = call.q.shape[-3] if call.q.dim() >= 3 else 1
+            call.k = _expand(call.k, h)
+            ratio = (s.detach().double() / prod.detach().double())[(s > MASKED) & (prod.abs() > 1e-12)]
+            call.scale = float(ratio.median()) if ratio.numel() else None
+        self._pending_qk = None
+        self._pending_call = call
+        self.calls.append(call)
+
+    def _matmul(self, a, b, out):
+        if not isinstance(out, torch.Tensor) or out.dim() < 3:
+            return
+        c = self._pending_call
+        if c is not None and c.weights is not None and a.shape[-2:] == c.weights.shape[-2:]:
+            lead = c.weights.shape[:-2]
+            c.v = _expand(_like(b.detach(), lead), c.q.shape[-3] if c.q is not None and c.q.dim() >= 3 else 1)
+            c.out = _like(out.detach(), lead)
+            self._pending_call = None
+        else:
+            self._pending_qk = (a, b, out)
+
+
+def _project_explicit(m) -> bool:
+    """This project's MultiHeadAttention on its explicit path: its Recorder sees every call."""
+    cfg = getattr(m, "cfg", None)
+    return type(m).__name__ == "MultiHeadAttention" and hasattr(m, "recorder") and hasattr(cfg, "use_sdpa") \
+        and not cfg.use_sdpa
+
+
+class _Capture:
+    """A Recorder (attention.diagnostics's protocol) that hands each call to the probe."""
+    needs_weights = True
+
+    def __init__(self, probe: Probe, name: str, layer):
+        self.probe, self.name = probe, name
+        # scores = q k^T * scale with one scale: the call can be recomputed
+        self.dot = layer.cfg.score in ("dot", "cosine") and layer.cfg.scale != "learned"
+
+    def record_inputs(self, layer, args, kwargs):
+        pass
+
+    def record(self, name, q, k, scores, weights, mask, out=None, v=None, scale=1.0):
+        h = q.shape[1]
+        self.probe.calls.append(Call("project", self.name, q=q.detach(), k=_expand(k.detach(), h),
+                                     v=None if v is None else _expand(v.detach(), h),
+                                     out=None if out is None else out.detach(),
+                                     scores=scores.detach(), weights=weights.detach(),
+                                     visible=None if mask is None else mask.detach(),
+                                     scale=scale if self.dot else None))

@@ -1,0 +1,53 @@
+"""TARGET strings -> torch modules: `pkg.mod:obj` (a module instance, a class or a zero-argument
+factory), `hf:NAME` (a transformers causal LM of model type NAME from a small config), `self:`
+and `self:KEY=VAL ...` (this project's LM from conf/ with Hydra overrides)."""
+import importlib
+import shlex
+import sys
+from pathlib import Path
+
+import torch.nn as nn
+
+from attention.doctor.adapters import TargetError
+
+
+def resolve(target: str, attn_impl: str | None = None):
+    """The module a TARGET string names. Every way it can fail is a TargetError (one line)."""
+    if target.startswith("hf:"):
+        if not target[3:]:
+            raise TargetError("hf: needs a model type, e.g. hf:llama or hf:gpt2")
+        try:
+            from attention.doctor.hf import build
+        except ImportError as e:
+            raise TargetError(f"{target}: needs transformers ({e})") from None
+        return build(target[3:], attn_impl)
+    if attn_impl:
+        raise TargetError("--attn-impl applies to hf: targets only")
+    if target.startswith("self:"):
+        from attention.doctor.project import build_self
+        return build_self(shlex.split(target[5:]))
+    if ":" not in target:
+        raise TargetError(f"{target}: a target is pkg.module:object, hf:NAME or self:[KEY=VAL ...]")
+    mod_name, _, attr = target.partition(":")
+    if str(Path.cwd()) not in sys.path:   # a user's own module beside them, as `python -m` would
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        mod = importlib.import_module(mod_name)
+    except Exception as e:
+        raise TargetError(f"{target}: cannot import {mod_name} ({type(e).__name__}: {e})") from None
+    obj = mod
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise TargetError(f"{target}: {mod_name} has no {attr}")
+        obj = getattr(obj, part)
+    if isinstance(obj, nn.Module):
+        return obj
+    if callable(obj):
+        try:
+            obj = obj()
+        except Exception as e:
+            raise TargetError(f"{target}: calling {attr}() raised {type(e).__name__}: {e}") from None
+    if not isinstance(obj, nn.Module):
+        raise TargetError(f"{target}: {attr} is a {type(obj).__name__}, not a torch.nn.Module "
+                          "(nor a class or zero-argument factory of one)")
+    return obj

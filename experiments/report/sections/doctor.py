@@ -1,0 +1,126 @@
+"""The attention doctor's evidence: results/doctor/*.json, written by
+`python -m experiments.doctor_validation all` (beside the report's figures dir). Two blocks:
+`doctor` (what it is and a real run on a buggy target: the README's block) and
+`doctor_evidence` (sensitivity on the catalogue, specificity on real code, shipped bugs caught in
+pinned releases, the benchmark)."""
+import json
+from pathlib import Path
+
+NAME = "doctor"
+ORDER = 70
+SHORT = {"eval_dropout": "dropout", "future_leak": "leak", "self_visibility": "self", "kv_cache": "cache",
+         "batch_independence": "batch", "padding": "pad", "fully_masked_rows": "masked rows",
+         "amplified_logits": "amplified", "low_precision": "low prec.", "long_positions": "long pos.",
+         "score_scale": "scale", "path_agreement": "paths"}
+
+
+def _load(fig_dir: Path) -> dict:
+    d = Path(fig_dir).parent / "doctor"
+    return {p.stem: json.loads(p.read_text()) for p in sorted(d.glob("*.json"))} if d.is_dir() else {}
+
+
+def _cell(verdict: str, targeted: bool) -> str:
+    v = "skip" if verdict.startswith("skip") else verdict
+    return f"**{v}**" if targeted else {"pass": "pass", "skip": "–"}.get(v, v)
+
+
+def _verdicts(result: dict) -> dict:
+    return {c["name"]: c["verdict"] for c in result["checks"]}
+
+
+def sensitivity(s: dict) -> str:
+    names = [c["name"] for c in s["rows"][0]["result"]["checks"]]
+    head = "| experiment (failure value) | " + " | ".join(SHORT.get(n, n) for n in names) + " | control: targeted |"
+    lines = [head, "|" + "---|" * (len(names) + 2)]
+    missed, untargeted = [], []
+    for r in s["rows"]:
+        v = _verdicts(r["result"])
+        t = set(r["targets"])
+        ctl = ", ".join(f"{SHORT[c]} {_cell(_verdicts(r['control'])[c], False)}" for c in r["targets"]) \
+            if r.get("control") and r["targets"] else "–"
+        lines.append(f"| `{r['exp']}` | " + " | ".join(_cell(v[n], n in t) for n in names) + f" | {ctl} |")
+        missed += [f"{r['exp']}/{c}" for c in r["targets"] if v[c] not in ("fail", "warn")]
+        if not t and r["exp"] != "baseline":
+            untargeted.append(r)
+    out = [f"Each row is this project's LM with one catalogue experiment's failure value "
+           f"(`python -m attention.doctor self:+exp=NAME`), the healthy baseline first; bold: the checks "
+           f"that target that value; the last column: the same checks on the experiment's control (the "
+           f"value fixed). Targeted checks that did not flag their failure value: "
+           f"{', '.join(missed) if missed else 'none'}.", "", *lines, ""]
+    notes = [f"- `{r['exp']}`: {r['control_note']}" for r in s["rows"] if r.get("control_note")]
+    if notes:
+        out += ["Controls on which a targeted check does not pass:\n", *notes, ""]
+    if untargeted:
+        out.append("Catalogue failures no check targets, and why:\n")
+        out += [f"- `{r['exp']}` ({r['broken']}): {r.get('not_detected') or 'no reason recorded'}" for r in untargeted]
+    return "\n".join(out) + "\n"
+
+
+def specificity(s: dict) -> str:
+    env = s.get("env", {})
+    lines = ["| library | variant | not passed (n/a skips left out) |", "|---|---|---|"]
+    notes, unexplained = {}, []
+    for r in s["rows"]:
+        bad = [f"{f['check']}: {f['verdict']}" for f in r["findings"]]
+        lines.append(f"| {r['library']} | {r['variant']} | {', '.join(bad) if bad else 'nothing'} |")
+        for f in r["findings"]:
+            if f["explained"]:
+                notes[(r["library"], f["check"])] = f["explained"]
+            else:
+                unexplained.append(f"{r['library']} {r['variant']}: {f['check']}")
+    out = [f"Real code, unchanged (torch {env.get('torch')}, transformers {env.get('transformers')}), "
+           "tried as a new user would. Every finding, with its public thread:", "", *lines, ""]
+    out += [f"- **{lib}, {check}**: {text}" for (lib, check), text in notes.items()]
+    out.append(f"\nFindings without an explanation (a doctor bug until shown otherwise): "
+               f"{'; '.join(unexplained) if unexplained else 'none'}.")
+    return "\n".join(out) + "\n"
+
+
+def _shipped_cell(row, which):
+    r = row.get(which + "_result", {})
+    if "error" in r:
+        return f"error: {r['error']}"
+    return f"{row.get(which + '_version', row[which])}: **{_verdicts(r).get(row['check'], '?')}**"
+
+
+def shipped(s: dict) -> str:
+    lines = ["| bug | check | buggy release | fixing release | thread |", "|---|---|---|---|---|"]
+    for r in s["rows"]:
+        lines.append(f"| {r['bug']} | {r['check']} | {r['package']} {_shipped_cell(r, 'buggy')} | "
+                     f"{r['package']} {_shipped_cell(r, 'fixed')} | {r['thread']} |")
+    tried = [f"- {k}: {v}" for k, v in s.get("not_used", {}).items()]
+    return ("Pinned releases of public libraries with a known, shipped attention bug, each installed in a "
+            "directory of its own (`pip install --no-deps --target DIR`), against the release that fixed it:\n\n"
+            + "\n".join(lines) + "\n\nAlso tried, and why they are not in the table:\n\n" + "\n".join(tried) + "\n")
+
+
+def benchmark(b: dict) -> str:
+    rows = "; ".join(f"{r['target']}: {r['wall_s']:.1f} s wall, {r['cpu_s']:.1f} s CPU" for r in b["rows"])
+    return (f"All twelve checks, {b['rows'][0]['threads']} torch threads ({b.get('machine', '')}): {rows} "
+            "(target: under 30 s; `python -m experiments.doctor_validation benchmark`).\n")
+
+
+def blocks(runs, fig_dir: Path) -> dict[str, str]:
+    d = _load(fig_dir)
+    if not d:
+        return {}
+    intro = ["## The attention doctor\n",
+             "`python -m attention.doctor TARGET` looks for the catalogue's bugs in any attention: a module, "
+             "a transformers model (`hf:llama`), this project's LM (`self:`); twelve checks, each against a "
+             "healthy reference (docs/doctor.md). A real run on a buggy target:\n"]
+    if "example" in d:
+        e = d["example"]
+        intro.append(f"```text\n$ {e['command']}\n{e['stdout'].rstrip()}\n$ echo $?\n{e['exit_code']}\n```\n")
+    ev = []
+    if "sensitivity" in d:
+        ev += ["### Sensitivity: the catalogue's failure values\n", sensitivity(d["sensitivity"])]
+    if "specificity" in d:
+        ev += ["### Specificity: real code\n", specificity(d["specificity"])]
+    if "shipped" in d:
+        ev += ["### Shipped bugs caught in pinned releases\n", shipped(d["shipped"])]
+    if "benchmark" in d:
+        ev += ["### Cost\n", benchmark(d["benchmark"])]
+    out = {"doctor": "\n".join(intro)}
+    if ev:
+        out["doctor_evidence"] = "\n".join(ev)
+    return out

@@ -1,0 +1,60 @@
+"""The doctor on real code, unchanged: torch.nn.MultiheadAttention, nanoGPT's attention (as
+transcribed in experiments/bench/), transformers' GPT-2 and Llama with eager and SDPA. Each
+verdict other than pass is a real behaviour with its public thread (docs/doctor.md)."""
+import pytest
+import torch
+import torch.nn as nn
+
+from attention.doctor import TorchMHA, examine
+from experiments.bench.nanogpt_reference import GPT, CausalSelfAttention
+
+NOT_APPLICABLE = ("skip: needs", "skip: not causal", "skip: no switch")
+
+
+def not_passed(r):
+    return {c.name: c.verdict for c in r.checks if c.verdict != "pass" and not c.verdict.startswith(NOT_APPLICABLE)}
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_multihead_attention_fully_masked_rows_by_need_weights(causal):
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(32, 4, batch_first=True)
+    r = examine(TorchMHA(mha, causal=causal), strict=True)
+    # need_weights=True (its default): NaN for a row with every key masked, NaN gradients (pytorch #41508)
+    assert not_passed(r) == {"fully_masked_rows": "fail"}, r.table()
+    assert "return NaN" in r["fully_masked_rows"].detail
+    off = TorchMHA(mha, causal=causal)
+    off.need_weights = False
+    r = examine(off, strict=True)
+    assert not_passed(r) == {}, r.table()
+    assert "return zeros (under no_grad: NaN)" in r["fully_masked_rows"].detail  # the inference fast path
+
+
+def test_nanogpt_attention_and_lm():
+    torch.manual_seed(0)
+    r = examine(CausalSelfAttention(32, 4), strict=True)
+    assert not_passed(r) == {} and r.info["causal"].startswith("causal (found")
+    r = examine(GPT(64, 64, 2, 4, 32), strict=True)
+    assert not_passed(r) == {}, r.table()
+    assert r["kv_cache"].verdict.startswith("skip: needs a KV cache")
+
+
+@pytest.fixture(scope="module")
+def hf():
+    pytest.importorskip("transformers")
+    from attention.doctor.hf import build
+    return build
+
+
+@pytest.mark.parametrize("model_type", ["gpt2", "llama"])
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_transformers_models(hf, model_type, impl):
+    r = examine(hf(model_type, impl), strict=True)
+    want = {}
+    if model_type == "gpt2":   # absolute positions counted from the padding (transformers #21080)
+        want["padding"] = "warn"
+    if impl == "eager":        # q k^T in float16 before the scale: inf at large q.k
+        want["low_precision"] = "fail"
+    assert not_passed(r) == want, r.table() + "\n" + r.details()
+    assert r["path_agreement"].verdict == "pass"   # eager and sdpa, each against the reference
+    assert r.info["qk_sites"] == 2
