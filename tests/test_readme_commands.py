@@ -206,7 +206,8 @@ def runnable(cmd: str, entry: Cmd | None) -> str:
     return ""
 
 
-POOL = ThreadPoolExecutor(max_workers=2)  # two commands at a time: one per core
+# two commands at a time, one per core; the reference's own (ATTN_README_FULL=1) run two jobs each
+POOL = ThreadPoolExecutor(max_workers=1 if os.environ.get("ATTN_README_FULL") == "1" else 2)
 STARTED: dict[str, Future] = {}
 
 
