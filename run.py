@@ -61,6 +61,8 @@ def main(cfg: DictConfig) -> int:
         return crashed(e, run_dir, cfg, container, multirun)
     print(verdict_line(record, run_dir), flush=True)
     code = exit_code(record)
+    if code:  # training raised (recorded as status error): where its traceback is
+        print(f"error: [{record.exp}] {record.error} (traceback: {run_dir / TRACEBACK})", file=sys.stderr, flush=True)
     if code and not multirun:
         sys.exit(code)
     return code
