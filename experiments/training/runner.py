@@ -22,7 +22,7 @@ from experiments.judging.verdict import RunView, evaluate
 from experiments.records import RunRecord, config_hash, read_attn_weights, rows_frame
 from experiments.report.figures import plot_experiment
 from experiments.schema import validate
-from experiments.training.build import check
+from experiments.training.build import reject_unbuildable
 from experiments.training.checkpoint import remove_checkpoint
 from experiments.training.logger import make_logger
 from experiments.training.loop import Trainer, write_metrics
@@ -86,7 +86,7 @@ def preflight(cfg: dict) -> None:
     configs = [cfg] + ([control_config(cfg)] if exp["control"] else []) + ([floor_config(cfg)] if exp["floor"] else [])
     for c in configs:
         validate(c)  # the schema: types, ranges, choices, cross-field rules
-        check(c)     # what building would reject: the block size, the corpus, ...
+        reject_unbuildable(c)  # what building would reject: the block size, the corpus, ...
         for ref in c["exp"]["measures"]:
             measure_fn(ref)
 
