@@ -12,13 +12,13 @@ import traceback
 from pathlib import Path
 
 import hydra
-from hydra import compose
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.callbacks import REJECTED
+from experiments.config import exp_as_choice, experiment_data
 from experiments.io import write_json, write_text
-from experiments.on_text import SKIPPED, NoTextVersion, check_text_data, overlay_overrides
+from experiments.layout import REJECTED, SKIPPED
+from experiments.on_text import NoTextVersion, reject_without_text_version
 from experiments.preflight import check_argv, exclude_sweep_presets
 from experiments.records import RunRecord
 from experiments.training.preemption import Preempted
@@ -35,7 +35,7 @@ def main(cfg: DictConfig) -> int:
     multirun = hc.mode.name == "MULTIRUN"
     container = OmegaConf.to_container(cfg, resolve=True)
     try:
-        cfg, container = text_version(cfg, list(hc.overrides.task))
+        reject_without_text_version(cfg.exp.name, cfg.data.name, lambda: experiment_data(cfg.exp.name))
         record = run_experiment(container, run_dir, progress_factory)
     except Preempted as e:  # SIGTERM/USR2: the checkpoint is written; a rerun resumes from it
         print(f"preempted: {e}; rerun the same command to resume", file=sys.stderr, flush=True)
@@ -66,16 +66,6 @@ def main(cfg: DictConfig) -> int:
     return code
 
 
-def text_version(cfg: DictConfig, overrides: list[str]):
-    """On text data, the experiment's text version (experiments/on_text.py); else cfg as it is."""
-    text = overlay_overrides(cfg.exp.name, cfg.data.name, overrides)
-    if text is not None:
-        cfg = compose(config_name="config", overrides=text)
-    container = OmegaConf.to_container(cfg, resolve=True)
-    check_text_data(container)
-    return cfg, container
-
-
 def remove_if_only_hydra(run_dir: Path):
     """Hydra made the run dir before the config was checked; a rejected config leaves no run dir."""
     if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {".hydra", "run.log"}:
@@ -88,5 +78,5 @@ def remove_if_only_hydra(run_dir: Path):
 if __name__ == "__main__":
     conf = Path(__file__).parent / "conf"
     check_argv(sys.argv[1:], conf)
-    sys.argv[1:] = exclude_sweep_presets(sys.argv[1:], conf)  # glob(*) is the catalogue, not the sweeps
+    sys.argv[1:] = exclude_sweep_presets(exp_as_choice(sys.argv[1:]), conf)  # glob(*) is the catalogue, not the sweeps
     main()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from hydra.experimental.callback import Callback
 
-from experiments.on_text import SKIPPED
+from experiments.layout import REJECTED, SKIPPED
 
 
 def job_dirs(sweep_dir: Path) -> list[Path]:
@@ -23,9 +23,6 @@ def job_dirs(sweep_dir: Path) -> list[Path]:
             if rel and not any(part.startswith(".") or part in ("figures", "wandb") for part in rel):
                 found.add(p.parent)
     return sorted(found)
-
-
-REJECTED = "rejected.txt"  # a job of a sweep whose config was rejected: its one line, not a run
 
 
 def crashed_jobs(sweep_dir: Path) -> list[tuple[Path, str]]:

@@ -1,28 +1,21 @@
-"""Text versions of experiments: one overlay per experiment, applied when the data is text.
+"""Text versions of experiments. On text data (TEXT_TASKS) conf/config.yaml's defaults list adds,
+after the experiment, `text: DATA` (conf/text/DATA.yaml: what every text version shares, the
+no-attention floor) and `on_text: DATA/EXP` (conf/on_text/DATA/EXP.yaml: experiment EXP's settings
+and signature on that text), so one composition gives the config that trains and its run dir's
+.hydra/config.yaml records exactly that; key=value on the command line still wins.
 
     python run.py +exp=no_scaling data=shakespeare_char        # the same failure on text, judged by text signatures
     python run.py -m '+exp=glob(*)' data=shakespeare_char      # the text catalogue
 
-conf/on_text/NAME.yaml (`# @package _global_`) is experiment NAME's text version: the settings text
-needs (a smaller model, fewer steps: stated in the file) and its signature on text (exp.expect,
-exp.checks, exp.claim). When data.name is a text task (TEXT_TASKS), run.py and
-experiments.config.compose compose the config again with `+on_text=NAME` after the command line's
-choices: the overlay beats conf/exp/NAME.yaml, and the command line's key=value overrides still
-beat the overlay (Hydra applies them after the defaults list). An overlay that runs on some text
-tasks only (the mask bugs need padded batches) lists them in `exp.text_data`.
-
-On text, an experiment without an overlay is rejected: one line naming the data it needs, exit 2;
-in a multirun that cell is skipped (skipped.txt, listed at the sweep's end), not failed. A check whose metric the run never
-logged is "not measurable on this data" (judging.verdict), never a FAIL.
+On text, an experiment with neither a text version there nor that data of its own is rejected:
+one line naming the data it runs on, exit 2; in a multirun that cell is skipped (layout.SKIPPED,
+listed at the sweep's end), not failed. A check whose metric the run never logged is "not
+measurable on this data" (judging.verdict), never a FAIL.
 """
 from pathlib import Path
 
-import yaml
-
 CONF = Path(__file__).resolve().parents[1] / "conf"
 TEXT_TASKS = ("shakespeare_char", "shakespeare_lines")  # shakespeare_lines: one padded line per example
-GROUP = "on_text"
-SKIPPED = "skipped.txt"  # a cell of a multirun on text with no text version: its one line (not a crash)
 
 
 class NoTextVersion(ValueError):
@@ -38,33 +31,18 @@ def on_text(run) -> bool:
     return is_text(((run.config or {}).get("data") or {}).get("name"))
 
 
-def synthetic_data(exp_name: str) -> str:
-    """The data an experiment is defined on: its file's `override /data`, else config.yaml's."""
-    for conf in (CONF / "exp" / f"{exp_name}.yaml", CONF / "config.yaml"):
-        if conf.exists():
-            for entry in (yaml.safe_load(conf.read_text()) or {}).get("defaults") or []:
-                if isinstance(entry, dict):
-                    for k, v in entry.items():
-                        if k.split()[-1].strip("/") == "data":
-                            return v
-    return "copy"
+def text_versions(exp_name: str) -> list[str]:
+    """The text tasks experiment `exp_name` has a version for (conf/on_text/DATA/EXP.yaml)."""
+    return sorted(p.parent.name for p in (CONF / "on_text").glob(f"*/{exp_name}.yaml"))
 
 
-def overlay_overrides(exp_name: str, data_name: str, overrides: list[str]) -> list[str] | None:
-    """The overrides that compose experiment `exp_name`'s text version, or None when the data is
-    not text (or the command line chose an overlay itself). ValueError (one line) when the
-    experiment has no text version."""
-    if not is_text(data_name) or any(o.lstrip("+~").split("=")[0] == GROUP for o in overrides):
-        return None
-    if not (CONF / GROUP / f"{exp_name}.yaml").exists():
-        raise NoTextVersion(f"{exp_name} has no text version (conf/{GROUP}/{exp_name}.yaml): "
-                         f"it runs on data={synthetic_data(exp_name)}, not on {data_name}")
-    return [*overrides, f"+{GROUP}={exp_name}"]
-
-
-def check_text_data(cfg: dict) -> None:
-    """An overlay that runs on some text tasks only: any other data is rejected, naming those."""
-    exp, data = cfg["exp"], cfg["data"]["name"]
-    allowed = exp["text_data"]
-    if is_text(data) and allowed and data not in allowed:
-        raise NoTextVersion(f"{exp['name']} on text needs data={' or '.join(allowed)}, not {data}")
+def reject_without_text_version(exp_name: str, data_name: str, own_data) -> None:
+    """NoTextVersion (one line) when `data_name` is text, the experiment has no version for it and
+    it is not the experiment's own data (`own_data()`: the data its conf/exp file composes)."""
+    if not is_text(data_name) or data_name in text_versions(exp_name):
+        return
+    own = own_data()
+    if own != data_name:
+        runs_on = " or ".join(dict.fromkeys([own, *text_versions(exp_name)]))
+        raise NoTextVersion(f"{exp_name} has no text version on {data_name} "
+                            f"(conf/on_text/{data_name}/{exp_name}.yaml): it runs on data={runs_on}")

@@ -9,6 +9,7 @@ import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from attention.config import defaults
 from experiments.io import load_attn_weights
 
 # keys that do not change what is trained: two configs differing only here share a control
@@ -16,10 +17,29 @@ NOT_HASHED = ("exp", "logger", "results_dir")
 NOT_HASHED_TRAIN = ("progress", "ckpt_every")
 
 
+def _same(a, b) -> bool:
+    return a == b and type(a) is type(b)  # 1 is not true, 1.0 is not 1 in a config
+
+
+def _without_defaults(d: dict, declared: dict) -> dict:
+    """d less the keys at their declared default (nested dicts alike)."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and isinstance(declared.get(k), dict):
+            out[k] = _without_defaults(v, declared[k])
+        elif not (k in declared and _same(v, declared[k])):
+            out[k] = v
+    return out
+
+
 def config_hash(cfg: dict) -> str:
-    """12 hex digits of everything that shapes training (controls and checkpoints are keyed by it)."""
+    """12 hex digits of everything that shapes training (controls and checkpoints are keyed by it).
+    A model key at attention.config's declared default is left out, as if it were not there: a
+    new field with a default leaves every existing hash, and so every cached control, as it was."""
     c = {k: v for k, v in cfg.items() if k not in NOT_HASHED}
     c["train"] = {k: v for k, v in c["train"].items() if k not in NOT_HASHED_TRAIN}
+    if isinstance(c.get("model"), dict):
+        c["model"] = _without_defaults(c["model"], defaults()["model"])
     return hashlib.sha256(json.dumps(c, sort_keys=True).encode()).hexdigest()[:12]
 
 
