@@ -6,7 +6,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from attention.config import ModelConfig
-from attention.fixes import SigmaReparamLinear
+from attention.logit_fixes import SigmaReparamLinear
 from attention.mha import KVCache, MultiHeadAttention
 from attention.variance import GPT2_STD, qk_weight_std
 

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from attention.config import AttentionConfig
 from attention.diagnostics import Recorder
-from attention.fixes import SigmaReparamLinear, qk_clip_factors, softcap
+from attention.logit_fixes import SigmaReparamLinear, qk_clip_factors, softcap
 from attention.masks import additive, apply_mask, attention_mask, causal_mask, fill_value, visible
 from attention.rotary import apply_rope, rope_phases
 from attention.scoring import SCORINGS

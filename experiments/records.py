@@ -11,6 +11,7 @@ from pathlib import Path
 
 from attention.config import defaults
 from experiments.io import load_attn_weights
+from experiments.layout import ATTN_WEIGHTS, METRICS, PERF, SUMMARY
 
 # keys that do not change what is trained: two configs differing only here share a control
 NOT_HASHED = ("exp", "logger", "results_dir")
@@ -77,7 +78,7 @@ def rows_frame(rows: list[dict]):
 
 def read_attn_weights(run_dir):
     """{step: {layer: (h, T, T) float16 array}} of example 0 at each diagnostic step, or None."""
-    p = Path(run_dir) / "attn_weights.npz"
+    p = Path(run_dir) / ATTN_WEIGHTS
     if not p.exists():
         return None
     try:
@@ -136,7 +137,7 @@ class RunRecord:
     @classmethod
     def read(cls, run_dir, id: str = "") -> "RunRecord":
         """summary.json of run_dir; raises OSError / json.JSONDecodeError when unreadable."""
-        return cls.from_summary(json.loads((Path(run_dir) / "summary.json").read_text()), run_dir, id)
+        return cls.from_summary(json.loads((Path(run_dir) / SUMMARY).read_text()), run_dir, id)
 
     @property
     def variant(self) -> str:
@@ -155,14 +156,14 @@ class RunRecord:
 
     def metrics(self) -> list[dict]:
         """metrics.csv: one dict per logged step."""
-        return read_rows(self.dir / "metrics.csv")
+        return read_rows(self.dir / METRICS)
 
     def metrics_frame(self):
         return rows_frame(self.metrics())
 
     def perf_rows(self) -> list[dict]:
         """perf.csv: tokens/s per logged step."""
-        return read_rows(self.dir / "perf.csv")
+        return read_rows(self.dir / PERF)
 
     def attn_weights(self):
         return read_attn_weights(self.dir)

@@ -7,7 +7,6 @@ keeps two parallel jobs from training it twice).
 """
 import copy
 import fcntl
-import importlib
 import math
 import platform
 import sys
@@ -26,22 +25,14 @@ from experiments.training.build import reject_unbuildable
 from experiments.training.checkpoint import remove_checkpoint
 from experiments.training.logger import make_logger
 from experiments.training.loop import Trainer, write_metrics
+from experiments.training.measures import MEASURES
 from experiments.training.preemption import Preempted
 
-MEASURES = "experiments.training.measures"  # "catalogue:row_sums" is experiments/training/measures/catalogue.py
-
-
-def measure_fn(ref: str):
-    """exp.measures entries are "module:function" (a module of experiments/training/measures/, or
-    a full dotted path); each fn(trainer, cfg) returns {metric: value}, merged into the run's
-    final metrics where checks read them (KV-cache bytes, decode time, time per step, ...)."""
-    module, _, fn = ref.partition(":")
-    try:
-        mod = importlib.import_module(module if "." in module else f"{MEASURES}.{module}")
-        return getattr(mod, fn)
-    except (ImportError, AttributeError):
-        raise ValueError(f"exp.measures: {ref!r} names no function (module:function in "
-                         f"experiments/training/measures/)") from None
+def measure_fn(name: str):
+    """exp.measures entries are names in experiments/training/measures' MEASURES."""
+    if name not in MEASURES:
+        raise ValueError(f"exp.measures: no measure named {name!r} (known: {', '.join(MEASURES)})")
+    return MEASURES[name]
 
 
 def set_dotted(d: dict, key: str, value):

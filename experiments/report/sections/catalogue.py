@@ -15,7 +15,6 @@ from experiments.report.seeds import (MIN_SEEDS, RULE, SMALL_MARGIN, CheckOverSe
                                       fmt_margin)
 
 NAME = "catalogue"
-ORDER = 0
 MAX_VARIANTS = 3  # more configs than this under one exp name is a sweep: one row, its own section
 
 

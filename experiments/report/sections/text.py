@@ -14,7 +14,6 @@ from experiments.records import RunRecord  # noqa: E402
 from experiments.report.seeds import MIN_SEEDS, Rate  # noqa: E402
 
 NAME = "text"
-ORDER = 1
 TEXT = True  # build.render_blocks: this section sees the runs on text as well
 LOSS = "loss/train"  # on text the primary loss; its final value is the validation loss
 

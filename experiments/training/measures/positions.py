@@ -1,4 +1,4 @@
-"""Post-training measurements of positions and decoding, wired through `exp.measures: ["positions:FN"]`:
+"""Post-training measurements of positions and decoding, wired through `exp.measures: ["FN"]`:
 rotary phases in low precision, left padding against learned absolute positions, and the KV cache
 against the full-sequence forward. Each FN(trainer, cfg) -> {metric: float}."""
 import contextlib
