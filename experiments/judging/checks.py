@@ -1,7 +1,7 @@
 """An experiment's signature, read from its config: `exp.expect` lists check names, `exp.checks`
-defines every check by name (conf/config.yaml defines the shared ones once). `signature(exp)`
+defines every check by name (conf/config.yaml defines the shared ones once). `signature(spec)`
 returns the checks in order, every field and expression parsed, or raises ValueError of one
-line: preflight calls it, so a typo stops the run before any step.
+line: preflight calls it, so a typo stops the run before any step. `spec` is a config's `exp` node.
 
 Check kinds (fields beyond name/kind/metric; judging.verdict measures them):
   threshold  value(metric, at) OP value
@@ -23,21 +23,22 @@ NEEDS = {"threshold": ("metric",), "ratio": ("metric",), "delta": ("metric",),
 STATUSES = ("completed", "diverged", "error")
 
 
-def signature(exp: dict) -> list[dict]:
+def signature(spec: dict) -> list[dict]:
     """The checks `exp.expect` names, in its order, each with its `name` (the label the verdict
     and the report show; the key when it has none)."""
-    checks = exp["checks"] or {}
+    checks = spec["checks"] or {}
     out = []
-    for key in exp["expect"] or []:
+    for key in spec["expect"] or []:
         if key not in checks:
             raise ValueError(f"exp.expect: no check named {key!r} in exp.checks (known: {', '.join(checks)})")
         c = {"name": key, **checks[key]}
-        validate(key, c)
+        parse_check(key, c)
         out.append(c)
     return out
 
 
-def validate(key: str, c: dict) -> None:
+def parse_check(key: str, c: dict) -> None:
+    """Every field of check `key` known and every expression parsed; ValueError of one line else."""
     where = f"exp.checks.{key}"
     kind = c.get("kind")
     if kind not in KINDS:

@@ -141,15 +141,15 @@ def _panel(check: dict, loss_metric: str, third: str | None = None) -> str | Non
     return None
 
 
-def look_at(exp: dict, failure: str, control: str | None, loss_metric: str = "loss/copy") -> str:
+def look_at(spec: dict, failure: str, control: str | None, loss_metric: str = "loss/copy") -> str:
     """The figure's one-line caption: which panel shows each check of the experiment's signature
-    (exp: the run's config `exp`, with `expect` and `checks`). Built from the config, so it
+    (spec: the run's config `exp`, with `expect` and `checks`). Built from the config, so it
     carries no measured number."""
-    checks = [{"name": k, **(exp.get("checks") or {}).get(k, {})} for k in exp.get("expect") or []]
+    checks = [{"name": k, **(spec.get("checks") or {}).get(k, {})} for k in spec.get("expect") or []]
     checks = [c for c in checks if not c.get("report_only")]
     where: dict[str, list[str]] = {}
     for c in checks:
-        if (p := _panel(c, loss_metric, exp.get("figure_metric"))) is not None:
+        if (p := _panel(c, loss_metric, spec.get("figure_metric"))) is not None:
             where.setdefault(p, []).append(c["name"])
     vs = f" against dashed blue (its control `{control}`)" if control else ""
     if not where:
