@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # matched); a module no prefix matches sits at the top, beside run.py.
 LAYERS = [
     ("attention", "data"),                                           # the library: torch, no experiments
-    ("experiments.layout", "experiments.io", "experiments.on_text",  # names, files, rules: no torch
+    ("experiments.layout", "experiments.io", "experiments.on_text", "experiments.suggest",  # names, files, rules: no torch
      "experiments.judging", "experiments.schema"),
     ("experiments.records", "experiments.config", "experiments.command_line"),
     ("experiments.training", "experiments.report"),                  # training never draws; the report never trains

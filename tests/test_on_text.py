@@ -106,7 +106,7 @@ def test_a_text_run_trains_its_floor_once_and_the_report_puts_it_beside_the_synt
                       results_dir=tmp_path)
     rec = run_experiment(cfg, tmp_path / "runs" / "sum_normalize" / "a")
     floor_dir = Path(rec.floor["dir"])
-    assert floor_dir.parent.name == "controls" and floor_dir.name.startswith("no_attention_floor-")
+    assert floor_dir.parent.name == "controls" and floor_dir.name == rec.floor["config_hash"]
     assert rec.context["floor"] == rec.floor["final"]["loss/train"]
     floor = json.loads((floor_dir / "summary.json").read_text())
     assert floor["config"]["model"]["attention"]["reach"] == "self"

@@ -1,24 +1,26 @@
 """One experiment: train the failure run, find or train its control, judge, write the run dir.
 
 Run dir: metrics.csv, perf.csv, summary.json, curves.png, attn_weights.npz, wandb/.
-Controls live under <results_dir>/controls/<name>-<hash>/, keyed by the hash of everything that
-shapes training, so every experiment with the same control config reuses one run (a file lock
-keeps two parallel jobs from training it twice).
+Controls live under <results_dir>/controls/<hash>/, keyed by the hash of everything that shapes
+training (and the control's measures, if any), not by its name, so every experiment with the same
+control config reuses one run (a file lock keeps two parallel jobs from training it twice).
 """
 import copy
-import fcntl
+import hashlib
+import json
 import math
 import platform
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
 
-from experiments.io import save_attn_weights, write_json
+from experiments.io import dir_lock, save_attn_weights, write_json, write_text
 from experiments.judging.checks import signature
 from experiments.judging.verdict import RunView, evaluate
-from experiments.records import RunRecord, config_hash, read_attn_weights, rows_frame
+from experiments.records import TRACEBACK, RunRecord, config_hash, error_message, read_attn_weights, rows_frame
 from experiments.report.figures import plot_experiment
 from experiments.schema import validate
 from experiments.training.build import reject_unbuildable
@@ -105,9 +107,7 @@ def train_run(cfg: dict, run_dir: Path, role: str, progress_factory=None):
     would share a checkpoint: the second waits for the first, then trains afresh, so no file has
     two writers."""
     ckpt = checkpoint_path(cfg)
-    ckpt.parent.mkdir(parents=True, exist_ok=True)
-    with open(ckpt.parent / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with dir_lock(ckpt.parent):  # removed with its dir once the checkpoint is (the run completed)
         return _train_run(cfg, Path(run_dir), role, ckpt, progress_factory)
 
 
@@ -135,7 +135,8 @@ def _train(cfg: dict, run_dir: Path, role: str, ckpt: Path, trainer: Trainer, pr
         raise
     except Exception as e:  # a crash is a recorded outcome (status error), not a lost run
         res = trainer.res
-        res.status, error = "error", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        res.status, error = "error", error_message(e)
+        write_text(run_dir / TRACEBACK, traceback.format_exc())
     finally:
         if progress:
             progress.close()
@@ -158,14 +159,24 @@ def _train(cfg: dict, run_dir: Path, role: str, ckpt: Path, trainer: Trainer, pr
     return record
 
 
+def control_dir(ccfg: dict) -> Path:
+    """A control (or floor) is cached by what it trains and measures, not by its name: a new
+    experiment whose control equals a cached one reuses it. The measures are part of the key
+    (they add final metrics the checks read), where there are any."""
+    key = config_hash(ccfg)
+    if ccfg["exp"]["measures"]:
+        key += "-" + hashlib.sha256(json.dumps(sorted(ccfg["exp"]["measures"])).encode()).hexdigest()[:6]
+    return Path(ccfg["results_dir"]) / "controls" / key
+
+
 def find_or_train_control(cfg: dict, progress_factory=None, make=control_config) -> RunRecord:
     ccfg = make(cfg)
-    cdir = Path(cfg["results_dir"]) / "controls" / f"{ccfg['exp']['name']}-{config_hash(ccfg)}"
-    cdir.mkdir(parents=True, exist_ok=True)
-    with open(cdir / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # a parallel job waits here, then reuses the result
-        if (cdir / "summary.json").exists():
-            return RunRecord.read(cdir)
+    cdir = control_dir(ccfg)
+    with dir_lock(cdir):  # a parallel job waits here, then reuses the result
+        if (cdir / "summary.json").exists():  # maybe trained for another experiment: named as this one names it
+            cached = RunRecord.read(cdir)
+            cached.exp, cached.claim = ccfg["exp"]["name"], ccfg["exp"]["claim"]
+            return cached
         record, logger = train_run(ccfg, cdir, role="control", progress_factory=progress_factory)
         try:
             logger.summary({"status": record.status, **{f"final/{k}": v for k, v in record.final.items()}})
@@ -175,12 +186,13 @@ def find_or_train_control(cfg: dict, progress_factory=None, make=control_config)
         return record
 
 
-def run_experiment(cfg: dict, run_dir: Path, progress_factory=None) -> RunRecord:
+def run_experiment(cfg: dict, run_dir: Path, progress_factory=None, checked: bool = False) -> RunRecord:
     """Train, judge against the control, write summary.json and curves.png; returns the record.
     The run's W&B run stays open while its control and floor train (in runs of their own) and is
     closed here, on every path, after the verdict is in its summary."""
     run_dir = Path(run_dir)
-    preflight(cfg)
+    if not checked:  # run.py preflights first, so that a bad config (exit 2) is never taken for a crash
+        preflight(cfg)
     record, logger = train_run(cfg, run_dir, role="failure" if cfg["exp"]["control"] else "baseline",
                                progress_factory=progress_factory)
     try:
@@ -188,8 +200,17 @@ def run_experiment(cfg: dict, run_dir: Path, progress_factory=None) -> RunRecord
         write_json(run_dir / "summary.json", record.to_summary())
         logger.summary({"status": record.status, "reproduced": record.verdict["reproduced"],
                         "verdict": record.verdict, **{f"final/{k}": v for k, v in record.final.items()}})
-    finally:
-        logger.finish()
+    except Exception as e:  # judging, the control or W&B raised: the run is an error, never `completed`
+        record.status, record.error = "error", error_message(e)
+        earlier = (run_dir / TRACEBACK).read_text() + "\n" if (run_dir / TRACEBACK).exists() else ""
+        write_text(run_dir / TRACEBACK, earlier + traceback.format_exc())  # the training's own, if any, first
+        write_json(run_dir / "summary.json", record.to_summary())
+        try:
+            logger.summary({"status": "error", "error": record.error})
+        finally:
+            logger.finish(exit_code=1)
+        raise
+    logger.finish()
     return record
 
 
