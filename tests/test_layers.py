@@ -10,8 +10,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # matched); a module no prefix matches sits at the top, beside run.py.
 LAYERS = [
     ("attention", "data"),                                           # the library: torch, no experiments
-    ("experiments.layout", "experiments.io", "experiments.on_text", "experiments.suggest",  # names, files, rules: no torch
-     "experiments.judging", "experiments.schema"),
+    ("experiments.layout", "experiments.io", "experiments.suggest", "experiments.on_text"),  # names, files
+    ("experiments.judging", "experiments.schema"),                   # rules: what a config may be, how a run is judged
     ("experiments.records", "experiments.config", "experiments.command_line"),
     ("experiments.training", "experiments.report"),                  # training never draws; the report never trains
     ("experiments.bench", "experiments.callbacks"),
