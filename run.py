@@ -26,7 +26,8 @@ from experiments.preflight import check_argv, exclude_sweep_presets, hydra_error
 from experiments.records import TRACEBACK, RunRecord, error_message
 from experiments.training.preemption import Preempted
 from experiments.training.progress import progress_factory
-from experiments.training.runner import exit_code, fail, preflight, run_experiment, verdict_line
+from experiments.judging.verdict import verdict_line
+from experiments.training.runner import exit_code, fail, preflight, run_experiment
 
 os.environ.setdefault("WANDB_SILENT", "true")
 
@@ -90,6 +91,7 @@ def record_crash(e: Exception, run_dir: Path, name: str, seed: int, container: d
     if s.get("status") != "error":
         s.update(status="error", error=msg)
     write_json(summary, s)
+    print(verdict_line(RunRecord.from_summary(s), run_dir), flush=True)
     print(f"error: [{name}] {msg} (traceback: {run_dir / TRACEBACK})", file=sys.stderr, flush=True)
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attention.mha import AttentionConfig, MultiHeadAttention
-from conftest import SHAKESPEARE
+from conftest import ROOT, SHAKESPEARE
 from experiments.judging.checks import signature
 from experiments.judging.verdict import RunView, evaluate
 from test_bad_input import assert_rejected, run_forked
@@ -141,3 +141,19 @@ def test_a_skipped_text_cell_is_not_a_crash_of_the_sweep(tmp_path, capsys):
     (tmp_path / "1_bad_seed0" / SKIPPED).write_text("x\n")
     assert finish_multirun(tmp_path) == 0
     assert "skipped: 0_causal_kv_cache_seed0: the one line" in capsys.readouterr().out
+
+
+def test_every_text_version_plots_the_text_loss_and_pairs_the_heatmaps_by_layer(compose_cfg):
+    """Issue 23: five text versions plotted loss/copy (never logged on text: an empty panel), and
+    the heatmaps put the failure's layer 0 beside the control's layer 1."""
+    import numpy as np
+    from experiments.report.figures import shown_heads
+    for f in sorted((ROOT / "conf" / "on_text").glob("*.yaml")):
+        data = "shakespeare_lines" if "shakespeare_lines" in f.read_text() else "shakespeare_char"
+        cfg = compose_cfg([f"+exp={f.stem}", f"data={data}"])
+        assert cfg["exp"]["loss_metric"] == "loss/train", f.stem  # text batches have no loss groups
+    sharp, flat = np.eye(4)[None], np.full((1, 4, 4), 0.25)
+    failure = {0: {"L0": flat, "L1": sharp}}   # its most focused head: L1 H0
+    control = {0: {"L0": sharp, "L1": flat}}   # its own would be L0 H0
+    assert shown_heads([failure, control]) == [("L1", 0), ("L1", 0)]
+    assert shown_heads([failure, {0: {"L0": sharp}}]) == [("L1", 0), ("L0", 0)]  # no L1: its own

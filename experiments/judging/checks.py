@@ -27,8 +27,10 @@ FIELDS = ("name", "kind", "metric", "at", "op", "value", "level", "tol", "ref", 
 
 
 def signature(spec: dict) -> list[dict]:
-    """The checks `exp.expect` names, in its order, each with its `name` (the label the verdict
-    and the report show; the key when it has none)."""
+    """The checks `exp.expect` names, in its order, each with its `key` (its name in exp.checks:
+    what `exp.checks.KEY.value=...` overrides; the verdict line shows it) and its `name` (the
+    report's label, the key when it has none; it says what is measured, never the threshold,
+    which the verdict renders from the config)."""
     checks = spec["checks"] or {}
     for key, c in checks.items():  # a misspelt field or check name is an error, not a no-op
         for f in c or {}:
@@ -41,7 +43,7 @@ def signature(spec: dict) -> list[dict]:
     for key in spec["expect"] or []:
         if key not in checks:
             raise ValueError(f"exp.expect: no check named {key!r} in exp.checks{did_you_mean(key, checks)}")
-        c = {"name": key, **checks[key]}
+        c = {"name": key, **checks[key], "key": key}
         parse_check(key, c)
         out.append(c)
     return out

@@ -202,6 +202,8 @@ def run_experiment(cfg: dict, run_dir: Path, progress_factory=None, checked: boo
                         "verdict": record.verdict, **{f"final/{k}": v for k, v in record.final.items()}})
     except Exception as e:  # judging, the control or W&B raised: the run is an error, never `completed`
         record.status, record.error = "error", error_message(e)
+        if record.verdict is not None:  # judged before the crash: a run that raised reproduces nothing
+            record.verdict = {**record.verdict, "reproduced": False, "error": record.error}
         earlier = (run_dir / TRACEBACK).read_text() + "\n" if (run_dir / TRACEBACK).exists() else ""
         write_text(run_dir / TRACEBACK, earlier + traceback.format_exc())  # the training's own, if any, first
         write_json(run_dir / "summary.json", record.to_summary())
@@ -240,15 +242,6 @@ def judge(cfg: dict, record: RunRecord, run_dir: Path, progress_factory=None) ->
     plot_experiment(run_dir / "curves.png", exp["name"], [(exp["name"], rows_frame(rows), read_attn_weights(run_dir))],
                     controls, control_name=controls[0][0] if controls else "control",
                     loss_metric=exp["loss_metric"], chance=record.context["ln_V"], third=exp.get("figure_metric"))
-
-
-def verdict_line(record: RunRecord, run_dir) -> str:
-    v = record.verdict
-    checks = ", ".join(f"{c['name']}={'not measurable on this data' if c.get('not_measurable') else 'ok' if c['passed'] else 'FAIL'}"
-                       for c in v["checks"])
-    broken = " (signature also holds on the control: broken)" if v.get("signature_broken") else ""
-    return (f"[{record.exp}] reproduced: {str(v['reproduced']).lower()}{broken} | "
-            f"status {record.status} | {checks} | {record.wall_s:.1f}s | {run_dir}")
 
 
 def exit_code(record: RunRecord) -> int:
