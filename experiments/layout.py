@@ -13,6 +13,7 @@ HYDRA = ".hydra"                  # Hydra's record of the composed config
 JOB_LOG = "run.log"               # Hydra's job log
 REJECTED = "rejected.txt"         # a job of a sweep whose config was rejected: its one line, not a run
 SKIPPED = "skipped.txt"           # a cell of a text sweep with no text version: its one line, not a crash
+TRACEBACK = "traceback.txt"       # in a run dir whose training or job raised: the whole traceback
 LOCK = ".lock"                    # held while a control or checkpoint dir is being trained into
 CHECKPOINT = "ckpt.pt"
 
@@ -20,9 +21,10 @@ CHECKPOINT = "ckpt.pt"
 RUNS, MULTIRUN, CONTROLS, CHECKPOINTS, FIGURES = "runs", "multirun", "controls", "checkpoints", "figures"
 
 
-def control_dir(results_dir, name: str, config_hash: str) -> Path:
-    """A control's (or a floor's) run dir: one per config, shared by every experiment that needs it."""
-    return Path(results_dir) / CONTROLS / f"{name}-{config_hash}"
+def control_dir(results_dir, key: str) -> Path:
+    """A control's (or a floor's) run dir: one per config (its key), shared by every experiment
+    that needs it, whatever it calls it."""
+    return Path(results_dir) / CONTROLS / key
 
 
 def checkpoint_path(results_dir, name: str, config_hash: str) -> Path:

@@ -13,7 +13,6 @@ from attention.config import defaults
 from experiments.io import load_attn_weights
 from experiments.layout import ATTN_WEIGHTS, METRICS, PERF, SUMMARY
 
-TRACEBACK = "traceback.txt"  # in a run dir whose training or job raised: the whole traceback
 
 
 def error_message(e: BaseException) -> str:

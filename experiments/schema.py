@@ -134,7 +134,7 @@ def leaves(d: dict, prefix: str = "") -> list[str]:
     return out
 
 
-def check_known(cfg: dict, keys: dict) -> None:
+def validate_known_keys(cfg: dict, keys: dict) -> None:
     """A key nobody reads (`+train.step=100`) is an error, not a silent no-op."""
     for key in leaves({k: v for k, v in cfg.items() if k not in ("exp", "hydra")}):
         if key not in keys:
@@ -208,7 +208,7 @@ def _cross(cfg: dict):
 def validate(cfg: dict) -> None:
     """Raise ConfigError (one line) for the first value the schema does not allow."""
     keys = keys_for(cfg)
-    check_known(cfg, keys)
+    validate_known_keys(cfg, keys)
     for key, spec in keys.items():
         validate_value(key, get(cfg, key), spec)
     _cross(cfg)

@@ -7,7 +7,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 # Lowest first. A module may import modules of a lower layer and of its own unit (the prefix it
-# matched); a module no prefix matches sits at the top, beside run.py.
+# matched); a module no prefix matches, and every `__main__` (a command), sits at the top, beside run.py.
 LAYERS = [
     ("attention", "data"),                                           # the library: torch, no experiments
     ("experiments.layout", "experiments.io", "experiments.suggest", "experiments.on_text"),  # names, files
@@ -49,6 +49,8 @@ def imports(mods: dict[str, Path]) -> dict[str, set[str]]:
 
 def unit(module: str) -> tuple[int, str]:
     """(layer, unit prefix) of a module."""
+    if module.endswith(".__main__"):
+        return TOP, module
     for layer, prefixes in enumerate(LAYERS):
         for prefix in prefixes:
             if module == prefix or module.startswith(prefix + "."):

@@ -170,3 +170,17 @@ def look_at(spec: dict, failure: str, control: str | None, loss_metric: str = "l
                    else "no check is drawn here."))
     return f"Look at: solid red ({failure}){vs}: " + "; ".join(
         f"{p} ({'; '.join(names)})" for p, names in where.items()) + "."
+
+
+def draw_curves(record, path) -> None:
+    """A judged run's curves.png: its curves and heatmaps against its control's (plot_experiment),
+    read back from the two run dirs."""
+    from experiments.layout import METRICS
+    from experiments.records import read_attn_weights, read_rows, rows_frame
+    spec = record.config["exp"]
+    ctrl = record.control
+    controls = ([(ctrl["name"], rows_frame(read_rows(Path(ctrl["dir"]) / METRICS)), read_attn_weights(ctrl["dir"]))]
+                if ctrl else [])
+    plot_experiment(path, spec["name"], [(spec["name"], record.metrics_frame(), record.attn_weights())],
+                    controls, control_name=controls[0][0] if controls else "control",
+                    loss_metric=spec["loss_metric"], chance=record.context["ln_V"], third=spec.get("figure_metric"))
