@@ -99,3 +99,16 @@ def test_the_walk_sees_imports_inside_functions(tmp_path):
     src = ROOT / "experiments" / "schema.py"
     assert any(isinstance(n, ast.ImportFrom) and n.module == "data" for n in ast.walk(ast.parse(src.read_text())))
     assert "data" in imports(modules())["experiments.schema"]  # `from data import TASKS` inside a function
+
+
+def test_code_named_from_config_is_listed_where_a_grep_finds_it():
+    """Report sections and measures are explicit tables (report.build.SECTIONS, measures.MEASURES):
+    every section module is in SECTIONS once, every MEASURES entry is a function of measures/."""
+    from experiments.report.build import SECTIONS
+    from experiments.training.measures import MEASURES
+    files = sorted(p.stem for p in (ROOT / "experiments" / "report" / "sections").glob("*.py") if p.stem != "__init__")
+    assert sorted(m.__name__.rsplit(".", 1)[1] for m in SECTIONS) == files
+    assert all(f.__module__.startswith("experiments.training.measures.") for f in MEASURES.values())
+    for p in ROOT.joinpath("experiments").rglob("*.py"):
+        src = p.read_text()
+        assert "importlib" not in src and "pkgutil" not in src, f"{p}: code named by a string"

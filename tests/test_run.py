@@ -72,6 +72,8 @@ def test_every_experiment_config_composes(compose_cfg, exp):
     from experiments.schema import validate
     assert signature(cfg["exp"])
     validate(cfg)  # every shipped experiment passes the schema
+    from experiments.training.measures import MEASURES
+    assert set(cfg["exp"]["measures"]) <= set(MEASURES)  # named in the registry, not imported by string
 
 
 def test_a_typo_in_a_check_exits_2_before_any_step(tmp_path):
