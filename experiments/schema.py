@@ -139,12 +139,12 @@ def validate_known_keys(cfg: dict, keys: dict) -> None:
     for key in leaves({k: v for k, v in cfg.items() if k not in ("exp", "hydra")}):
         if key not in keys:
             raise unknown_key(key, keys, cfg)
-    exp = cfg.get("exp") or {}
-    for f in exp:
+    spec = cfg.get("exp") or {}
+    for f in spec:
         if f not in EXP_FIELDS:
             raise unknown_key(f"exp.{f}", [f"exp.{x}" for x in EXP_FIELDS])
     for node in ("control", "floor"):
-        for f in exp.get(node) or {}:
+        for f in spec.get(node) or {}:
             if f not in CONTROL_FIELDS:
                 raise unknown_key(f"exp.{node}.{f}", [f"exp.{node}.{x}" for x in CONTROL_FIELDS])
 
