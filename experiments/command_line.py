@@ -124,15 +124,16 @@ def check_names(conf_dir: Path) -> set[str]:
 
 def hydra_error_line(e: Exception, conf_dir: Path) -> str:
     """One line for a Hydra composition or override error."""
+    msg = str(e)
+    if m := re.search(r"An item is already at '([^']+)'", msg):
+        return f"{m.group(1)} is already in the config: set it without the + ({m.group(1)}=...)"
+    m = re.search(r"Could not override '([^']+)'", msg) or re.search(r"Could not delete from config\. '([^']+)'", msg)
+    if not m:
+        return (msg.strip().splitlines() or [type(e).__name__])[0]
     from experiments.judging.checks import FIELDS
     from experiments.schema import CONTROL_FIELDS, EXP_FIELDS, every_key
     from experiments.suggest import did_you_mean
-    m = re.match(r"Could not (?:override|append to|delete from config\. No match in the defaults list for) '?([\w./]+)'?",
-                 str(e))
-    if not m:
-        return (str(e).strip().splitlines() or [type(e).__name__])[0]
-    key = m.group(1)
-    schema = every_key()
+    key, schema = m.group(1), every_key()
     if key in schema:
         return f"{key} is not a key of the chosen {key.split('.')[0]} (docs/config.md lists each choice's keys)"
     checks = check_names(conf_dir)

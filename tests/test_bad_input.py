@@ -91,6 +91,7 @@ CASES = {
     "unknown_key_added": (["+train.step=100"], "error: train.step is not a config key (did you mean train.steps?)"),
     "unknown_key": (["train.step=100"], "error: train.step is not a config key (did you mean train.steps?)"),
     "exp_typo": (["+exp=no_scalng"], "error: unknown exp 'no_scalng': did you mean no_scaling?"),
+    "added_twice": (["+train.steps=5"], "error: train.steps is already in the config: set it without the + (train.steps=...)"),
     "check_typo": (["+exp=no_scaling", "exp.checks.platau.value=30"],
                    "exp.checks.platau.value is not a config key (did you mean exp.checks.plateau.value?)"),
 }

@@ -1,0 +1,314 @@
+"""Every command the README shows, run as written (issue 23): each in a fresh work dir (its own
+empty results/, so no control is cached), with the default logger (W&B offline), through bash,
+with only the sizes its entry in COMMANDS appends. A README command without an entry fails the
+test: whoever adds one says here how it is shrunk (one line).
+
+Checked for every command: its exit code, and the stdout / stderr / files its entry names. For
+every run a command leaves (each summary.json under results/): no unexpected error; the verdict
+line it printed (each check measured against its threshold) agrees with its summary.json; its
+W&B run, read back from the offline .wandb file, holds the same status, verdict and final metrics;
+a multirun prints one rate line per experiment. A shell assignment (`export X=...`, `P=...`)
+is state for the lines after it in its block, not a command.
+"""
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.wandb_offline import read_run
+
+
+@dataclass(frozen=True)
+class Cmd:
+    add: str = ""      # appended to the command: sizes only (train.steps, model / data sizes, a cut seed list)
+    exit: int = 0
+    stdout: str = ""   # a regex stdout must match
+    stderr: str = ""   # a regex stderr must match
+    files: tuple = ()  # globs that must exist in the work dir afterwards
+    after: str = ""    # run in the work dir of this earlier README command (it reads that one's runs)
+    cuda: bool = False  # without CUDA: exit 2 with one line naming it
+    skip: str = ""     # not run, and why
+    full: bool = False  # only with ATTN_README_FULL=1: the committed reference, shrunk (minutes)
+
+
+S = "train.steps=6 train.eval_batches=1"  # every run: 6 steps, one eval batch; sizes as configured
+NO_SCALING = "python run.py +exp=no_scaling"
+CATALOGUE = "python run.py -m '+exp=glob(*)' seed=0,1,2"
+REPORTED = r"^report: \S+REPORT.md$"
+
+COMMANDS = {
+    # the front door
+    "pip install -r requirements.txt && python run.py": Cmd(S),
+    "pytest": Cmd(skip="the suite itself (CI runs it)"),
+    NO_SCALING: Cmd(S),
+    CATALOGUE: Cmd(f"{S} seed=0", stdout=REPORTED),
+    "python run.py -m +exp=heads seed=0": Cmd(S, stdout=REPORTED),
+    "python run.py +exp=no_scaling data=shakespeare_char": Cmd(S),
+    "python run.py -m '+exp=glob(*)' data=shakespeare_char": Cmd(S, stdout=r"^skipped: \S+mask_broadcast"),
+    "python -m experiments.judging results/runs/no_scaling exp.checks.plateau.value=30":
+        Cmd(after=NO_SCALING, stdout=r"^\[no_scaling\] reproduced: false \| .* plateau=\S+ \(>= 30; .*\) FAIL"),
+    "python -m experiments.report": Cmd(after=NO_SCALING, files=("results/REPORT.md", "results/runs.csv")),
+    # (the GPU commands are in docs/running.md)
+    "python -m experiments.report --readme README.md": Cmd(after=NO_SCALING, stdout=REPORTED),
+    # the committed reference ($P: hydra/launcher=parallel logger=none)
+    "python run.py -m '+exp=glob(*)' seed=0,1,2 $P": Cmd(f"{S} seed=0", full=True),
+    "python run.py -m +exp=heads seed=0 $P": Cmd(S, full=True),
+    "python run.py -m +exp=heads seed=0 model.d_model=16 model.n_heads=1,2,4,8,16 $P": Cmd(S, full=True),
+    "python run.py -m +exp=dv_ne_dk $P": Cmd(S, full=True),
+    "python run.py -m +exp=kv_sharing $P": Cmd(S, full=True),
+    "python run.py -m +exp=phase_no_scaling $P": Cmd(S, full=True),
+    "python run.py -m +exp=logit_fixes seed=0,1,2 $P": Cmd(f"{S} seed=0", full=True),
+    "python run.py -m +exp=lr_sensitivity $P": Cmd(S, full=True),
+    "python run.py -m +exp=rank_collapse_depth seed=0,1,2 $P": Cmd(f"{S} seed=0", full=True),
+    "WANDB_MODE=offline python run.py": Cmd(S, full=True),
+    "for b in cost memory throughput; do python -m experiments.bench $b --out results/bench/$b.json; done":
+        Cmd("--tiny", full=True, files=("results/bench/cost.json", "results/bench/throughput.json")),
+    "for s in 0 1 2; do python -m experiments.bench shakespeare --reference seed=$s --out "
+    "results/bench/shakespeare_seed$s.json; done": Cmd("--tiny", full=True, files=("results/bench/shakespeare_seed2.json",)),
+    "python run.py -m '+exp=glob(*)' data=shakespeare_char seed=0 $P": Cmd(S, full=True),
+    "python run.py -m '+exp=glob([head_merge_no_transpose,finite_mask_leak])' data=shakespeare_char seed=0,1,2 $P":
+        Cmd(f"{S} seed=0", full=True),
+    "python run.py -m '+exp=glob([mask_broadcast,mask_broadcast_shape_error,fully_masked_rows])' "
+    "data=shakespeare_lines seed=0,1,2 $P": Cmd(f"{S} seed=0", full=True),
+}
+
+
+# -- the README's commands --------------------------------------------------------------------------
+
+def _code(line: str) -> str:
+    """A line without its trailing comment (a # after a space, outside quotes)."""
+    quote = None
+    for i, ch in enumerate(line):
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i].rstrip()
+    return line.rstrip()
+
+
+STATE = re.compile(r"^(export\s+)?[A-Za-z_]\w*=\S*$|^(export\s+)?[A-Za-z_]\w*=\"[^\"]*\"$")
+
+
+def readme_commands(text: str) -> list[tuple[str, list[str]]]:
+    """(command, the shell state before it in its block) for every command of the bash blocks, in
+    order, each once."""
+    out, seen = [], set()
+    for block in re.findall(r"^```bash\n(.*?)^```", text, re.S | re.M):
+        state = []
+        for line in block.replace("\\\n", " ").splitlines():
+            cmd = _code(line.strip())
+            if not cmd:
+                continue
+            if STATE.match(cmd):
+                state.append(cmd)
+            elif cmd not in seen:
+                seen.add(cmd)
+                out.append((cmd, list(state)))
+    return out
+
+
+README_COMMANDS = readme_commands((ROOT / "README.md").read_text())
+
+
+def test_every_readme_command_has_an_entry_and_every_entry_a_command():
+    missing = [c for c, _ in README_COMMANDS if c not in COMMANDS]
+    assert not missing, f"README commands with no entry in COMMANDS (say how each is shrunk): {missing}"
+    stale = [c for c in COMMANDS if c not in {c for c, _ in README_COMMANDS}]
+    assert not stale, f"entries for commands the README no longer shows: {stale}"
+
+
+# -- running one -------------------------------------------------------------------------------------
+
+WORK: dict[str, Path] = {}  # command -> its work dir, for the commands that read another's runs
+
+
+def work_dir(tmp: Path) -> Path:
+    """A checkout without results/: the code linked, the README copied (--readme rewrites it)."""
+    for p in ROOT.iterdir():
+        if p.name in ("results", "README.md", ".git", ".pytest_cache") or p.name.startswith("."):
+            continue
+        (tmp / p.name).symlink_to(p)
+    shutil.copy(ROOT / "README.md", tmp / "README.md")
+    return tmp
+
+
+def script(cmd: str, state: list[str], add: str) -> str:
+    """The block's state, then the command with `add` appended (inside a for loop: before `; done`)."""
+    line = f"{cmd[:-len('; done')]} {add}; done" if cmd.endswith("; done") else f"{cmd} {add}"
+    return "\n".join([*state, "set -e", line.strip()])
+
+
+def environment(bin_dir: Path) -> dict:
+    """A user's: `python` is this interpreter, no W&B variables (the config's default decides)."""
+    bin_dir.mkdir(exist_ok=True)
+    if not (bin_dir / "python").exists():
+        (bin_dir / "python").symlink_to(sys.executable)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    return {**env, "PATH": f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", "OMP_NUM_THREADS": "1"}
+
+
+def corpus_available() -> bool:
+    from data.text import CACHE, SHARED
+    return CACHE.is_file() or SHARED.is_file()
+
+
+def cuda_available() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
+@dataclass
+class Result:
+    cmd: str
+    work: Path
+    returncode: int
+    stdout: str
+    stderr: str
+    cpu_s: float  # user + system of the command and all it started (bash's `times`)
+
+
+def execute(cmd: str, state: list[str], entry: Cmd, work: Path, bin_dir: Path) -> Result:
+    cpu_file = work.parent / f"{work.name}.cpu"
+    trap = f"trap 'times > {cpu_file}' EXIT"
+    p = subprocess.run(["bash", "-c", f"{trap}\n{script(cmd, state, entry.add)}"], cwd=work, capture_output=True,
+                       text=True, timeout=900, env=environment(bin_dir))
+    times = re.findall(r"(\d+)m([\d.]+)s", cpu_file.read_text()) if cpu_file.exists() else []
+    cpu = sum(int(m) * 60 + float(s) for m, s in times[2:])  # the children's user and system time
+    print(f"readme: {cpu:.1f} CPU s: {cmd}", flush=True)  # with -s: what each command costs
+    return Result(cmd, work, p.returncode, p.stdout, p.stderr, cpu)
+
+
+def runnable(cmd: str, entry: Cmd | None) -> str:
+    """Why this command is not run here, or ''."""
+    if entry is None:
+        return "no entry"
+    if entry.skip:
+        return entry.skip
+    if entry.full and os.environ.get("ATTN_README_FULL") != "1":
+        return "the committed reference: ATTN_README_FULL=1 runs it (shrunk, minutes)"
+    if "shakespeare" in cmd and not corpus_available():
+        return "no tiny Shakespeare corpus here (data/cache/ or ../shared/data/)"
+    return ""
+
+
+POOL = ThreadPoolExecutor(max_workers=2)  # two commands at a time: one per core
+STARTED: dict[str, Future] = {}
+
+
+def start_all(tmp_path_factory) -> None:
+    """Every runnable command that needs no other's runs, started at once, two at a time in README
+    order; each test then waits for its own."""
+    bin_dir = tmp_path_factory.getbasetemp() / "bin"
+    environment(bin_dir)
+    for cmd, state in README_COMMANDS:
+        entry = COMMANDS.get(cmd)
+        if cmd not in STARTED and not runnable(cmd, entry) and not entry.after:
+            work = work_dir(tmp_path_factory.mktemp("readme"))
+            STARTED[cmd] = POOL.submit(execute, cmd, state, entry, work, bin_dir)
+
+
+@pytest.mark.parametrize("cmd,state", README_COMMANDS, ids=[c[:60] for c, _ in README_COMMANDS])
+def test_readme_command(cmd, state, tmp_path_factory):
+    entry = COMMANDS.get(cmd)
+    if entry is None:
+        pytest.fail(f"no entry in COMMANDS for the README command {cmd!r}")
+    if why := runnable(cmd, entry):
+        pytest.skip(why)
+    start_all(tmp_path_factory)
+    if entry.after:
+        base = STARTED.get(entry.after)
+        if base is None or entry.after not in WORK:
+            pytest.skip(f"needs the runs of {entry.after!r}, which did not run or failed")
+        r = execute(cmd, state, entry, WORK[entry.after], tmp_path_factory.getbasetemp() / "bin")
+    else:
+        r = STARTED[cmd].result()
+    tail = f"\n--- stdout\n{r.stdout[-3000:]}\n--- stderr\n{r.stderr[-3000:]}"
+    if entry.cuda and not cuda_available():  # the GPU command on a machine without one: one line, exit 2
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and "CUDA" in lines[0], tail
+        return
+    assert r.returncode == entry.exit, tail
+    if entry.stdout:
+        assert re.search(entry.stdout, r.stdout, re.M), tail
+    if entry.stderr:
+        assert re.search(entry.stderr, r.stderr, re.M), tail
+    for pattern in entry.files:
+        assert list(r.work.glob(pattern)), f"{pattern} missing{tail}"
+    if "run.py" in cmd:
+        check_runs(r.work, r.stdout, multirun=" -m " in f" {cmd} ", tail=tail)
+    WORK.setdefault(cmd, r.work)
+
+
+# -- what every run must hold ---------------------------------------------------------------------
+
+LINE = re.compile(r"^\[(?P<exp>[^\]]+)\] reproduced: (?P<rep>true|false)(?: \(signature also holds on the control: "
+                  r"broken\))? \| status (?P<status>completed|diverged|error) \| (?P<checks>.*?) \| "
+                  r"(?:[\d.]+s \| )?(?P<dir>\S+)$")
+CHECK = re.compile(r"^(?P<key>\w+)(?:=\S+(?: \((?:<=|>=|<|>|==) [^)]*\))? (?:ok|FAIL|reported)"
+                   r"|: not measurable on this data)$")
+
+
+def summaries(work: Path) -> list[tuple[Path, dict]]:
+    found = []
+    for p in sorted((work / "results").rglob("summary.json")):
+        if not any(part.startswith(".") or part in ("wandb", "checkpoints") for part in p.relative_to(work).parts):
+            found.append((p.parent, json.loads(p.read_text())))
+    return found
+
+
+def finite(x):
+    """x with every non-finite float as None: W&B writes NaN and inf in a summary as null."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [finite(v) for v in x]
+    return x
+
+
+def same(a, b) -> bool:
+    """Equal as JSON, as W&B stores a summary (tuples as lists, NaN and inf as null)."""
+    return json.dumps(finite(a), sort_keys=True) == json.dumps(finite(b), sort_keys=True)
+
+
+def check_runs(work: Path, stdout: str, multirun: bool, tail: str):
+    lines = {}
+    for m in map(LINE.match, stdout.splitlines()):
+        if m:
+            lines[(work / m["dir"]).resolve()] = m
+    runs = summaries(work)
+    assert runs, f"no run left a summary.json{tail}"
+    judged = set()
+    for run_dir, s in runs:
+        assert s["status"] != "error" or s.get("expected_error"), f"{run_dir}: {s.get('error')}{tail}"
+        wb = read_run(run_dir)["summary"]  # the W&B run of this run dir, read back from its .wandb file
+        assert wb.get("status") == s["status"], f"{run_dir}: W&B status {wb.get('status')!r}{tail}"
+        for k, v in s["final"].items():
+            assert same(wb.get(f"final/{k}"), v), f"{run_dir}: W&B final/{k} = {wb.get(f'final/{k}')!r}, not {v!r}"
+        if "verdict" not in s:
+            continue  # a control (or the floor): no verdict of its own
+        judged.add(s["exp"])
+        assert same(wb.get("verdict"), s["verdict"]) and wb.get("reproduced") == s["verdict"]["reproduced"], \
+            f"{run_dir}: the W&B run's verdict differs from summary.json's{tail}"
+        m = lines.get(run_dir.resolve())
+        assert m is not None, f"{run_dir}: no verdict line{tail}"
+        assert m["exp"] == s["exp"] and m["rep"] == str(s["verdict"]["reproduced"]).lower() and m["status"] == s["status"]
+        shown = [CHECK.match(c) for c in m["checks"].split(", ")]
+        assert all(shown), f"{run_dir}: checks not as `key=measured (op threshold) ok|FAIL`: {m['checks']}"
+        assert [c["key"] for c in shown] == [c["key"] for c in s["verdict"]["checks"]], m["checks"]
+    if multirun:
+        for exp in judged:
+            assert re.search(rf"^verdict: {re.escape(exp)}\b.* of \d+ (seeds|runs) reproduced", stdout, re.M), \
+                f"no rate line for {exp}{tail}"
