@@ -42,7 +42,7 @@ def main(cfg: DictConfig) -> int:
     multirun = hc.mode.name == "MULTIRUN"
     container = OmegaConf.to_container(cfg, resolve=True)
     try:  # a bad config: one line, exit 2, nothing recorded as run
-        reject_without_text_version(cfg.exp.name, cfg.data.name, lambda: experiment_data(cfg.exp.name))
+        reject_without_text_version(container, lambda: experiment_data(cfg.exp.name))
         preflight(container)
     except ValueError as e:
         if multirun:  # the sweep goes on; the job dir keeps the line for the sweep's summary

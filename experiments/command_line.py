@@ -116,7 +116,7 @@ def check_names(conf_dir: Path) -> set[str]:
     """exp.checks.NAME for every check any config defines."""
     names = set()
     for f in [conf_dir / "config.yaml", *sorted((conf_dir / "exp").glob("*.yaml")),
-              *sorted((conf_dir / "on_text").glob("*/*.yaml"))]:
+              *sorted((conf_dir / "on_text").glob("*.yaml"))]:
         spec = (yaml.safe_load(f.read_text()) or {}).get("exp") or {}
         names.update(f"exp.checks.{n}" for n in spec.get("checks") or {})
     return names

@@ -106,7 +106,7 @@ EXP_KEYS = {"exp.name": Allowed("str"), "exp.claim": Allowed("str", null=True),
 # the exp node (conf/config.yaml's `exp`): its fields, and those of its control and floor; the
 # fields of a check are judging.checks.FIELDS
 EXP_FIELDS = ("name", "broken", "claim", "control", "loss_metric", "figure_metric", "group", "measures",
-              "expect", "checks", "floor")
+              "expect", "checks", "text_data", "floor")
 CONTROL_FIELDS = ("name", "overrides", "measures")
 
 
