@@ -2,6 +2,7 @@
 circle. The imports are read from the source (ast: top-level and inside functions alike), so what
 a grep or an import graph sees is what the test holds."""
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,6 +20,7 @@ LAYERS = [
 TOP = len(LAYERS)
 
 
+@functools.cache
 def modules() -> dict[str, Path]:
     out = {"run": ROOT / "run.py"}
     for top in ("attention", "data", "experiments"):
@@ -26,6 +28,11 @@ def modules() -> dict[str, Path]:
             parts = p.relative_to(ROOT).with_suffix("").parts
             out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
     return out
+
+
+@functools.cache
+def graph() -> dict[str, set[str]]:
+    return imports(modules())
 
 
 def imports(mods: dict[str, Path]) -> dict[str, set[str]]:
@@ -79,13 +86,13 @@ def circle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_no_import_circle():
-    c = circle(imports(modules()))
+    c = circle(graph())
     assert c is None, "circle: " + " -> ".join(c)
 
 
 def test_every_import_points_downwards():
     climbs = []
-    for m, targets in imports(modules()).items():
+    for m, targets in graph().items():
         (layer, own) = unit(m)
         for t in sorted(targets):
             t_layer, t_unit = unit(t)
@@ -94,11 +101,11 @@ def test_every_import_points_downwards():
     assert not climbs, "\n".join(climbs)
 
 
-def test_the_walk_sees_imports_inside_functions(tmp_path):
-    assert "experiments.schema" in imports(modules())["experiments.config"]  # a module-level import
+def test_the_walk_sees_imports_inside_functions():
+    assert "experiments.schema" in graph()["experiments.config"]  # a module-level import
     src = ROOT / "experiments" / "schema.py"
     assert any(isinstance(n, ast.ImportFrom) and n.module == "data" for n in ast.walk(ast.parse(src.read_text())))
-    assert "data" in imports(modules())["experiments.schema"]  # `from data import TASKS` inside a function
+    assert "data" in graph()["experiments.schema"]  # `from data import TASKS` inside a function
 
 
 def test_code_named_from_config_is_listed_where_a_grep_finds_it():
