@@ -189,6 +189,10 @@ class AttentionConfig:
     upcast: bool = attention(False, Allowed("bool"), "scale q first, then q.k and softmax in float32")
     reach: str = attention("all", Allowed("str", choices=_masks("REACHES")),
                            "self: each query attends only to its own key (the no-attention floor)")
+    kv_window: int | None = attention(None, Allowed("int", lo=1, null=True),
+                                      "evaluation and decoding keep only the last kv_window tokens' keys and values "
+                                      "(a sliding-window KV cache; training attends to the whole prefix); null: all")
+    kv_sinks: int = attention(0, NONNEG_INT, "the first tokens a sliding-window KV cache keeps as well (attention sinks)")
 
     def __post_init__(self):
         validate_fields(self)

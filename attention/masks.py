@@ -31,14 +31,31 @@ def self_mask(t_q: int, t_k: int | None = None, device=None) -> torch.Tensor:
     return torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril(t_k - t_q).triu(t_k - t_q)
 
 
+def window_mask(t_q: int, t_k: int | None = None, window: int = 1, sinks: int = 0, device=None) -> torch.Tensor:
+    """(T_q, T_k): what a sliding-window KV cache still holds for each query (lower-right aligned):
+    its last `window` keys, its own included, and the first `sinks` keys. StreamingLLM (Xiao et
+    al. 2023, arXiv 2309.17453): a model trained on whole prefixes parks attention on the first
+    tokens (attention sinks); once they leave the window that weight has nowhere to go and the
+    loss explodes; keeping the first 4 restores it."""
+    t_k = t_q if t_k is None else t_k
+    i = torch.arange(t_q, device=device)[:, None] + (t_k - t_q)   # each query's own position among the keys
+    j = torch.arange(t_k, device=device)[None, :]
+    return (i - j < window) | (j < sinks)
+
+
+def serves_window(layer) -> bool:
+    """A sliding-window KV cache holds part of the prefix: in evaluation and decoding only."""
+    return layer.cfg.kv_window is not None and not layer.training
+
+
 def kernel_causal(layer, t_q: int, t_k: int) -> bool:
     """SDPA's own causal flag (a -inf fill, aligned top-left) computes exactly the causal mask this
-    layer asks for: a correct diagonal, nothing else hidden (reach=all), a fill that acts as -inf,
-    and an alignment that agrees (a square, or causal_align=top_left: the bug of handing T_q != T_k
-    to the flag)."""
+    layer asks for: a correct diagonal, nothing else hidden (reach=all, no KV window), a fill that
+    acts as -inf, and an alignment that agrees (a square, or causal_align=top_left: the bug of
+    handing T_q != T_k to the flag)."""
     cfg = layer.cfg
-    return (cfg.causal == "correct" and cfg.reach == "all" and cfg.mask_fill in FILLS_AS_NEG_INF
-            and (t_q == t_k or cfg.causal_align == "top_left"))
+    return (cfg.causal == "correct" and cfg.reach == "all" and not serves_window(layer)
+            and cfg.mask_fill in FILLS_AS_NEG_INF and (t_q == t_k or cfg.causal_align == "top_left"))
 
 
 def attention_mask(layer, t_q: int, t_k: int, mask=None, key_padding_mask=None, is_causal: bool = False,
@@ -55,6 +72,9 @@ def attention_mask(layer, t_q: int, t_k: int, mask=None, key_padding_mask=None, 
     if cfg.reach == "self":  # the no-attention floor: nothing but the query's own key
         own = self_mask(t_q, t_k, device=device)
         mask = own if mask is None else mask & own
+    if serves_window(layer):  # what a sliding-window KV cache still holds
+        kept = window_mask(t_q, t_k, cfg.kv_window, cfg.kv_sinks, device=device)
+        mask = kept if mask is None else mask & kept
     return combine_masks(mask, key_padding_mask, cfg.mask_mode, cfg.mask_combine, dtype), False  # broadcastable to (B, h, T_q, T_k)
 
 

@@ -20,6 +20,7 @@ MEASURES = {
     "rope_precision": positions.rope_precision,
     "padding_sides": positions.padding_sides,
     "cache_agreement": positions.cache_agreement,
+    "window_eviction": positions.window_eviction,
     "rank_residuals": rank.rank_residuals,
     "greedy_sample": text.greedy_sample,
 }
