@@ -1,4 +1,5 @@
-"""Entry point: compose -> train the experiment (and its control) -> verdict -> write.
+"""Entry point: compose -> preflight -> train the experiment (and its control) -> verdict; then
+curves.png (the report's figure) and the process's exit code, which belong here, not to the trainer.
 
     python run.py                      # the baseline on the copy task
     python run.py +exp=no_scaling      # one failure, reproduced next to its control
@@ -14,20 +15,22 @@ import traceback
 from pathlib import Path
 
 import hydra
-from hydra import compose
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.callbacks import REJECTED
+from experiments.command_line import (BadCommandLine, exclude_sweep_presets, hydra_error_line, remove_empty_sweeps,
+                                      validate_command_line)
+from experiments.config import exp_as_choice, experiment_data
 from experiments.io import write_json, write_text
 from experiments.judging.verdict import verdict_line
-from experiments.on_text import SKIPPED, NoTextVersion, check_text_data, overlay_overrides
-from experiments.preflight import check_argv, exclude_sweep_presets, hydra_error_line, remove_empty_sweeps
-from experiments.records import TRACEBACK, RunRecord, error_message
+from experiments.layout import CURVES, HYDRA, JOB_LOG, REJECTED, SKIPPED, SUMMARY, TRACEBACK
+from experiments.on_text import NoTextVersion, reject_without_text_version
+from experiments.records import RunRecord, error_message
+from experiments.report.figures import draw_curves
 from experiments.training.preemption import Preempted
 from experiments.training.progress import progress_factory
-from experiments.training.runner import exit_code, fail, preflight, run_experiment
+from experiments.training.runner import preflight, run_experiment
 
 os.environ.setdefault("WANDB_SILENT", "true")
 
@@ -39,7 +42,7 @@ def main(cfg: DictConfig) -> int:
     multirun = hc.mode.name == "MULTIRUN"
     container = OmegaConf.to_container(cfg, resolve=True)
     try:  # a bad config: one line, exit 2, nothing recorded as run
-        cfg, container = text_version(cfg, list(hc.overrides.task))
+        reject_without_text_version(container, lambda: experiment_data(cfg.exp.name))
         preflight(container)
     except ValueError as e:
         if multirun:  # the sweep goes on; the job dir keeps the line for the sweep's summary
@@ -48,11 +51,12 @@ def main(cfg: DictConfig) -> int:
             write_text(run_dir / (SKIPPED if skip else REJECTED), f"{e}\n")
             return 2
         remove_if_only_hydra(run_dir)
-        fail(str(e))
+        die(str(e))
     except Exception as e:
         return crashed(e, run_dir, cfg, container, multirun)
     try:
         record = run_experiment(container, run_dir, progress_factory, checked=True)
+        draw_curves(record, run_dir / CURVES)
     except Preempted as e:  # SIGTERM/USR2: the checkpoint is written; a rerun resumes from it
         print(f"preempted: {e}; rerun the same command to resume", file=sys.stderr, flush=True)
         sys.stdout.flush()
@@ -85,7 +89,7 @@ def record_crash(e: Exception, run_dir: Path, name: str, seed: int, container: d
     msg = error_message(e)
     if not (run_dir / TRACEBACK).exists():  # the runner writes it where it caught the exception
         write_text(run_dir / TRACEBACK, tb)
-    summary = run_dir / "summary.json"
+    summary = run_dir / SUMMARY
     try:
         s = json.loads(summary.read_text())
     except (OSError, ValueError):
@@ -97,19 +101,19 @@ def record_crash(e: Exception, run_dir: Path, name: str, seed: int, container: d
     print(f"error: [{name}] {msg} (traceback: {run_dir / TRACEBACK})", file=sys.stderr, flush=True)
 
 
-def text_version(cfg: DictConfig, overrides: list[str]):
-    """On text data, the experiment's text version (experiments/on_text.py); else cfg as it is."""
-    text = overlay_overrides(cfg.exp.name, cfg.data.name, overrides)
-    if text is not None:
-        cfg = compose(config_name="config", overrides=text)
-    container = OmegaConf.to_container(cfg, resolve=True)
-    check_text_data(container)
-    return cfg, container
+def exit_code(record: RunRecord) -> int:
+    """Non-zero only for a crash the experiment did not expect."""
+    return 1 if record.status == "error" and not record.expected_error else 0
+
+
+def die(msg: str, code: int = 2):
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(code)
 
 
 def remove_if_only_hydra(run_dir: Path):
-    """Hydra made the run dir before the config was checked; a rejected config leaves no run dir."""
-    if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {".hydra", "run.log"}:
+    """Hydra made the run dir before the config was validated; a rejected config leaves no run dir."""
+    if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {HYDRA, JOB_LOG}:
         shutil.rmtree(run_dir, ignore_errors=True)
         for parent in (run_dir.parent, run_dir.parent.parent):  # runs/<exp>/, runs/, if now empty
             if parent.is_dir() and not any(parent.iterdir()):
@@ -118,11 +122,14 @@ def remove_if_only_hydra(run_dir: Path):
 
 if __name__ == "__main__":
     conf, started = Path(__file__).parent / "conf", time.time()
-    results_dir = check_argv(sys.argv[1:], conf)
-    sys.argv[1:] = exclude_sweep_presets(sys.argv[1:], conf)  # glob(*) is the catalogue, not the sweeps
+    try:
+        results_dir = validate_command_line(sys.argv[1:], conf)
+    except BadCommandLine as e:
+        die(str(e))
+    sys.argv[1:] = exclude_sweep_presets(exp_as_choice(sys.argv[1:]), conf)  # glob(*) is the catalogue, not the sweeps
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra's errors reach us whole, to be said in one line
     try:
         main()
     except CompactHydraException as e:  # a bad override or a config that does not compose
         remove_empty_sweeps(results_dir, started)
-        fail(hydra_error_line(e, conf))
+        die(hydra_error_line(e, conf))

@@ -5,8 +5,8 @@ No training code lives here: the package imports on its own. Names load on first
 """
 import importlib
 
-_WHERE = {"AttentionConfig": "attention.mha", "KVCache": "attention.mha", "MultiHeadAttention": "attention.mha",
-          "ModelConfig": "attention.lm", "TransformerLM": "attention.lm"}
+_WHERE = {"AttentionConfig": "attention.config", "KVCache": "attention.mha", "MultiHeadAttention": "attention.mha",
+          "ModelConfig": "attention.config", "TransformerLM": "attention.lm"}
 __all__ = list(_WHERE)
 
 

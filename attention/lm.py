@@ -1,63 +1,16 @@
 """A small decoder-only transformer LM (pre-LN), built on MultiHeadAttention."""
 import math
-from dataclasses import dataclass, field, fields
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from attention.fixes import SigmaReparamLinear
-from attention.mha import AttentionConfig, KVCache, MultiHeadAttention
+from attention.config import ModelConfig
+from attention.logit_fixes import SigmaReparamLinear
+from attention.mha import KVCache, MultiHeadAttention
 from attention.variance import GPT2_STD, qk_weight_std
 
-INITS = ("gpt2", "torch_default", "unit_variance")
-POSITIONS = ("learned", "rope")                      # absolute learned embeddings | rotary q, k
-PAD_POSITIONS = ("from_padding", "from_first_token")  # where a left-padded row's positions start
-
-
-@dataclass
-class ModelConfig:
-    vocab_size: int = 64
-    block_size: int = 64
-    d_model: int = 128
-    n_layers: int = 2
-    n_heads: int = 4
-    n_kv_heads: int | None = None
-    d_ff: int | None = None        # None = 4 * d_model
-    dropout: float = 0.0           # residual and MLP dropout; attention dropout is attention.dropout
-    bias: bool = True
-    tie_weights: bool = True
-    init: str = "gpt2"
-    qk_gain: float = 1.0           # multiplies W_q and W_k after init: score std grows as gain^2
-    attention: dict = field(default_factory=dict)  # the AttentionConfig toggles (d_k, scale, ...)
-    mlp: bool = True               # false: attention-only blocks (Dong et al. 2021's pure attention)
-    residual: bool = True          # false: no skip connections around attention and MLP
-    pos: str = "learned"           # learned | rope
-    pad_positions: str = "from_padding"  # from_padding | from_first_token (HF's position_ids)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "ModelConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown model field(s): {', '.join(unknown)}")
-        return cls(**d)
-
-    def __post_init__(self):
-        if self.init not in INITS:
-            raise ValueError(f"model.init={self.init!r} is not one of {', '.join(INITS)}")
-        if self.pos not in POSITIONS:
-            raise ValueError(f"model.pos={self.pos!r} is not one of {', '.join(POSITIONS)}")
-        if self.pad_positions not in PAD_POSITIONS:
-            raise ValueError(f"model.pad_positions={self.pad_positions!r} is not one of {', '.join(PAD_POSITIONS)}")
-        for name in ("vocab_size", "block_size", "n_layers"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"model.{name}={getattr(self, name)} must be positive")
-        self.d_ff = 4 * self.d_model if self.d_ff is None else self.d_ff
-        self.attention = dict(self.attention)
-        self.attn = AttentionConfig(d_model=self.d_model, n_heads=self.n_heads,
-                                    n_kv_heads=self.n_kv_heads, bias=self.bias, rope=self.pos == "rope",
-                                    **self.attention)
+__all__ = ["Block", "ModelConfig", "TransformerLM"]
 
 
 class Block(nn.Module):

@@ -1,4 +1,5 @@
-"""Masks are boolean with True = this key may be attended to."""
+"""Masks are boolean with True = this key may be attended to. `attention_mask` is the one place a
+layer's mask is made: causal, reach and padding, combined as its config says."""
 import torch
 
 MASK_MODES = ("correct", "broadcast_bug")
@@ -7,6 +8,7 @@ CAUSALS = ("correct", "off_by_one")
 CAUSAL_ALIGNS = ("lower_right", "top_left")
 MASK_COMBINES = ("logical_and", "add_min")
 REACHES = ("all", "self")
+FILLS_AS_NEG_INF = ("finite", "neg_inf")  # fills that act as -inf on a row with a visible key (SDPA's causal flag)
 MASKED_BIAS = -1e4  # GPT-2's masked_bias: replaced in by HF's port, added by the original TF code
 
 
@@ -27,6 +29,53 @@ def self_mask(t_q: int, t_k: int | None = None, device=None) -> torch.Tensor:
     that cannot read other positions, so a model's loss with it is the no-attention floor."""
     t_k = t_q if t_k is None else t_k
     return torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril(t_k - t_q).triu(t_k - t_q)
+
+
+def window_mask(t_q: int, t_k: int | None = None, window: int = 1, sinks: int = 0, device=None) -> torch.Tensor:
+    """(T_q, T_k): what a sliding-window KV cache still holds for each query (lower-right aligned):
+    its last `window` keys, its own included, and the first `sinks` keys. StreamingLLM (Xiao et
+    al. 2023, arXiv 2309.17453): a model trained on whole prefixes parks attention on the first
+    tokens (attention sinks); once they leave the window that weight has nowhere to go and the
+    loss explodes; keeping the first 4 restores it."""
+    t_k = t_q if t_k is None else t_k
+    i = torch.arange(t_q, device=device)[:, None] + (t_k - t_q)   # each query's own position among the keys
+    j = torch.arange(t_k, device=device)[None, :]
+    return (i - j < window) | (j < sinks)
+
+
+def serves_window(layer) -> bool:
+    """A sliding-window KV cache holds part of the prefix: in evaluation and decoding only."""
+    return layer.cfg.kv_window is not None and not layer.training
+
+
+def kernel_causal(layer, t_q: int, t_k: int) -> bool:
+    """SDPA's own causal flag (a -inf fill, aligned top-left) computes exactly the causal mask this
+    layer asks for: a correct diagonal, nothing else hidden (reach=all, no KV window), a fill that
+    acts as -inf, and an alignment that agrees (a square, or causal_align=top_left: the bug of
+    handing T_q != T_k to the flag)."""
+    cfg = layer.cfg
+    return (cfg.causal == "correct" and cfg.reach == "all" and not serves_window(layer)
+            and cfg.mask_fill in FILLS_AS_NEG_INF and (t_q == t_k or cfg.causal_align == "top_left"))
+
+
+def attention_mask(layer, t_q: int, t_k: int, mask=None, key_padding_mask=None, is_causal: bool = False,
+                   fused: bool = False, device=None, dtype=torch.float32):
+    """The mask `layer` (its cfg: an AttentionConfig; `layer.training`) applies to (.., T_q, T_k)
+    scores, and whether the fused kernel's own causal flag stands in for its causal part (fused:
+    SDPA will run). Returns (mask or None, is_causal)."""
+    cfg = layer.cfg
+    if is_causal and fused and mask is None and key_padding_mask is None and kernel_causal(layer, t_q, t_k):
+        return None, True
+    if is_causal:
+        causal = causal_mask(t_q, t_k, device=device, causal=cfg.causal, align=cfg.causal_align)  # (T_q, T_k)
+        mask = causal if mask is None else mask & causal
+    if cfg.reach == "self":  # the no-attention floor: nothing but the query's own key
+        own = self_mask(t_q, t_k, device=device)
+        mask = own if mask is None else mask & own
+    if serves_window(layer):  # what a sliding-window KV cache still holds
+        kept = window_mask(t_q, t_k, cfg.kv_window, cfg.kv_sinks, device=device)
+        mask = kept if mask is None else mask & kept
+    return combine_masks(mask, key_padding_mask, cfg.mask_mode, cfg.mask_combine, dtype), False  # broadcastable to (B, h, T_q, T_k)
 
 
 def padding_mask(lengths: torch.Tensor, t: int, left: bool = True) -> torch.Tensor:

@@ -7,115 +7,21 @@ weights or inputs of a forward.
 """
 import math
 from contextlib import nullcontext
-from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from attention.config import AttentionConfig
 from attention.diagnostics import Recorder
-from attention.fixes import SigmaReparamLinear, qk_clip_factors, softcap
-from attention.masks import (CAUSAL_ALIGNS, CAUSALS, MASK_COMBINES, MASK_FILLS, MASK_MODES, REACHES, additive,
-                             apply_mask, causal_mask, combine_masks, fill_value, self_mask, visible)
-from attention.rotary import ROPE_DTYPES, apply_rope, rope_phases
+from attention.logit_fixes import SigmaReparamLinear, qk_clip_factors, softcap
+from attention.masks import additive, apply_mask, attention_mask, causal_mask, fill_value, visible
+from attention.rotary import apply_rope, rope_phases
 from attention.scoring import SCORINGS
 from attention.softmax import SOFTMAXES
 from attention.variance import initial_score_scale
 
-SCALES = ("sqrt_dk", "none", "learned")
-MERGES = ("correct", "no_transpose")
-BACKENDS = ("auto", "explicit", "sdpa")
-
-
-def _choice(field: str, value, allowed) -> None:
-    if value not in allowed:
-        raise ValueError(f"attention.{field}={value!r} is not one of {', '.join(map(str, allowed))}")
-
-
-@dataclass
-class AttentionConfig:
-    d_model: int = 128
-    n_heads: int = 4
-    n_kv_heads: int | None = None   # None = n_heads (MHA); divides n_heads (GQA); 1 (MQA)
-    d_k: int | None = None          # None = d_model // n_heads
-    d_v: int | None = None          # None = d_k
-    scale: str | float = "sqrt_dk"  # multiplier on the scores: 1/sqrt(d_k), 1, learned, or a number
-    softmax: str = "stable"         # stable | naive (no max subtraction) | sum (scores / sum)
-    score: str = "dot"              # dot | additive | cosine | bilinear
-    qk_norm: bool = False           # LayerNorm on q and k per head (Wortsman et al. 2023)
-    mask_mode: str = "correct"      # correct | broadcast_bug: (B, T_k) padding mask unexpanded
-    mask_fill: str = "finite"       # finite | neg_inf | minus_1e4 | add_minus_1e4 (GPT-2's -1e4, replaced or added)
-    merge: str = "correct"          # correct | no_transpose: heads merged without transpose
-    backend: str = "auto"           # auto (sdpa where it can express the config) | explicit | sdpa
-    dropout: float = 0.0
-    bias: bool = True
-    # fixes for exploding logits (attention/fixes.py); off by default
-    softcap: float | None = None    # scores -> c tanh(s / c) (Gemma 2: 50)
-    qk_clip: float | None = None    # tau: after each step, W_q, W_k rows of a head whose max logit passed tau
-    sigma_reparam: bool = False     # W_hat = gamma / sigma(W) * W on W_q, W_k, W_v, W_o (Zhai et al. 2023)
-    rope: bool = False              # rotary positions on q, k (set by the LM's model.pos)
-    rope_dtype: str = "float32"     # float32 | bfloat16: the precision of the rotary phases
-    causal_align: str = "lower_right"  # lower_right | top_left: SDPA's is_causal when T_q != T_k
-    causal: str = "correct"         # correct | off_by_one: triu(diagonal=0), a token cannot see itself
-    mask_combine: str = "logical_and"  # logical_and | add_min: causal + padding as added finfo.min masks
-    upcast: bool = False            # true: scale q first, q.k and softmax in float32 (else q @ k^T, then scale)
-    reach: str = "all"              # all | self: each query attends only to its own key (the no-attention floor)
-
-    def __post_init__(self):
-        if self.d_model <= 0:
-            raise ValueError(f"model.d_model={self.d_model} must be positive")
-        if self.n_heads <= 0:
-            raise ValueError(f"model.n_heads={self.n_heads} must be positive")
-        if self.d_k is None:
-            if self.d_model % self.n_heads:
-                raise ValueError(f"model.d_model={self.d_model} is not divisible by "
-                                 f"model.n_heads={self.n_heads} (or set attention.d_k)")
-            self.d_k = self.d_model // self.n_heads
-        if self.d_k <= 0:
-            raise ValueError(f"attention.d_k={self.d_k} must be positive")
-        self.d_v = self.d_k if self.d_v is None else self.d_v
-        if self.d_v <= 0:
-            raise ValueError(f"attention.d_v={self.d_v} must be positive")
-        self.n_kv_heads = self.n_heads if self.n_kv_heads is None else self.n_kv_heads
-        if self.n_kv_heads <= 0 or self.n_heads % self.n_kv_heads:
-            raise ValueError(f"model.n_heads={self.n_heads} is not divisible by "
-                             f"model.n_kv_heads={self.n_kv_heads}")
-        if not isinstance(self.scale, (int, float)) or isinstance(self.scale, bool):
-            _choice("scale", self.scale, SCALES + ("<a number>",))
-        _choice("softmax", self.softmax, tuple(SOFTMAXES))
-        _choice("score", self.score, tuple(SCORINGS))
-        _choice("mask_mode", self.mask_mode, MASK_MODES)
-        _choice("mask_fill", self.mask_fill, MASK_FILLS)
-        _choice("merge", self.merge, MERGES)
-        _choice("backend", self.backend, BACKENDS)
-        _choice("causal", self.causal, CAUSALS)
-        _choice("mask_combine", self.mask_combine, MASK_COMBINES)
-        _choice("reach", self.reach, REACHES)
-        if self.upcast and self.score != "dot":
-            raise ValueError(f"attention.upcast=true scales q before q.k: score={self.score!r} is not dot")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"attention.dropout={self.dropout} must be in [0, 1)")
-        for name in ("softcap", "qk_clip"):
-            v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0):
-                raise ValueError(f"attention.{name}={v!r} must be null or a positive number")
-        _choice("rope_dtype", self.rope_dtype, tuple(ROPE_DTYPES))
-        _choice("causal_align", self.causal_align, CAUSAL_ALIGNS)
-        if self.rope and self.d_k % 2:
-            raise ValueError(f"attention.d_k={self.d_k} must be even for rotary positions")
-        if self.backend == "sdpa" and not self.sdpa_expressible:
-            raise ValueError(f"attention.backend='sdpa' cannot express softmax={self.softmax!r} "
-                             f"score={self.score!r}; use backend=explicit")
-
-    @property
-    def sdpa_expressible(self) -> bool:
-        # a replaced -1e4 is not additive, SDPA has no float32 upcast of its own, nor a soft-cap
-        return (self.softmax == "stable" and SCORINGS[self.score].sdpa_q is not None
-                and self.mask_fill != "minus_1e4" and not self.upcast and self.softcap is None)
-
-    @property
-    def use_sdpa(self) -> bool:
-        return self.backend == "sdpa" or (self.backend == "auto" and self.sdpa_expressible)
+__all__ = ["AttentionConfig", "KVCache", "MultiHeadAttention"]
 
 
 class KVCache:
@@ -276,22 +182,8 @@ class MultiHeadAttention(nn.Module):
             k, v = cache.append(self.layer_idx, k, v)                     # (B, h_kv, T_cache + T_k, d)
         T_k = k.shape[2]
         explicit = not self.cfg.use_sdpa or need_weights or (self.recorder is not None and self.recorder.needs_weights)
-        # SDPA's own causal flag (a -inf fill) covers the square, unmasked case with a fill that
-        # acts as -inf there; otherwise one boolean mask. causal_align=top_left hands T_q != T_k to
-        # that flag as well, which aligns it top-left
-        sdpa_flag = (not explicit and mask is None and key_padding_mask is None and self.cfg.causal == "correct"
-                     and self.cfg.reach == "all" and self.cfg.mask_fill in ("finite", "neg_inf")
-                     and (T_q == T_k or self.cfg.causal_align == "top_left"))
-        if is_causal and not sdpa_flag:
-            causal = causal_mask(T_q, T_k, device=query.device, causal=self.cfg.causal,
-                                 align=self.cfg.causal_align)                 # (T_q, T_k)
-            mask = causal if mask is None else mask & causal
-            is_causal = False
-        if self.cfg.reach == "self":  # the no-attention floor: nothing but the query's own key
-            own = self_mask(T_q, T_k, device=query.device)
-            mask = own if mask is None else mask & own
-        mask = combine_masks(mask, key_padding_mask, self.cfg.mask_mode,  # broadcastable to (B, h, T_q, T_k)
-                             self.cfg.mask_combine, q.dtype)
+        mask, is_causal = attention_mask(self, T_q, T_k, mask, key_padding_mask, is_causal, fused=not explicit,
+                                         device=query.device, dtype=q.dtype)
         if self.cfg.qk_clip is not None and self.training:
             group = self.n_heads // self.n_kv_heads
             seen = causal_mask(T_q, T_k, device=query.device) if is_causal else visible(mask)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from hydra.experimental.callback import Callback
 
-from experiments.on_text import SKIPPED
+from experiments.layout import FIGURES, HYDRA, METRICS, REJECTED, SKIPPED, SUMMARY, WANDB
 
 
 def job_dirs(sweep_dir: Path) -> list[Path]:
@@ -17,15 +17,12 @@ def job_dirs(sweep_dir: Path) -> list[Path]:
     before the task runs), or, when output_subdir is off, a summary.json or metrics.csv."""
     sweep_dir = Path(sweep_dir)
     found = set()
-    for marker in (".hydra", "summary.json", "metrics.csv"):
+    for marker in (HYDRA, SUMMARY, METRICS):
         for p in sweep_dir.rglob(marker):
             rel = p.parent.relative_to(sweep_dir).parts
-            if rel and not any(part.startswith(".") or part in ("figures", "wandb") for part in rel):
+            if rel and not any(part.startswith(".") or part in (FIGURES, WANDB) for part in rel):
                 found.add(p.parent)
     return sorted(found)
-
-
-REJECTED = "rejected.txt"  # a job of a sweep whose config was rejected: its one line, not a run
 
 
 def crashed_jobs(sweep_dir: Path) -> list[tuple[Path, str]]:
@@ -33,7 +30,7 @@ def crashed_jobs(sweep_dir: Path) -> list[tuple[Path, str]]:
     died, or its config was rejected), or status error that the experiment did not expect."""
     out = []
     for d in job_dirs(sweep_dir):
-        path = d / "summary.json"
+        path = d / SUMMARY
         if (d / SKIPPED).exists():  # no text version: skipped, listed by finish_multirun
             continue
         if (d / REJECTED).exists():

@@ -1,28 +1,23 @@
-"""Text versions of experiments: one overlay per experiment, applied when the data is text.
+"""Text versions of experiments. On text data (TEXT_TASKS) conf/config.yaml's defaults list adds,
+after the experiment, `text: DATA`: conf/text/DATA.yaml, what every text version shares (the
+no-attention floor), followed by the experiment's own text version conf/on_text/EXP.yaml (an
+optional config: the settings and the signature the experiment has on text). One composition gives
+the config that trains, and the run dir's .hydra/config.yaml records exactly that; key=value on
+the command line still wins.
 
     python run.py +exp=no_scaling data=shakespeare_char        # the same failure on text, judged by text signatures
     python run.py -m '+exp=glob(*)' data=shakespeare_char      # the text catalogue
 
-conf/on_text/NAME.yaml (`# @package _global_`) is experiment NAME's text version: the settings text
-needs (a smaller model, fewer steps: stated in the file) and its signature on text (exp.expect,
-exp.checks, exp.claim). When data.name is a text task (TEXT_TASKS), run.py and
-experiments.config.compose compose the config again with `+on_text=NAME` after the command line's
-choices: the overlay beats conf/exp/NAME.yaml, and the command line's key=value overrides still
-beat the overlay (Hydra applies them after the defaults list). An overlay that runs on some text
-tasks only (the mask bugs need padded batches) lists them in `exp.text_data`.
-
-On text, an experiment without an overlay is rejected: one line naming the data it needs, exit 2;
-in a multirun that cell is skipped (skipped.txt, listed at the sweep's end), not failed. A check whose metric the run never
-logged is "not measurable on this data" (judging.verdict), never a FAIL.
+On text, an experiment runs if it has a text version that allows this task (`exp.text_data`: the
+tasks it runs on, null for every one) or if this is its own data; else it is rejected: one line
+naming the data it runs on, exit 2; in a multirun that cell is skipped (layout.SKIPPED, listed at
+the sweep's end), not failed. A check whose metric the run never logged is "not measurable on this
+data" (judging.verdict), never a FAIL.
 """
 from pathlib import Path
 
-import yaml
-
 CONF = Path(__file__).resolve().parents[1] / "conf"
 TEXT_TASKS = ("shakespeare_char", "shakespeare_lines")  # shakespeare_lines: one padded line per example
-GROUP = "on_text"
-SKIPPED = "skipped.txt"  # a cell of a multirun on text with no text version: its one line (not a crash)
 
 
 class NoTextVersion(ValueError):
@@ -38,33 +33,24 @@ def on_text(run) -> bool:
     return is_text(((run.config or {}).get("data") or {}).get("name"))
 
 
-def synthetic_data(exp_name: str) -> str:
-    """The data an experiment is defined on: its file's `override /data`, else config.yaml's."""
-    for conf in (CONF / "exp" / f"{exp_name}.yaml", CONF / "config.yaml"):
-        if conf.exists():
-            for entry in (yaml.safe_load(conf.read_text()) or {}).get("defaults") or []:
-                if isinstance(entry, dict):
-                    for k, v in entry.items():
-                        if k.split()[-1].strip("/") == "data":
-                            return v
-    return "copy"
+def has_text_version(exp_name: str) -> bool:
+    return (CONF / "on_text" / f"{exp_name}.yaml").is_file()
 
 
-def overlay_overrides(exp_name: str, data_name: str, overrides: list[str]) -> list[str] | None:
-    """The overrides that compose experiment `exp_name`'s text version, or None when the data is
-    not text (or the command line chose an overlay itself). ValueError (one line) when the
-    experiment has no text version."""
-    if not is_text(data_name) or any(o.lstrip("+~").split("=")[0] == GROUP for o in overrides):
-        return None
-    if not (CONF / GROUP / f"{exp_name}.yaml").exists():
-        raise NoTextVersion(f"{exp_name} has no text version (conf/{GROUP}/{exp_name}.yaml): "
-                         f"it runs on data={synthetic_data(exp_name)}, not on {data_name}")
-    return [*overrides, f"+{GROUP}={exp_name}"]
-
-
-def check_text_data(cfg: dict) -> None:
-    """An overlay that runs on some text tasks only: any other data is rejected, naming those."""
-    exp, data = cfg["exp"], cfg["data"]["name"]
-    allowed = exp["text_data"]
-    if is_text(data) and allowed and data not in allowed:
-        raise NoTextVersion(f"{exp['name']} on text needs data={' or '.join(allowed)}, not {data}")
+def reject_without_text_version(cfg: dict, own_data) -> None:
+    """NoTextVersion (one line) when the config's data is text and the experiment runs on neither
+    it (a text version whose exp.text_data allows it) nor has it as its own data (`own_data()`: the
+    data its conf/exp file composes)."""
+    spec, data = cfg["exp"], cfg["data"]["name"]
+    if not is_text(data):
+        return
+    allowed = spec["text_data"]
+    if has_text_version(spec["name"]) and (not allowed or data in allowed):
+        return
+    own = own_data()
+    if own == data:
+        return
+    if has_text_version(spec["name"]):
+        raise NoTextVersion(f"{spec['name']} on text needs data={' or '.join(allowed)}, not {data}")
+    raise NoTextVersion(f"{spec['name']} has no text version (conf/on_text/{spec['name']}.yaml): "
+                        f"it runs on data={own}, not on {data}")

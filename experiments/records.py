@@ -9,9 +9,10 @@ import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from attention.config import defaults
 from experiments.io import load_attn_weights
+from experiments.layout import ATTN_WEIGHTS, METRICS, PERF, SUMMARY
 
-TRACEBACK = "traceback.txt"  # in a run dir whose training or job raised: the whole traceback
 
 
 def error_message(e: BaseException) -> str:
@@ -24,10 +25,29 @@ NOT_HASHED = ("exp", "logger", "results_dir")
 NOT_HASHED_TRAIN = ("progress", "ckpt_every")
 
 
+def _same(a, b) -> bool:
+    return a == b and type(a) is type(b)  # 1 is not true, 1.0 is not 1 in a config
+
+
+def _without_defaults(d: dict, declared: dict) -> dict:
+    """d less the keys at their declared default (nested dicts alike)."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and isinstance(declared.get(k), dict):
+            out[k] = _without_defaults(v, declared[k])
+        elif not (k in declared and _same(v, declared[k])):
+            out[k] = v
+    return out
+
+
 def config_hash(cfg: dict) -> str:
-    """12 hex digits of everything that shapes training (controls and checkpoints are keyed by it)."""
+    """12 hex digits of everything that shapes training (controls and checkpoints are keyed by it).
+    A model key at attention.config's declared default is left out, as if it were not there: a
+    new field with a default leaves every existing hash, and so every cached control, as it was."""
     c = {k: v for k, v in cfg.items() if k not in NOT_HASHED}
     c["train"] = {k: v for k, v in c["train"].items() if k not in NOT_HASHED_TRAIN}
+    if isinstance(c.get("model"), dict):
+        c["model"] = _without_defaults(c["model"], defaults()["model"])
     return hashlib.sha256(json.dumps(c, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -65,7 +85,7 @@ def rows_frame(rows: list[dict]):
 
 def read_attn_weights(run_dir):
     """{step: {layer: (h, T, T) float16 array}} of example 0 at each diagnostic step, or None."""
-    p = Path(run_dir) / "attn_weights.npz"
+    p = Path(run_dir) / ATTN_WEIGHTS
     if not p.exists():
         return None
     try:
@@ -124,7 +144,7 @@ class RunRecord:
     @classmethod
     def read(cls, run_dir, id: str = "") -> "RunRecord":
         """summary.json of run_dir; raises OSError / json.JSONDecodeError when unreadable."""
-        return cls.from_summary(json.loads((Path(run_dir) / "summary.json").read_text()), run_dir, id)
+        return cls.from_summary(json.loads((Path(run_dir) / SUMMARY).read_text()), run_dir, id)
 
     @property
     def variant(self) -> str:
@@ -143,14 +163,14 @@ class RunRecord:
 
     def metrics(self) -> list[dict]:
         """metrics.csv: one dict per logged step."""
-        return read_rows(self.dir / "metrics.csv")
+        return read_rows(self.dir / METRICS)
 
     def metrics_frame(self):
         return rows_frame(self.metrics())
 
     def perf_rows(self) -> list[dict]:
         """perf.csv: tokens/s per logged step."""
-        return read_rows(self.dir / "perf.csv")
+        return read_rows(self.dir / PERF)
 
     def attn_weights(self):
         return read_attn_weights(self.dir)

@@ -1,20 +1,21 @@
-"""The config's schema: every key a run reads, its type and what it may be, checked in preflight
+"""The config's schema: every key a run reads, its type and what it may be, validated in preflight
 before a model is built or a file is written.
 
-Defaults live in conf/*.yaml only; this says what a value may be, not what it is. Choices are read
-from the tables that dispatch them (a new softmax goes into SOFTMAXES and is allowed here at once).
-Why not Hydra structured configs: a dataclass per group would be a second home for every default,
-and OmegaConf's type errors surface inside Hydra's compose as multi-line tracebacks; a table
-checked against the composed dict gives one line naming the key, the value and what is allowed.
+The model's keys (model.*, model.attention.*) are attention.config's fields: the library declares
+each once, with its default and what it may be, and validates itself by the same rules. The other
+keys are declared here; their defaults live in conf/*.yaml. Choices are read from the tables that
+dispatch them (a new softmax goes into SOFTMAXES and is allowed here at once). Why not Hydra
+structured configs: OmegaConf's type errors surface inside Hydra's compose as multi-line
+tracebacks; a table validated against the composed dict gives one line naming the key, the value
+and what is allowed.
 
     python -m experiments.schema                          # every key and what it allows (markdown)
     python -m experiments.schema --write docs/config.md   # refresh that page's table
 """
-import math
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+
+from attention.config import NONNEG_INT, POS_INT, PROB, Allowed, ModelConfig, config_fields, not_allowed, show
 
 from experiments.suggest import did_you_mean
 
@@ -23,124 +24,19 @@ class ConfigError(ValueError):
     """A bad config value: one line, exit 2, nothing trained or recorded."""
 
 
-@dataclass(frozen=True)
-class Key:
-    kind: str                       # int | float | bool | str | list
-    lo: float | None = None         # inclusive bounds unless *_open
-    hi: float | None = None
-    lo_open: bool = False
-    hi_open: bool = False
-    choices: Callable[[], tuple] | tuple | None = None
-    null: bool = False              # null allowed (means: derived, see the YAML comment)
-    number: bool = False            # with choices: a number in [lo, hi] is allowed as well
-
-    def options(self) -> tuple:
-        return tuple(self.choices()) if callable(self.choices) else tuple(self.choices or ())
-
-    def allowed(self) -> str:
-        parts = []
-        if self.choices is not None:
-            parts.append("one of " + ", ".join(map(_show, self.options())))
-        if self.choices is None or self.number:
-            noun = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
-                    "list": "a list"}[self.kind if not self.number else "float"]
-            parts.append(noun + self._range())
-        if self.null:
-            parts.append("null")
-        return " or ".join(parts)
-
-    def _range(self) -> str:
-        lo, hi = self.lo, self.hi
-        if lo is not None and hi is not None:
-            return f" in {'(' if self.lo_open else '['}{_show(lo)}, {_show(hi)}{')' if self.hi_open else ']'}"
-        if lo is not None:
-            return f" {'>' if self.lo_open else '>='} {_show(lo)}"
-        if hi is not None:
-            return f" {'<' if self.hi_open else '<='} {_show(hi)}"
-        return ""
-
-    def ok(self, v) -> bool:
-        if v is None:
-            return self.null
-        if self.choices is not None and _in(v, self.options()):
-            return True
-        if self.choices is not None and not self.number:
-            return False
-        kind = "float" if self.number else self.kind
-        if kind == "bool":
-            return isinstance(v, bool)
-        if kind == "str":
-            return isinstance(v, str)
-        if kind == "list":
-            return isinstance(v, list)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind == "int" and not isinstance(v, int)):
-            return False
-        if not math.isfinite(v):
-            return False
-        if self.lo is not None and (v <= self.lo if self.lo_open else v < self.lo):
-            return False
-        return not (self.hi is not None and (v >= self.hi if self.hi_open else v > self.hi))
+# -- the choices of the training run's own switches (training/build.py and logger.py dispatch them) --
+DEVICES = ("auto", "cpu", "cuda", "mps")
+DTYPES = ("float32", "bfloat16", "float16")   # autocast's dtype; auto: bfloat16 on CUDA, none elsewhere
+OPTIMIZERS = ("adamw", "sgd")
+SCHEDULES = ("constant", "cosine")
+LOGGERS = ("wandb", "none")
+LOGGER_MODES = ("offline", "online", "disabled")
 
 
-def _in(v, options) -> bool:  # True == 1 in Python: a bool matches only a bool
-    return any(v == o and isinstance(v, bool) == isinstance(o, bool) for o in options)
-
-
-def _show(x) -> str:
-    if isinstance(x, bool):
-        return str(x).lower()
-    if isinstance(x, float) and x.is_integer():
-        return str(int(x))
-    return str(x)
-
-
-def _value(v) -> str:
-    return repr(v) if isinstance(v, str) else _show(v) if v is not None else "null"
-
-
-# -- the tables the choices come from (imported late: the schema is read before torch is needed) --
-def _softmaxes():
-    from attention.softmax import SOFTMAXES
-    return tuple(SOFTMAXES)
-
-
-def _attention(name):
-    def f():
-        import attention.masks as masks
-        import attention.mha as mha
-        return tuple(getattr(mha, name, None) or getattr(masks, name))
-    return f
-
-
-def _scores():
-    from attention.scoring import SCORINGS
-    return tuple(SCORINGS)
-
-
-def _inits():
-    from attention.lm import INITS
-    return INITS
-
-
-def _lm(name):
-    def f():
-        import attention.lm as lm
-        return tuple(getattr(lm, name))
-    return f
-
-
+# -- the library's tables (read late: they need torch) --------------------------------------------
 def _pad_sides():
     from data.synthetic import PAD_SIDES
     return PAD_SIDES
-
-
-def _training(name):
-    def f():
-        import experiments.training.build as build
-        import experiments.training.logger as logger
-        table = getattr(build, name, None) or getattr(logger, name)
-        return ("auto", *table) if name == "DTYPES" else tuple(table)
-    return f
 
 
 def _tasks():
@@ -148,100 +44,63 @@ def _tasks():
     return tuple(TASKS)
 
 
-POS_INT, NONNEG_INT = Key("int", lo=1), Key("int", lo=0)
-PROB = Key("float", lo=0, hi=1, hi_open=True)
-
-SCHEMA: dict[str, Key] = {
+SCHEMA: dict[str, Allowed] = {
     "seed": NONNEG_INT,
-    "device": Key("str", choices=("auto", "cpu", "cuda", "mps")),
-    "results_dir": Key("str"),
+    "device": Allowed("str", choices=DEVICES),
+    "results_dir": Allowed("str"),
     # data: the keys every task has; a task's own keys are in TASK_KEYS
-    "data.name": Key("str", choices=_tasks),
+    "data.name": Allowed("str", choices=_tasks),
     "data.seq_len": POS_INT,
-    "model.block_size": POS_INT,
-    "model.d_model": POS_INT,
-    "model.n_layers": POS_INT,
-    "model.n_heads": POS_INT,
-    "model.n_kv_heads": Key("int", lo=1, null=True),
-    "model.d_ff": Key("int", lo=1, null=True),
-    "model.dropout": PROB,
-    "model.bias": Key("bool"),
-    "model.tie_weights": Key("bool"),
-    "model.init": Key("str", choices=_inits),
-    "model.qk_gain": Key("float", lo=0, lo_open=True),
-    "model.mlp": Key("bool"),
-    "model.residual": Key("bool"),
-    "model.attention.d_k": Key("int", lo=1, null=True),
-    "model.attention.d_v": Key("int", lo=1, null=True),
-    "model.attention.scale": Key("str", choices=_attention("SCALES"), number=True, lo=0, lo_open=True),
-    "model.attention.softmax": Key("str", choices=_softmaxes),
-    "model.attention.score": Key("str", choices=_scores),
-    "model.attention.qk_norm": Key("bool"),
-    "model.attention.mask_mode": Key("str", choices=_attention("MASK_MODES")),
-    "model.attention.mask_fill": Key("str", choices=_attention("MASK_FILLS")),
-    "model.attention.merge": Key("str", choices=_attention("MERGES")),
-    "model.attention.backend": Key("str", choices=_attention("BACKENDS")),
-    "model.attention.dropout": PROB,
-    "model.attention.softcap": Key("float", lo=0, lo_open=True, null=True),
-    "model.attention.qk_clip": Key("float", lo=0, lo_open=True, null=True),
-    "model.attention.sigma_reparam": Key("bool"),
-    "model.pos": Key("str", choices=_lm("POSITIONS")),
-    "model.pad_positions": Key("str", choices=_lm("PAD_POSITIONS")),
-    "model.attention.rope_dtype": Key("str", choices=_attention("ROPE_DTYPES")),
-    "model.attention.causal_align": Key("str", choices=_attention("CAUSAL_ALIGNS")),
-    "model.attention.causal": Key("str", choices=_attention("CAUSALS")),
-    "model.attention.mask_combine": Key("str", choices=_attention("MASK_COMBINES")),
-    "model.attention.upcast": Key("bool"),
-    "model.attention.reach": Key("str", choices=_attention("REACHES")),
-    "optim.name": Key("str", choices=_training("OPTIMIZERS")),
-    "optim.lr": Key("float", lo=0, lo_open=True),
-    "optim.weight_decay": Key("float", lo=0),
-    "optim.schedule": Key("str", choices=_training("SCHEDULES")),
+    **{key: allowed for key, (_, allowed, _) in config_fields().items()},  # attention.config's fields
+    "optim.name": Allowed("str", choices=OPTIMIZERS),
+    "optim.lr": Allowed("float", lo=0, lo_open=True),
+    "optim.weight_decay": Allowed("float", lo=0),
+    "optim.schedule": Allowed("str", choices=SCHEDULES),
     "optim.warmup_steps": NONNEG_INT,
-    "optim.min_lr": Key("float", lo=0),
-    "optim.decay_steps": Key("int", lo=1, null=True),
+    "optim.min_lr": Allowed("float", lo=0),
+    "optim.decay_steps": Allowed("int", lo=1, null=True),
     "train.steps": POS_INT,
     "train.batch_size": POS_INT,
     "train.log_every": POS_INT,
     "train.diag_every": NONNEG_INT,     # 0: no diagnostic steps
     "train.ckpt_every": NONNEG_INT,     # 0: no checkpoints
     "train.eval_batches": POS_INT,
-    "train.grad_clip": Key("float", lo=0),   # 0: no clipping
-    "train.dtype": Key("str", choices=_training("DTYPES")),
-    "train.compile": Key("bool"),
-    "train.progress": Key("str", choices=("auto", True, False)),
-    "train.z_loss": Key("float", lo=0),     # PaLM's z-loss coefficient on mean(log Z^2); 0: off
-    "logger.name": Key("str", choices=_training("LOGGERS")),
+    "train.grad_clip": Allowed("float", lo=0),   # 0: no clipping
+    "train.dtype": Allowed("str", choices=("auto", *DTYPES)),
+    "train.compile": Allowed("bool"),
+    "train.progress": Allowed("str", choices=("auto", True, False)),
+    "train.z_loss": Allowed("float", lo=0),     # PaLM's z-loss coefficient on mean(log Z^2); 0: off
+    "logger.name": Allowed("str", choices=LOGGERS),
 }
 
 OPTIM_KEYS = {
-    "adamw": {"optim.betas": Key("list"), "optim.eps": Key("float", lo=0, lo_open=True)},
-    "sgd": {"optim.momentum": Key("float", lo=0, hi=1, hi_open=True)},
+    "adamw": {"optim.betas": Allowed("list"), "optim.eps": Allowed("float", lo=0, lo_open=True)},
+    "sgd": {"optim.momentum": Allowed("float", lo=0, hi=1, hi_open=True)},
 }
 
 LOGGER_KEYS = {
-    "wandb": {"logger.mode": Key("str", choices=("offline", "online", "disabled")),
-              "logger.project": Key("str"), "logger.entity": Key("str", null=True)},
+    "wandb": {"logger.mode": Allowed("str", choices=LOGGER_MODES),
+              "logger.project": Allowed("str"), "logger.entity": Allowed("str", null=True)},
     "none": {},
 }
 
 # A vocabulary of 1 (chance loss ln 1 = 0) or a copy of length 0 makes every check vacuous.
 TASK_KEYS = {
-    "copy": {"data.vocab_size": Key("int", lo=2)},
-    "padded_copy": {"data.vocab_size": Key("int", lo=2), "data.min_len": POS_INT, "data.max_len": POS_INT,
-                    "data.pad_side": Key("str", choices=_pad_sides)},
-    "two_facts": {"data.n_values": Key("int", lo=2), "data.n_noise": POS_INT, "data.max_copies": POS_INT,
-                  "data.ordered": Key("bool"), "data.shared_values": Key("bool"),
-                  "data.vocab_size": Key("int", lo=2, null=True)},
-    "shakespeare_char": {"data.path": Key("str", null=True), "data.vocab_size": Key("int", lo=2, null=True),
-                         "data.train_fraction": Key("float", lo=0, hi=1, lo_open=True, hi_open=True)},
-    "shakespeare_lines": {"data.path": Key("str", null=True), "data.vocab_size": Key("int", lo=2, null=True),
-                          "data.train_fraction": Key("float", lo=0, hi=1, lo_open=True, hi_open=True),
-                          "data.pad_side": Key("str", choices=_pad_sides)},
+    "copy": {"data.vocab_size": Allowed("int", lo=2)},
+    "padded_copy": {"data.vocab_size": Allowed("int", lo=2), "data.min_len": POS_INT, "data.max_len": POS_INT,
+                    "data.pad_side": Allowed("str", choices=_pad_sides)},
+    "two_facts": {"data.n_values": Allowed("int", lo=2), "data.n_noise": POS_INT, "data.max_copies": POS_INT,
+                  "data.ordered": Allowed("bool"), "data.shared_values": Allowed("bool"),
+                  "data.vocab_size": Allowed("int", lo=2, null=True)},
+    "shakespeare_char": {"data.path": Allowed("str", null=True), "data.vocab_size": Allowed("int", lo=2, null=True),
+                         "data.train_fraction": Allowed("float", lo=0, hi=1, lo_open=True, hi_open=True)},
+    "shakespeare_lines": {"data.path": Allowed("str", null=True), "data.vocab_size": Allowed("int", lo=2, null=True),
+                          "data.train_fraction": Allowed("float", lo=0, hi=1, lo_open=True, hi_open=True),
+                          "data.pad_side": Allowed("str", choices=_pad_sides)},
 }
 
-EXP_KEYS = {"exp.name": Key("str"), "exp.claim": Key("str", null=True),
-            "exp.figure_metric": Key("str", null=True)}
+EXP_KEYS = {"exp.name": Allowed("str"), "exp.claim": Allowed("str", null=True),
+            "exp.figure_metric": Allowed("str", null=True)}
 
 
 # the exp node (conf/config.yaml's `exp`): its fields, and those of its control and floor; the
@@ -275,17 +134,17 @@ def leaves(d: dict, prefix: str = "") -> list[str]:
     return out
 
 
-def check_known(cfg: dict, keys: dict) -> None:
+def validate_known_keys(cfg: dict, keys: dict) -> None:
     """A key nobody reads (`+train.step=100`) is an error, not a silent no-op."""
     for key in leaves({k: v for k, v in cfg.items() if k not in ("exp", "hydra")}):
         if key not in keys:
             raise unknown_key(key, keys, cfg)
-    exp = cfg.get("exp") or {}
-    for f in exp:
+    spec = cfg.get("exp") or {}
+    for f in spec:
         if f not in EXP_FIELDS:
             raise unknown_key(f"exp.{f}", [f"exp.{x}" for x in EXP_FIELDS])
     for node in ("control", "floor"):
-        for f in exp.get(node) or {}:
+        for f in spec.get(node) or {}:
             if f not in CONTROL_FIELDS:
                 raise unknown_key(f"exp.{node}.{f}", [f"exp.{node}.{x}" for x in CONTROL_FIELDS])
 
@@ -299,40 +158,31 @@ def get(cfg: dict, key: str):
     return d
 
 
-def keys_for(cfg: dict) -> dict[str, Key]:
+def keys_for(cfg: dict) -> dict[str, Allowed]:
     """The keys this config must have: the common ones and those of its task, optimizer, logger."""
     out = {**SCHEMA, **EXP_KEYS}
     for key, table in (("data.name", TASK_KEYS), ("optim.name", OPTIM_KEYS), ("logger.name", LOGGER_KEYS)):
         name = get(cfg, key)
-        check_value(key, name, out[key])
+        validate_value(key, name, out[key])
         out.update(table[name])
     return out
 
 
-def check_value(key: str, value, spec: Key):
-    if not spec.ok(value):
-        raise ConfigError(f"{key}={_value(value)} is not allowed: {spec.allowed()}")
+def validate_value(key: str, value, allowed: Allowed):
+    if not allowed.ok(value):
+        raise ConfigError(not_allowed(key, value, allowed))
 
 
 def _cross(cfg: dict):
     """Rules over several keys; each message names every key it involves."""
-    m, a, d = cfg["model"], cfg["model"]["attention"], cfg["data"]
-    if a["d_k"] is None and m["d_model"] % m["n_heads"]:
-        raise ConfigError(f"model.d_model={m['d_model']} is not divisible by model.n_heads={m['n_heads']} "
-                          f"(or set model.attention.d_k)")
-    kv = m["n_kv_heads"]
-    if kv is not None and m["n_heads"] % kv:
-        raise ConfigError(f"model.n_kv_heads={kv} does not divide model.n_heads={m['n_heads']}")
-    from attention.scoring import SCORINGS
-    if a["backend"] == "sdpa" and a.get("softcap") is not None:
-        raise ConfigError(f"model.attention.backend='sdpa' cannot express softcap={_show(a['softcap'])}: "
-                          f"use backend=explicit or auto")
-    if a["backend"] == "sdpa" and (a["softmax"] != "stable" or SCORINGS[a["score"]].sdpa_q is None):
-        raise ConfigError(f"model.attention.backend='sdpa' cannot express softmax={a['softmax']!r} "
-                          f"score={a['score']!r}: use backend=explicit or auto")
+    try:  # the model's own rules (head widths, KV heads, what SDPA can express), as the library checks them
+        ModelConfig.from_dict({**cfg["model"], "vocab_size": 2})
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    d = cfg["data"]
     o = cfg["optim"]
     if o["min_lr"] > o["lr"]:
-        raise ConfigError(f"optim.min_lr={_show(o['min_lr'])} is above optim.lr={_show(o['lr'])}")
+        raise ConfigError(f"optim.min_lr={show(o['min_lr'])} is above optim.lr={show(o['lr'])}")
     if o["name"] == "adamw":
         b = o["betas"]
         if len(b) != 2 or not all(isinstance(x, (int, float)) and 0 <= x < 1 for x in b):
@@ -349,10 +199,6 @@ def _cross(cfg: dict):
                           f"{d['seq_len']}: at most (seq_len - 1) // 2 = {(d['seq_len'] - 1) // 2}")
     if name in ("shakespeare_char", "shakespeare_lines") and d["path"] is not None and not Path(d["path"]).is_file():
         raise ConfigError(f"data.path={d['path']!r} is not a file")
-    if m["pos"] == "rope" and (a["d_k"] or m["d_model"] // m["n_heads"]) % 2:
-        raise ConfigError(f"model.pos='rope' needs an even head width: d_k="
-                          f"{a['d_k'] or m['d_model'] // m['n_heads']} (model.d_model / model.n_heads or "
-                          f"model.attention.d_k)")
     if cfg["device"] == "cuda":
         import torch
         if not torch.cuda.is_available():
@@ -362,21 +208,23 @@ def _cross(cfg: dict):
 def validate(cfg: dict) -> None:
     """Raise ConfigError (one line) for the first value the schema does not allow."""
     keys = keys_for(cfg)
-    check_known(cfg, keys)
+    validate_known_keys(cfg, keys)
     for key, spec in keys.items():
-        check_value(key, get(cfg, key), spec)
+        validate_value(key, get(cfg, key), spec)
     _cross(cfg)
 
 
 def markdown() -> str:
-    rows = ["| key | allowed |", "|---|---|"]
+    """Every key: what it allows, and for the model's keys what it does (attention.config)."""
+    rows = ["| key | allowed | what |", "|---|---|---|"]
+    docs = {key: doc for key, (_, _, doc) in config_fields().items()}
     everything = {**SCHEMA}
     for table in (TASK_KEYS, OPTIM_KEYS, LOGGER_KEYS):
         for name, keys in table.items():
             for k, spec in keys.items():
                 everything.setdefault(f"{k} ({name})" if k in everything else k, spec)
     for key, spec in everything.items():
-        rows.append(f"| `{key}` | {spec.allowed()} |")
+        rows.append(f"| `{key}` | {spec.allowed()} | {docs.get(key, '')} |")
     return "\n".join(rows) + "\n"
 
 

@@ -179,7 +179,7 @@ def _run(compose_cfg, tmp_path, overrides):
 
 
 def test_shape_error_variant_is_a_reproduced_error(compose_cfg, tiny, tmp_path):
-    from experiments.training.runner import exit_code
+    from run import exit_code  # the entry point's: an expected error exits 0
     s = _run(compose_cfg, tmp_path, ["+exp=mask_broadcast_shape_error", *tiny, "data.max_len=7",
                                      "train.steps=2"])
     assert s.status == "error" and "must match the size" in s.error

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from attention import ModelConfig, MultiHeadAttention, TransformerLM
 from attention.diagnostics import Recorder
-from attention.fixes import SigmaReparamLinear, softcap
+from attention.logit_fixes import SigmaReparamLinear, softcap
 
 D = 32
 
@@ -161,7 +161,7 @@ def _run(compose_cfg, tmp_path, overrides):
 
 def test_trainer_clips_and_sections_render(compose_cfg, tiny, tmp_path):
     from experiments.records import RunRecord
-    from experiments.report.sections import collapse, fixes
+    from experiments.report.sections import collapse, logit_fixes
     s = _run(compose_cfg, tmp_path / "a", ["+exp=logit_fixes", "fix=qk_clip", "model.attention.qk_clip=0.05",
                                            *tiny, "train.steps=7", "optim.lr=1e-3"])
     assert s.final["cost/time_ratio_vs_no_fix"] > 0 and s.final["cost/step_ms"] > 0
@@ -170,7 +170,7 @@ def test_trainer_clips_and_sections_render(compose_cfg, tiny, tmp_path):
     run = RunRecord.read(tmp_path / "a" / "run")
     logits = run.metrics_frame().dropna(subset=["attn/max_score/L0"])
     assert (logits[logits["step"] > 0]["attn/max_score/L0"] <= 0.05 * 1.5).all()
-    md = fixes.render([run], tmp_path / "fig")
+    md = logit_fixes.render([run], tmp_path / "fig")
     assert "| qk_clip tau=0.05 | 1 |" in md and (tmp_path / "fig" / "fixes_logits.png").exists()
     s = _run(compose_cfg, tmp_path / "b", ["+exp=entropy_collapse", *tiny])
     assert s.control["name"] == "sigma_reparam" and "collapse/min_head_entropy" in s.final

@@ -100,7 +100,7 @@ def test_submitit_requeue_after_preemption_resumes_identically(tmp_path):
 def test_catalogue_glob_leaves_sweep_presets_out():
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from experiments.preflight import exclude_sweep_presets, sweep_presets
+    from experiments.command_line import exclude_sweep_presets, sweep_presets
     conf = ROOT / "conf"
     presets = sweep_presets(conf)
     assert "phase_no_scaling" in presets and "baseline" not in presets

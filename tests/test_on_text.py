@@ -1,6 +1,7 @@
-"""Text versions (experiments/on_text.py): the overlay applies on text and not on copy, an
-experiment without one is rejected in one line, a metric the task never logs is "not
-measurable", and attention.reach=self (the no-attention floor) reads nothing but its own position."""
+"""Text versions (experiments/on_text.py): one composition applies the text version on text and
+not on copy, and the run dir's .hydra/config.yaml is the config that trained; an experiment without
+one is rejected in one line, a metric the task never logs is "not measurable", and
+attention.reach=self (the no-attention floor) reads nothing but its own position."""
 import json
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from attention.mha import AttentionConfig, MultiHeadAttention
 from conftest import ROOT, SHAKESPEARE
 from experiments.judging.checks import signature
 from experiments.judging.verdict import RunView, evaluate
-from test_bad_input import assert_rejected
+from test_bad_input import assert_rejected, run_forked
 
 needs_corpus = pytest.mark.skipif(not SHAKESPEARE.is_file(), reason=f"no corpus at {SHAKESPEARE}")
 
@@ -26,6 +27,28 @@ def test_overlay_applies_on_text_only_and_the_command_line_wins(compose_cfg):
     assert text["model"]["attention"]["scale"] == "none"  # the experiment itself still applies
     copy = compose_cfg(["+exp=no_scaling"])
     assert "plateau" in copy["exp"]["expect"] and copy["exp"]["floor"] is None
+
+
+def trained_and_recorded(tmp_path, args):
+    """(the config that trained, as summary.json has it; the run dir's .hydra/config.yaml, resolved)."""
+    from omegaconf import OmegaConf
+    from conftest import TINY
+    tiny = [a for a in TINY if not a.startswith("data.vocab_size")] if "data=shakespeare_char" in args else TINY
+    code, err = run_forked([*tiny, *args, f"results_dir={tmp_path}"], tmp_path)
+    assert code == 0, err
+    (run_dir,) = [p.parent for p in (tmp_path / "runs").rglob("summary.json")]
+    recorded = OmegaConf.to_container(OmegaConf.load(run_dir / ".hydra" / "config.yaml"), resolve=True)
+    return json.loads((run_dir / "summary.json").read_text())["config"], recorded
+
+
+@needs_corpus
+def test_the_run_dir_records_exactly_the_config_that_trained_on_text(tmp_path):
+    trained, recorded = trained_and_recorded(tmp_path, ["+exp=sum_normalize", "data=shakespeare_char",
+                                                        f"data.path={SHAKESPEARE}", "train.diag_every=0"])
+    assert trained == recorded
+    assert trained["exp"]["expect"] == ["negative_weights", "outside_hull", "worse_than_softmax"]  # the text version's
+    assert trained["exp"]["floor"]["name"] == "no_attention_floor" and trained["exp"]["loss_metric"] == "loss/train"
+    # on copy: tests/test_run.py::test_tiny_run_writes_metrics_summary_figure_and_offline_wandb
 
 
 @needs_corpus
@@ -108,8 +131,8 @@ def test_a_text_run_trains_its_floor_once_and_the_report_puts_it_beside_the_synt
 
 
 def test_a_skipped_text_cell_is_not_a_crash_of_the_sweep(tmp_path, capsys):
-    from experiments.callbacks import REJECTED, crashed_jobs, finish_multirun
-    from experiments.on_text import SKIPPED
+    from experiments.callbacks import crashed_jobs, finish_multirun
+    from experiments.layout import REJECTED, SKIPPED
     for name, marker in (("0_causal_kv_cache_seed0", SKIPPED), ("1_bad_seed0", REJECTED)):
         (tmp_path / name / ".hydra").mkdir(parents=True)
         (tmp_path / name / marker).write_text("the one line\n")

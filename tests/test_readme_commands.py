@@ -57,11 +57,7 @@ COMMANDS = {
     "python -m experiments.judging results/runs/no_scaling exp.checks.plateau.value=30":
         Cmd(after=NO_SCALING, stdout=r"^\[no_scaling\] reproduced: false \| .* plateau=\S+ \(>= 30; .*\) FAIL"),
     "python -m experiments.report": Cmd(after=NO_SCALING, files=("results/REPORT.md", "results/runs.csv")),
-    # on a GPU
-    "python -m experiments.bench throughput device=cuda model.d_model=512 model.n_heads=8 data.seq_len=1024 "
-    "train.batch_size=16 --out results/bench/throughput_cuda.json": Cmd("--tiny", cuda=True),
-    "python -m experiments.bench memory --out results/bench/memory_cuda.json":
-        Cmd("--tiny", files=("results/bench/memory_cuda.json",)),
+    # (the GPU commands are in docs/running.md)
     "python -m experiments.report --readme README.md": Cmd(after=NO_SCALING, stdout=REPORTED),
     # the committed reference ($P: hydra/launcher=parallel logger=none)
     "python run.py -m '+exp=glob(*)' seed=0,1,2 $P": Cmd(f"{S} seed=0", full=True),

@@ -27,7 +27,10 @@ def make_cfg(exp="no_scaling", seed=0, scale="none", steps=20):
             "model": {"d_model": 32, "n_heads": 2, "attention": {"scale": scale}},
             "optim": {"name": "adamw", "lr": 1e-3}, "train": {"steps": steps, "diag_every": 10},
             "logger": {"name": "none"}, "seed": seed, "results_dir": "results",
-            "exp": {"name": exp, "claim": f"claim of {exp}", "expect": []}}
+            "exp": {"name": exp, "claim": f"claim of {exp}", "expect": [], "broken": BROKEN.get(exp)}}
+
+
+BROKEN = {"no_scaling": "scores not divided by sqrt(d_k)", "baseline": "nothing (the healthy baseline)"}
 
 
 def fake_run(d: Path, exp="no_scaling", seed=0, role="failure", loss_end=4.0, measured=3.0,
@@ -77,7 +80,7 @@ def test_catalogue_table_has_one_row_per_experiment_with_rates_margins_and_flags
     cells = [c.strip() for c in row.strip("|").split("|")]
     # seed 0 measured 3.0, seed 1 1.0 against >= 2: 1 of 2, Wilson [0.09, 0.91]; the worst seed is
     # 1 below the threshold, the sample std is sqrt(2): margin -0.71
-    # what is broken: these runs' configs predate exp.broken, so conf/exp/no_scaling.yaml's words
+    # what is broken: the run's own exp.broken
     assert cells == ["[no_scaling](#no_scaling)", "scores not divided by sqrt(d_k)", "0, 1", "completed ×2", "1 of 2", "0.09–0.91", "0 of 2", "-0.71 (plateau)",
                      "k < n, margin < 2, n < 3"]
     assert "| [baseline](#baseline) | nothing (the healthy baseline) | 0 | completed | 1 of 1 | 0.21–1.00 | – | n/a (1 seed) | n < 3 |" in md

@@ -37,6 +37,8 @@ def test_tiny_run_writes_metrics_summary_figure_and_offline_wandb(tmp_path):
     assert (run_dir / "curves.png").stat().st_size > 1000
     assert list(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
     assert "reproduced:" in p.stdout
+    from omegaconf import OmegaConf  # the run dir records exactly the config that trained (on text: test_on_text.py)
+    assert OmegaConf.to_container(OmegaConf.load(run_dir / ".hydra" / "config.yaml"), resolve=True) == summary["config"]
 
 
 def test_experiment_with_control_trains_the_control_once_and_reuses_it(compose_cfg, tmp_path):
@@ -70,6 +72,8 @@ def test_every_experiment_config_composes(compose_cfg, exp):
     from experiments.schema import validate
     assert signature(cfg["exp"])
     validate(cfg)  # every shipped experiment passes the schema
+    from experiments.training.measures import MEASURES
+    assert set(cfg["exp"]["measures"]) <= set(MEASURES)  # named in the registry, not imported by string
 
 
 def test_a_typo_in_a_check_exits_2_before_any_step(tmp_path):

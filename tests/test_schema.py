@@ -22,12 +22,12 @@ def test_a_missing_key_is_named(compose_cfg):
 
 
 def test_a_bool_is_not_a_number_and_a_number_is_not_a_bool():
-    assert not schema.Key("int", lo=0).ok(True)
-    assert not schema.Key("bool").ok(1)
-    assert schema.Key("str", choices=("auto", True, False)).ok(False)
-    assert not schema.Key("str", choices=("auto", True, False)).ok(0)
-    assert schema.Key("float", lo=0, lo_open=True).ok(3)          # an int is a number
-    assert not schema.Key("float", lo=0, lo_open=True).ok(float("inf"))
+    assert not schema.Allowed("int", lo=0).ok(True)
+    assert not schema.Allowed("bool").ok(1)
+    assert schema.Allowed("str", choices=("auto", True, False)).ok(False)
+    assert not schema.Allowed("str", choices=("auto", True, False)).ok(0)
+    assert schema.Allowed("float", lo=0, lo_open=True).ok(3)          # an int is a number
+    assert not schema.Allowed("float", lo=0, lo_open=True).ok(float("inf"))
 
 
 def test_keys_of_the_task_optimizer_and_logger_are_checked(compose_cfg):
@@ -41,14 +41,13 @@ def test_keys_of_the_task_optimizer_and_logger_are_checked(compose_cfg):
 
 def test_the_schema_table_lists_every_choice():
     table = schema.markdown()
-    assert "| `model.attention.softmax` | one of stable, naive, sum |" in table
+    assert "| `model.attention.softmax` | one of stable, naive, sum | scores to weights" in table
     assert "| `train.dtype` | one of auto, float32, bfloat16, float16 |" in table
 
 
 def test_every_task_optimizer_and_logger_has_its_keys_in_the_schema():
     from data import TASKS
-    from experiments.training.build import OPTIMIZERS
-    from experiments.training.logger import LOGGERS
+    from experiments.schema import LOGGERS, OPTIMIZERS
     assert set(schema.TASK_KEYS) == set(TASKS)
     assert set(schema.OPTIM_KEYS) == set(OPTIMIZERS)
     assert set(schema.LOGGER_KEYS) == set(LOGGERS)

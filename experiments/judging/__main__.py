@@ -19,6 +19,7 @@ import yaml
 from experiments.io import write_json
 from experiments.judging.checks import FIELDS, signature
 from experiments.judging.verdict import RunView, evaluate, verdict_line
+from experiments.layout import CHECKPOINTS, SUMMARY, WANDB
 from experiments.records import RunRecord
 from experiments.suggest import did_you_mean
 
@@ -51,8 +52,8 @@ def judged_runs(dirs: list[Path]) -> list[Path]:
     """Run dirs under `dirs` whose summary.json holds a verdict (failures and baselines)."""
     found = []
     for d in dirs:
-        for p in sorted(d.rglob("summary.json")) if d.is_dir() else []:
-            if any(part.startswith(".") or part in ("wandb", "checkpoints") for part in p.relative_to(d).parts[:-1]):
+        for p in sorted(d.rglob(SUMMARY)) if d.is_dir() else []:
+            if any(part.startswith(".") or part in (WANDB, CHECKPOINTS) for part in p.relative_to(d).parts[:-1]):
                 continue
             if '"verdict"' in p.read_text():
                 found.append(p.parent)
@@ -61,24 +62,24 @@ def judged_runs(dirs: list[Path]) -> list[Path]:
 
 def with_overrides(record: RunRecord, overrides: list) -> dict:
     """The run's exp node with the overrides of the checks it has; ValueError if one is bad."""
-    exp = copy.deepcopy(record.config["exp"])
+    spec = copy.deepcopy(record.config["exp"])
     for name, field, value in overrides:
-        if name in (exp.get("checks") or {}):
-            exp["checks"][name][field] = value
+        if name in (spec.get("checks") or {}):
+            spec["checks"][name][field] = value
     try:
-        signature(exp)
+        signature(spec)
     except ValueError as e:
         raise ValueError(f"{record.exp}: {e}") from None
-    return exp
+    return spec
 
 
-def rejudge(run_dir: Path, record: RunRecord, exp: dict) -> RunRecord:
-    """run_dir's verdict under the exp node `exp`, written into its summary.json."""
-    checks = signature(exp)
+def rejudge(run_dir: Path, record: RunRecord, spec: dict) -> RunRecord:
+    """run_dir's verdict under the exp node `spec`, written into its summary.json."""
+    checks = signature(spec)
     control = crows = None
     if record.control:
         cdir = Path(record.control["dir"])
-        if not (cdir / "summary.json").exists():
+        if not (cdir / SUMMARY).exists():
             raise ValueError(f"its control {cdir} is not there (judge from the dir the run was trained in)")
         control = RunRecord.read(cdir)
         crows = control.metrics()
@@ -87,8 +88,8 @@ def rejudge(run_dir: Path, record: RunRecord, exp: dict) -> RunRecord:
     record.verdict = evaluate(checks, RunView.of(record, record.metrics()),
                               RunView.of(control, crows) if control else None)
     record.expected_error = any(c["kind"] == "status" and c["value"] == "error" for c in checks)
-    record.config = {**record.config, "exp": exp}
-    write_json(run_dir / "summary.json", record.to_summary())
+    record.config = {**record.config, "exp": spec}
+    write_json(run_dir / SUMMARY, record.to_summary())
     return record
 
 
@@ -102,14 +103,14 @@ def main(argv: list[str]) -> int:
         for name, _, _ in overrides:
             if name not in have:
                 raise ValueError(f"exp.checks.{name}: no run here has this check{did_you_mean(name, have)}")
-        exps = {d: with_overrides(r, overrides) for d, r in runs.items()}
+        specs = {d: with_overrides(r, overrides) for d, r in runs.items()}
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     failed = 0
     for run_dir, record in runs.items():
         try:
-            print(verdict_line(rejudge(run_dir, record, exps[run_dir]), run_dir), flush=True)
+            print(verdict_line(rejudge(run_dir, record, specs[run_dir]), run_dir), flush=True)
         except (ValueError, KeyError, OSError) as e:
             failed += 1
             print(f"error: {run_dir}: cannot be judged again: {e}", file=sys.stderr)

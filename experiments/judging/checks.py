@@ -1,7 +1,7 @@
 """An experiment's signature, read from its config: `exp.expect` lists check names, `exp.checks`
-defines every check by name (conf/config.yaml defines the shared ones once). `signature(exp)`
+defines every check by name (conf/config.yaml defines the shared ones once). `signature(spec)`
 returns the checks in order, every field and expression parsed, or raises ValueError of one
-line: preflight calls it, so a typo stops the run before any step.
+line: preflight calls it, so a typo stops the run before any step. `spec` is a config's `exp` node.
 
 Check kinds (fields beyond name/kind/metric; judging.verdict measures them):
   threshold  value(metric, at) OP value
@@ -26,30 +26,31 @@ FIELDS = ("name", "kind", "metric", "at", "op", "value", "level", "tol", "ref", 
           "message_contains", "module_contains")
 
 
-def signature(exp: dict) -> list[dict]:
+def signature(spec: dict) -> list[dict]:
     """The checks `exp.expect` names, in its order, each with its `key` (its name in exp.checks:
     what `exp.checks.KEY.value=...` overrides; the verdict line shows it) and its `name` (the
     report's label, the key when it has none; it says what is measured, never the threshold,
     which the verdict renders from the config)."""
-    checks = exp["checks"] or {}
+    checks = spec["checks"] or {}
     for key, c in checks.items():  # a misspelt field or check name is an error, not a no-op
         for f in c or {}:
             if f not in FIELDS:
                 raise ValueError(f"exp.checks.{key}.{f} is not a check field{did_you_mean(f, FIELDS)}")
         if not (c or {}).get("kind"):
-            raise ValueError(f"exp.checks.{key} is not a check of {exp['name']}"
+            raise ValueError(f"exp.checks.{key} is not a check of {spec['name']}"
                              f"{did_you_mean(key, [k for k in checks if k != key])}")
     out = []
-    for key in exp["expect"] or []:
+    for key in spec["expect"] or []:
         if key not in checks:
             raise ValueError(f"exp.expect: no check named {key!r} in exp.checks{did_you_mean(key, checks)}")
         c = {"name": key, **checks[key], "key": key}
-        validate(key, c)
+        parse_check(key, c)
         out.append(c)
     return out
 
 
-def validate(key: str, c: dict) -> None:
+def parse_check(key: str, c: dict) -> None:
+    """Every field of check `key` known and every expression parsed; ValueError of one line else."""
     where = f"exp.checks.{key}"
     kind = c.get("kind")
     if kind not in KINDS:

@@ -79,8 +79,8 @@ def _measure(c: dict, run: RunView, ref: RunView):
     if kind == "plateau":
         level = expr(c["level"], run.context)
         mine, theirs = run.plateau_steps(metric, level), ref.plateau_steps(metric, level)
-        floor = run.context.get("log_every", 1)  # a control that leaves at once still took a log interval
-        return mine / max(theirs, floor)
+        min_steps = run.context.get("log_every", 1)  # a control that leaves at once still took a log interval
+        return mine / max(theirs, min_steps)
     a, b = run.value(metric, at), ref.value(metric, c.get("control_at", at))
     if a is None or b is None:
         return None
@@ -129,7 +129,7 @@ def measurable(c: dict, run: RunView, ref: RunView) -> bool:
 
 
 def evaluate(expect: list[dict], run: RunView, control: RunView | None) -> dict:
-    """expect: judging.checks.signature(exp)."""
+    """expect: judging.checks.signature(spec), spec a config's `exp` node."""
     expect = list(expect)
     ok = [measurable(c, run, control or run) for c in expect]
     gates = [not c.get("report_only", False) and m for c, m in zip(expect, ok)]

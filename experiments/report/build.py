@@ -21,11 +21,16 @@ from pathlib import Path
 from experiments.io import atomic_write, write_text
 from experiments.on_text import on_text
 from experiments.records import RunRecord
-from experiments.report import sections
+from experiments.report.sections import (bench, catalogue, collapse, disk, heads, logit_fixes, lr_sensitivity, phase,
+                                         rank_collapse, text, text_samples)
 from experiments.report.markdown import headings, nest
 from experiments.report.runs import display, load_runs, runs_table
 
 # -- assembly ------------------------------------------------------------------------------------
+# REPORT.md's sections, in order (the protocol: experiments/report/sections/__init__.py)
+SECTIONS = (catalogue, text, phase, logit_fixes, heads, lr_sensitivity, collapse, rank_collapse, text_samples,
+            bench, disk)
+
 
 def render_blocks(runs: list[RunRecord], fig_dir: Path) -> dict[str, str]:
     """Every section's markdown blocks, in report order. A section that raises is reported as
@@ -33,7 +38,7 @@ def render_blocks(runs: list[RunRecord], fig_dir: Path) -> dict[str, str]:
     experiments' text versions) go only to sections with `TEXT = True` (sections/text.py)."""
     blocks: dict[str, str] = {}
     synthetic = [r for r in runs if not on_text(r)]
-    for mod in sections.discover():
+    for mod in SECTIONS:
         try:  # text versions only reach the sections that ask for them (TEXT = True)
             mine = runs if getattr(mod, "TEXT", False) else synthetic
             if hasattr(mod, "blocks"):

@@ -152,15 +152,15 @@ def _panel(check: dict, loss_metric: str, third: str | None = None) -> str | Non
     return None
 
 
-def look_at(exp: dict, failure: str, control: str | None, loss_metric: str = "loss/copy") -> str:
+def look_at(spec: dict, failure: str, control: str | None, loss_metric: str = "loss/copy") -> str:
     """The figure's one-line caption: which panel shows each check of the experiment's signature
-    (exp: the run's config `exp`, with `expect` and `checks`). Built from the config, so it
+    (spec: the run's config `exp`, with `expect` and `checks`). Built from the config, so it
     carries no measured number."""
-    checks = [{"name": k, **(exp.get("checks") or {}).get(k, {})} for k in exp.get("expect") or []]
+    checks = [{"name": k, **(spec.get("checks") or {}).get(k, {})} for k in spec.get("expect") or []]
     checks = [c for c in checks if not c.get("report_only")]
     where: dict[str, list[str]] = {}
     for c in checks:
-        if (p := _panel(c, loss_metric, exp.get("figure_metric"))) is not None:
+        if (p := _panel(c, loss_metric, spec.get("figure_metric"))) is not None:
             where.setdefault(p, []).append(c["name"])
     vs = f" against dashed blue (its control `{control}`)" if control else ""
     if not where:
@@ -170,3 +170,17 @@ def look_at(exp: dict, failure: str, control: str | None, loss_metric: str = "lo
                    else "no check is drawn here."))
     return f"Look at: solid red ({failure}){vs}: " + "; ".join(
         f"{p} ({'; '.join(names)})" for p, names in where.items()) + "."
+
+
+def draw_curves(record, path) -> None:
+    """A judged run's curves.png: its curves and heatmaps against its control's (plot_experiment),
+    read back from the two run dirs."""
+    from experiments.layout import METRICS
+    from experiments.records import read_attn_weights, read_rows, rows_frame
+    spec = record.config["exp"]
+    ctrl = record.control
+    controls = ([(ctrl["name"], rows_frame(read_rows(Path(ctrl["dir"]) / METRICS)), read_attn_weights(ctrl["dir"]))]
+                if ctrl else [])
+    plot_experiment(path, spec["name"], [(spec["name"], record.metrics_frame(), record.attn_weights())],
+                    controls, control_name=controls[0][0] if controls else "control",
+                    loss_metric=spec["loss_metric"], chance=record.context["ln_V"], third=spec.get("figure_metric"))

@@ -3,10 +3,11 @@ import re
 import sys
 from pathlib import Path
 
+from experiments.layout import CHECKPOINTS, FIGURES, SUMMARY, WANDB
 from experiments.records import RunRecord, flatten
 
 STAMP = re.compile(r"\d{4}-\d{2}-\d{2}_\d{2}-\d{2}-\d{2}(?:-\d+)?")
-SKIP_PARTS = ("wandb", "checkpoints", "figures")
+SKIP_PARTS = (WANDB, CHECKPOINTS, FIGURES)
 
 
 def display(path: Path) -> str:
@@ -18,7 +19,7 @@ def display(path: Path) -> str:
 
 
 def _summary_files(d: Path):
-    for p in sorted(Path(d).rglob("summary.json")):
+    for p in sorted(Path(d).rglob(SUMMARY)):
         rel = p.relative_to(d).parts[:-1]
         if any(part.startswith(".") or part in SKIP_PARTS for part in rel):
             continue
@@ -39,8 +40,8 @@ def load_runs(dirs) -> list[RunRecord]:
     found = [r for d in dirs for p in _summary_files(Path(d)) if (r := _read(p))]
     for r in list(found):
         for cdir in ((r.control or {}).get("dir"), (r.floor or {}).get("dir")):  # floor: text versions
-            if cdir and (Path(cdir) / "summary.json").exists():
-                found.append(_read(Path(cdir) / "summary.json"))
+            if cdir and (Path(cdir) / SUMMARY).exists():
+                found.append(_read(Path(cdir) / SUMMARY))
     latest: dict = {}
     for r in found:
         key = (r.exp, r.role, r.config_hash or r.id)
@@ -76,3 +77,12 @@ def runs_table(runs: list[RunRecord]):
         meta_df = pd.DataFrame({k: [v] * len(m) for k, v in meta.items()}, index=m.index)
         frames.append(pd.concat([meta_df, m], axis=1))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def sweep_runs(runs: list, exp: str, fig_dir) -> list:
+    """The runs of sweep preset `exp` that finished (completed or diverged), with fig_dir made
+    for their figures when there are any."""
+    out = [r for r in runs if r.exp == exp and r.config and r.status in ("completed", "diverged")]
+    if out:
+        Path(fig_dir).mkdir(parents=True, exist_ok=True)
+    return out

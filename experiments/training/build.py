@@ -1,6 +1,7 @@
 """From config to the pieces of a training: device, precision, task, model, optimizer, schedule.
-Values were checked against experiments/schema.py in preflight; `check(cfg)` adds what only the
-data can tell (the corpus, the sequence length against the block size), building no model."""
+Values were validated against experiments/schema.py in preflight (which names the choices:
+DTYPES, OPTIMIZERS, SCHEDULES); `reject_unbuildable(cfg)` adds what only the data can tell (the
+corpus, the sequence length against the block size), building no model."""
 import math
 
 import torch
@@ -8,10 +9,6 @@ import torch
 from attention import ModelConfig, TransformerLM
 from data import Task, build_task
 from experiments.config import need
-
-DTYPES = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
-OPTIMIZERS = ("adamw", "sgd")
-SCHEDULES = ("constant", "cosine")
 
 
 def pick_device(name: str) -> torch.device:
@@ -28,7 +25,7 @@ def autocast_dtype(name: str, device: torch.device):
     """auto: bf16 on CUDA, none elsewhere. float16 on CPU is honoured: exp overflows above ~11.09."""
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else None
-    return DTYPES[name]
+    return None if name == "float32" else getattr(torch, name)  # float32: no autocast
 
 
 def model_config(model_cfg: dict, task: Task) -> ModelConfig:
@@ -66,7 +63,7 @@ def lr_lambda(optim_cfg: dict, steps: int):
     """Linear warmup, then constant or cosine down to min_lr (nanoGPT's schedule)."""
     warmup = need(optim_cfg, "optim.warmup_steps")
     decay_steps = need(optim_cfg, "optim.decay_steps") or steps  # null: over the whole run
-    floor = need(optim_cfg, "optim.min_lr") / optim_cfg["lr"]
+    min_ratio = need(optim_cfg, "optim.min_lr") / optim_cfg["lr"]
     schedule = need(optim_cfg, "optim.schedule")
 
     def f(step):
@@ -75,11 +72,11 @@ def lr_lambda(optim_cfg: dict, steps: int):
         if schedule == "constant":
             return 1.0
         t = min(1.0, (step - warmup) / max(1, decay_steps - warmup))
-        return floor + 0.5 * (1 + math.cos(math.pi * t)) * (1 - floor)
+        return min_ratio + 0.5 * (1 + math.cos(math.pi * t)) * (1 - min_ratio)
     return f
 
 
-def check(cfg: dict) -> None:
+def reject_unbuildable(cfg: dict) -> None:
     """What only the data can reject (the corpus file, its vocabulary, the sequence length
     against the block size), found without building a model or an optimizer."""
     model_config(cfg["model"], build_task(cfg["data"], seed=cfg["seed"]))

@@ -105,9 +105,6 @@ class WandbLogger:
             self.run = None
 
 
-LOGGERS = ("wandb", "none")
-
-
 def make_logger(logger_cfg: dict, run_dir, config: dict, name: str, group: str, tags: list[str]):
     if logger_cfg["name"] == "wandb":
         return WandbLogger(logger_cfg, Path(run_dir), config, name, group, tags)

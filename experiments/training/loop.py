@@ -15,6 +15,7 @@ from attention.diagnostics import Recorder
 from data import Batch, build_task
 from data.synthetic import IGNORE
 from experiments.io import write_rows_csv
+from experiments.layout import METRICS, PERF
 from experiments.training import checkpoint
 from experiments.training.build import autocast_dtype, build_model, build_optimizer, lr_lambda, pick_device
 from experiments.training.nan_locator import locate
@@ -208,6 +209,6 @@ class Trainer:
 
 
 def write_metrics(run_dir: Path, res: RunResult):
-    write_rows_csv(Path(run_dir) / "metrics.csv", res.rows)
+    write_rows_csv(Path(run_dir) / METRICS, res.rows)
     if res.perf:
-        write_rows_csv(Path(run_dir) / "perf.csv", res.perf)
+        write_rows_csv(Path(run_dir) / PERF, res.perf)

@@ -1,17 +1,16 @@
-"""One experiment: train the failure run, find or train its control, judge, write the run dir.
-
-Run dir: metrics.csv, perf.csv, summary.json, curves.png, attn_weights.npz, wandb/.
+"""One experiment: train the failure run, find or train its control (and on text its no-attention
+floor), judge; returns the run's record. It writes the run dir's records (metrics.csv, perf.csv,
+summary.json, attn_weights.npz, wandb/: experiments.layout) and nothing else: the entry point draws
+curves.png (experiments.report.figures) and sets the process's exit code.
 Controls live under <results_dir>/controls/<hash>/, keyed by the hash of everything that shapes
 training (and the control's measures, if any), not by its name, so every experiment with the same
 control config reuses one run (a file lock keeps two parallel jobs from training it twice).
 """
 import copy
 import hashlib
-import importlib
 import json
 import math
 import platform
-import sys
 import time
 import traceback
 from pathlib import Path
@@ -21,29 +20,22 @@ import torch
 from experiments.io import dir_lock, save_attn_weights, write_json, write_text
 from experiments.judging.checks import signature
 from experiments.judging.verdict import RunView, evaluate
-from experiments.records import TRACEBACK, RunRecord, config_hash, error_message, read_attn_weights, rows_frame
-from experiments.report.figures import plot_experiment
+from experiments.layout import ATTN_WEIGHTS, SUMMARY, TRACEBACK, checkpoint_path, control_dir
+from experiments.records import RunRecord, config_hash, error_message
 from experiments.schema import validate
-from experiments.training.build import check
+from experiments.training.build import reject_unbuildable
 from experiments.training.checkpoint import remove_checkpoint
 from experiments.training.logger import make_logger
 from experiments.training.loop import Trainer, write_metrics
+from experiments.training.measures import MEASURES
 from experiments.training.preemption import Preempted
 
-MEASURES = "experiments.training.measures"  # "catalogue:row_sums" is experiments/training/measures/catalogue.py
 
-
-def measure_fn(ref: str):
-    """exp.measures entries are "module:function" (a module of experiments/training/measures/, or
-    a full dotted path); each fn(trainer, cfg) returns {metric: value}, merged into the run's
-    final metrics where checks read them (KV-cache bytes, decode time, time per step, ...)."""
-    module, _, fn = ref.partition(":")
-    try:
-        mod = importlib.import_module(module if "." in module else f"{MEASURES}.{module}")
-        return getattr(mod, fn)
-    except (ImportError, AttributeError):
-        raise ValueError(f"exp.measures: {ref!r} names no function (module:function in "
-                         f"experiments/training/measures/)") from None
+def measure_fn(name: str):
+    """exp.measures entries are names in experiments/training/measures' MEASURES."""
+    if name not in MEASURES:
+        raise ValueError(f"exp.measures: no measure named {name!r} (known: {', '.join(MEASURES)})")
+    return MEASURES[name]
 
 
 def set_dotted(d: dict, key: str, value):
@@ -55,40 +47,45 @@ def set_dotted(d: dict, key: str, value):
     d[last] = value
 
 
-def control_config(cfg: dict) -> dict:
-    """The experiment's config with the bug fixed (exp.control.overrides); it measures what its
-    experiment measures unless exp.control.measures says otherwise."""
-    ctrl = cfg["exp"]["control"]
+def derived_config(cfg: dict, name: str, overrides: dict, claim: str, measures: list) -> dict:
+    """cfg with `overrides` ({dotted.key: value}) applied, for a run that judges nothing and sits in
+    its experiment's W&B group: a control, or a floor."""
     c = copy.deepcopy(cfg)
-    for k, v in (ctrl.get("overrides") or {}).items():
+    for k, v in (overrides or {}).items():
         set_dotted(c, k, v)
-    c["exp"] = {**cfg["exp"], "name": ctrl["name"], "claim": f"control of {cfg['exp']['name']}", "broken": None,
-                "control": None, "expect": [], "checks": {},
-                "group": cfg["exp"]["group"] or cfg["exp"]["name"],  # W&B: beside its failure
-                "measures": ctrl["measures"] if "measures" in ctrl else cfg["exp"]["measures"]}
+    c["exp"] = {**cfg["exp"], "name": name, "claim": claim, "broken": None, "control": None, "floor": None,
+                "expect": [], "checks": {}, "group": cfg["exp"]["group"] or cfg["exp"]["name"], "measures": measures}
     return c
+
+
+def control_config(cfg: dict) -> dict:
+    """The experiment's config with the bug undone (exp.control.overrides); it measures what its
+    experiment measures unless exp.control.measures says otherwise."""
+    spec = cfg["exp"]
+    ctrl = spec["control"]
+    return derived_config(cfg, ctrl["name"], ctrl.get("overrides"), f"control of {spec['name']}",
+                          ctrl["measures"] if "measures" in ctrl else spec["measures"])
 
 
 def floor_config(cfg: dict) -> dict:
-    """The no-attention floor (exp.floor): the control's model with exp.floor.overrides
+    """The no-attention floor (exp.floor): the control's config with exp.floor.overrides
     (model.attention.reach=self: each position attends only to itself), so its loss is what the
     LM reaches without attention. Cached under controls/ like a control."""
-    spec = cfg["exp"]["floor"]
-    base = control_config(cfg) if cfg["exp"]["control"] else cfg
-    c = control_config({**base, "exp": {**base["exp"], "control": {**spec, "measures": []}}})
-    c["exp"]["claim"] = f"no-attention floor of {cfg['exp']['name']}"
-    return c
+    spec = cfg["exp"]
+    base = control_config(cfg) if spec["control"] else cfg
+    return derived_config(base, spec["floor"]["name"], spec["floor"]["overrides"],
+                          f"no-attention floor of {spec['name']}", [])
 
 
 def preflight(cfg: dict) -> None:
     """Everything a run and its control would reject, found before either trains: a bad config
     raises ValueError (one line) here and nothing is recorded. Builds no model."""
-    exp = cfg["exp"]
-    signature(exp)  # every check and expression parsed
-    configs = [cfg] + ([control_config(cfg)] if exp["control"] else []) + ([floor_config(cfg)] if exp["floor"] else [])
+    spec = cfg["exp"]
+    signature(spec)  # every check and expression parsed
+    configs = [cfg] + ([control_config(cfg)] if spec["control"] else []) + ([floor_config(cfg)] if spec["floor"] else [])
     for c in configs:
         validate(c)  # the schema: types, ranges, choices, cross-field rules
-        check(c)     # what building would reject: the block size, the corpus, ...
+        reject_unbuildable(c)  # what building would reject: the block size, the corpus, ...
         for ref in c["exp"]["measures"]:
             measure_fn(ref)
 
@@ -105,17 +102,12 @@ def run_env(device) -> dict:
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
 
 
-def checkpoint_path(cfg: dict) -> Path:
-    """Keyed by what is trained, not by the run dir: rerunning the same command resumes."""
-    return Path(cfg["results_dir"]) / "checkpoints" / f"{cfg['exp']['name']}-{config_hash(cfg)}" / "ckpt.pt"
-
-
 def train_run(cfg: dict, run_dir: Path, role: str, progress_factory=None):
     """Train one config into run_dir; returns (its RunRecord, no verdict yet; its logger, still
     open). Two jobs of one sweep with the same config (a baseline and another job's control)
     would share a checkpoint: the second waits for the first, then trains afresh, so no file has
     two writers."""
-    ckpt = checkpoint_path(cfg)
+    ckpt = checkpoint_path(cfg["results_dir"], cfg["exp"]["name"], config_hash(cfg))
     with dir_lock(ckpt.parent):  # removed with its dir once the checkpoint is (the run completed)
         return _train_run(cfg, Path(run_dir), role, ckpt, progress_factory)
 
@@ -152,7 +144,7 @@ def _train(cfg: dict, run_dir: Path, role: str, ckpt: Path, trainer: Trainer, pr
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0  # cpu: honest on a shared box
     write_metrics(run_dir, res)
     if res.attn_weights:
-        save_attn_weights(run_dir / "attn_weights.npz", res.attn_weights)
+        save_attn_weights(run_dir / ATTN_WEIGHTS, res.attn_weights)
     if res.status == "completed":
         for ref in cfg["exp"]["measures"]:
             res.final.update(measure_fn(ref)(trainer, cfg))
@@ -168,21 +160,21 @@ def _train(cfg: dict, run_dir: Path, role: str, ckpt: Path, trainer: Trainer, pr
     return record
 
 
-def control_dir(ccfg: dict) -> Path:
+def control_key(ccfg: dict) -> str:
     """A control (or floor) is cached by what it trains and measures, not by its name: a new
     experiment whose control equals a cached one reuses it. The measures are part of the key
     (they add final metrics the checks read), where there are any."""
     key = config_hash(ccfg)
     if ccfg["exp"]["measures"]:
         key += "-" + hashlib.sha256(json.dumps(sorted(ccfg["exp"]["measures"])).encode()).hexdigest()[:6]
-    return Path(ccfg["results_dir"]) / "controls" / key
+    return key
 
 
 def find_or_train_control(cfg: dict, progress_factory=None, make=control_config) -> RunRecord:
     ccfg = make(cfg)
-    cdir = control_dir(ccfg)
+    cdir = control_dir(ccfg["results_dir"], control_key(ccfg))
     with dir_lock(cdir):  # a parallel job waits here, then reuses the result
-        if (cdir / "summary.json").exists():  # maybe trained for another experiment: named as this one names it
+        if (cdir / SUMMARY).exists():  # maybe trained for another experiment: named as this one names it
             cached = RunRecord.read(cdir)
             cached.exp, cached.claim = ccfg["exp"]["name"], ccfg["exp"]["claim"]
             return cached
@@ -191,12 +183,12 @@ def find_or_train_control(cfg: dict, progress_factory=None, make=control_config)
             logger.summary({"status": record.status, **{f"final/{k}": v for k, v in record.final.items()}})
         finally:
             logger.finish()
-        write_json(cdir / "summary.json", record.to_summary())
+        write_json(cdir / SUMMARY, record.to_summary())
         return record
 
 
 def run_experiment(cfg: dict, run_dir: Path, progress_factory=None, checked: bool = False) -> RunRecord:
-    """Train, judge against the control, write summary.json and curves.png; returns the record.
+    """Train, judge against the control, write summary.json; returns the record.
     The run's W&B run stays open while its control and floor train (in runs of their own) and is
     closed here, on every path, after the verdict is in its summary."""
     run_dir = Path(run_dir)
@@ -205,8 +197,8 @@ def run_experiment(cfg: dict, run_dir: Path, progress_factory=None, checked: boo
     record, logger = train_run(cfg, run_dir, role="failure" if cfg["exp"]["control"] else "baseline",
                                progress_factory=progress_factory)
     try:
-        judge(cfg, record, run_dir, progress_factory)
-        write_json(run_dir / "summary.json", record.to_summary())
+        judge(cfg, record, progress_factory)
+        write_json(run_dir / SUMMARY, record.to_summary())
         logger.summary({"status": record.status, "reproduced": record.verdict["reproduced"],
                         "verdict": record.verdict, **{f"final/{k}": v for k, v in record.final.items()}})
     except Exception as e:  # judging, the control or W&B raised: the run is an error, never `completed`
@@ -215,7 +207,7 @@ def run_experiment(cfg: dict, run_dir: Path, progress_factory=None, checked: boo
             record.verdict = {**record.verdict, "reproduced": False, "error": record.error}
         earlier = (run_dir / TRACEBACK).read_text() + "\n" if (run_dir / TRACEBACK).exists() else ""
         write_text(run_dir / TRACEBACK, earlier + traceback.format_exc())  # the training's own, if any, first
-        write_json(run_dir / "summary.json", record.to_summary())
+        write_json(run_dir / SUMMARY, record.to_summary())
         try:
             logger.summary({"status": "error", "error": record.error})
         finally:
@@ -225,18 +217,18 @@ def run_experiment(cfg: dict, run_dir: Path, progress_factory=None, checked: boo
     return record
 
 
-def judge(cfg: dict, record: RunRecord, run_dir: Path, progress_factory=None) -> None:
-    """Find or train the control (and the floor), set record.verdict, draw curves.png."""
-    exp = cfg["exp"]
+def judge(cfg: dict, record: RunRecord, progress_factory=None) -> None:
+    """Find or train the control (and the floor); set record.control, record.floor, record.verdict."""
+    spec = cfg["exp"]
     rows = record.metrics()
     control, crows = None, []
-    if exp["control"]:
+    if spec["control"]:
         control = find_or_train_control(cfg, progress_factory)
         crows = control.metrics()
         record.control = {"name": control.exp, "dir": str(control.dir), "status": control.status,
                           "final": control.final, "config_hash": control.config_hash,
                           "nonfinite": control.nonfinite, "error": control.error}
-    if exp["floor"]:  # its final loss is `floor` in check expressions, for run and control alike
+    if spec["floor"]:  # its final loss is `floor` in check expressions, for run and control alike
         floor = find_or_train_control(cfg, progress_factory, make=floor_config)
         record.floor = {"name": floor.exp, "dir": str(floor.dir), "status": floor.status, "final": floor.final,
                         "config_hash": floor.config_hash}
@@ -244,20 +236,6 @@ def judge(cfg: dict, record: RunRecord, run_dir: Path, progress_factory=None) ->
             for r in (record, control):
                 if r is not None:
                     r.context = {**r.context, "floor": floor.final["loss/train"]}
-    checks = signature(exp)
+    checks = signature(spec)
     record.verdict = evaluate(checks, RunView.of(record, rows), RunView.of(control, crows) if control else None)
     record.expected_error = any(c["kind"] == "status" and c["value"] == "error" for c in checks)
-    controls = [(control.exp, rows_frame(crows), read_attn_weights(control.dir))] if control else []
-    plot_experiment(run_dir / "curves.png", exp["name"], [(exp["name"], rows_frame(rows), read_attn_weights(run_dir))],
-                    controls, control_name=controls[0][0] if controls else "control",
-                    loss_metric=exp["loss_metric"], chance=record.context["ln_V"], third=exp.get("figure_metric"))
-
-
-def exit_code(record: RunRecord) -> int:
-    """Non-zero only for a crash the experiment did not expect."""
-    return 1 if record.status == "error" and not record.expected_error else 0
-
-
-def fail(msg: str, code: int = 2):
-    print(f"error: {msg}", file=sys.stderr)
-    sys.exit(code)

@@ -4,7 +4,6 @@ import json
 from pathlib import Path
 
 NAME = "bench"
-ORDER = 60
 
 
 def _load(fig_dir: Path) -> dict[str, list[dict]]:

@@ -15,7 +15,6 @@ from experiments.report.seeds import (MIN_SEEDS, RULE, SMALL_MARGIN, CheckOverSe
                                       fmt_margin)
 
 NAME = "catalogue"
-ORDER = 0
 MAX_VARIANTS = 3  # more configs than this under one exp name is a sweep: one row, its own section
 
 
@@ -169,20 +168,9 @@ def worst_margin(checks: list[CheckOverSeeds], n: int) -> str:
     return f"{fmt_margin(c.margin)} ({c.name})"
 
 
-CONF_EXP = Path(__file__).resolve().parents[3] / "conf" / "exp"
-
-
 def _broken(g) -> str:
-    """What the experiment breaks, in a few words: the run's own `exp.broken`, or for runs recorded
-    before that field existed, the experiment's definition in conf/exp (words, not a measurement)."""
-    exp = g.runs[0].config.get("exp") or {}
-    if exp.get("broken"):
-        return exp["broken"]
-    f = CONF_EXP / f"{g.runs[0].exp}.yaml"
-    if not f.exists():
-        return ""
-    import yaml
-    return ((yaml.safe_load(f.read_text()) or {}).get("exp") or {}).get("broken") or ""
+    """What the experiment breaks, in a few words: the run's own `exp.broken`."""
+    return (g.runs[0].config.get("exp") or {}).get("broken") or ""
 
 
 def anchor(heading: str) -> str:

@@ -11,7 +11,6 @@ import matplotlib.pyplot as plt  # noqa: E402
 from experiments.records import RunRecord  # noqa: E402
 
 NAME = "collapse"
-ORDER = 46
 EXP = "entropy_collapse"
 
 

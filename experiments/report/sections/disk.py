@@ -5,20 +5,20 @@ import os
 import statistics
 from pathlib import Path
 
+from experiments.layout import ATTN_WEIGHTS, CURVES, METRICS, WANDB
 from experiments.records import RunRecord
 from experiments.report.sections.catalogue import groups
 
 NAME = "disk"
-ORDER = 70
-KINDS = ("attn_weights.npz", "metrics.csv", "curves.png", "wandb/", "other")
+KINDS = (ATTN_WEIGHTS, METRICS, CURVES, f"{WANDB}/", "other")
 # what the report itself may write into a dir it was pointed at (a single run dir): not the run's
 REPORT_OUTPUTS = ("REPORT.md", "runs.csv", "figures")
 
 
 def kind(rel: Path) -> str:
     """The kind of a file, by its path inside the run dir."""
-    if rel.parts[0] == "wandb":
-        return "wandb/"
+    if rel.parts[0] == WANDB:
+        return f"{WANDB}/"
     return rel.name if len(rel.parts) == 1 and rel.name in KINDS else "other"
 
 

@@ -19,7 +19,6 @@ import matplotlib.pyplot as plt  # noqa: E402
 from experiments.records import RunRecord  # noqa: E402
 
 NAME = "heads"
-ORDER = 45
 # Vaswani et al. 2017, Table 3 row (A): dev perplexity (per wordpiece) at constant compute, d_model 512
 VASWANI_PPL = {1: 5.29, 4: 5.00, 8: 4.92, 16: 4.91, 32: 5.01}
 SOLVED_MARGIN = 0.2   # "several heads solve it": best h >= 2 accuracy this far above the average's ceiling

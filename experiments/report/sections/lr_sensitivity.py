@@ -15,10 +15,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from experiments.records import RunRecord  # noqa: E402
-from experiments.report.sections import sweep_runs  # noqa: E402
+from experiments.report.runs import sweep_runs  # noqa: E402
 
 NAME = "lr_sensitivity"
-ORDER = 45
 EXP = "lr_sensitivity"
 METRIC = "loss/copy"
 LEVELS = (0.1, 0.5)  # blow-up levels, as fractions of ln V (0.1 ln V: the copy not learned)

@@ -19,10 +19,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 from attention.variance import predicted_score_std  # noqa: E402
 from experiments.judging.verdict import RunView  # noqa: E402
 from experiments.records import RunRecord  # noqa: E402
-from experiments.report.sections import sweep_runs  # noqa: E402
+from experiments.report.runs import sweep_runs  # noqa: E402
 
 NAME = "phase"
-ORDER = 40
 EXP = "phase_no_scaling"
 METRIC, LEVEL = "loss/copy", 0.9  # plateau: steps before loss/copy first drops below 0.9 ln V
 

@@ -15,7 +15,6 @@ import matplotlib.pyplot as plt  # noqa: E402
 from experiments.records import RunRecord  # noqa: E402
 
 NAME = "rank_collapse"
-ORDER = 47
 EXP, SWEEP = "rank_collapse", "rank_collapse_depth"
 WHEN = ("init", "trained")
 

@@ -9,12 +9,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from experiments.on_text import CONF, GROUP, on_text, synthetic_data  # noqa: E402
+from experiments.on_text import CONF, has_text_version, on_text  # noqa: E402
 from experiments.records import RunRecord  # noqa: E402
 from experiments.report.seeds import MIN_SEEDS, Rate  # noqa: E402
 
 NAME = "text"
-ORDER = 1
 TEXT = True  # build.render_blocks: this section sees the runs on text as well
 LOSS = "loss/train"  # on text the primary loss; its final value is the validation loss
 
@@ -94,7 +93,7 @@ def render(runs: list[RunRecord], fig_dir: Path) -> str | None:
         return None
     synth = [r for r in runs if not on_text(r) and not r.is_control]
     by_hash = {r.config_hash: r for r in runs if r.is_control and r.config_hash}
-    exps = sorted({r.exp for r in text} | {p.stem for p in (CONF / GROUP).glob("*.yaml")}
+    exps = sorted({r.exp for r in text} | {p.stem for p in (CONF / "on_text").glob("*.yaml")}
                   | {r.exp for r in synth})
     rows = ["| experiment | synthetic: reproduced | text: reproduced | text: loss − control (nats) "
             "| text: loss − floor (nats) | finding |", "|---|---|---|---|---|---|"]
@@ -102,8 +101,8 @@ def render(runs: list[RunRecord], fig_dir: Path) -> str | None:
     for exp in exps:
         t = sorted((r for r in text if r.exp == exp), key=lambda r: r.seed or 0)
         s = [r for r in synth if r.exp == exp]
-        if not (CONF / GROUP / f"{exp}.yaml").exists():
-            note = f"no text version: runs on data={synthetic_data(exp)}"
+        if not t and not has_text_version(exp):
+            note = f"no text version: runs on data={s[0].config['data']['name']}" if s else "no text version"
         elif not t:
             note = "text version not run"
         else:

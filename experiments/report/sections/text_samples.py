@@ -1,4 +1,4 @@
-"""Greedy samples on text (`exp.measures: ["text:greedy_sample"]`, e.g. head_merge_no_transpose
+"""Greedy samples on text (`exp.measures: ["greedy_sample"]`, e.g. head_merge_no_transpose
 with data=shakespeare_char): per experiment, the failure's and its control's loss as trained
 (teacher-forced) and as generation meets it (each character from its prefix alone), how garbled
 the greedy sample is, and the samples themselves."""
@@ -8,7 +8,6 @@ from pathlib import Path
 from experiments.records import RunRecord
 
 NAME = "text_samples"
-ORDER = 47
 TEXT = True  # build.render_blocks: text runs reach this section
 KEYS = ("loss/train", "gen/prefix_loss", "gen/gap", "sample/trigram_nll", "sample/repeat_frac")
 

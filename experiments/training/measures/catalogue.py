@@ -1,5 +1,5 @@
 """Post-training measurements for the failure catalogue, wired through
-`exp.measures: ["catalogue:FN"]`. Each FN(trainer, cfg) -> {metric: float} is merged into the
+`exp.measures: ["FN"]` (MEASURES in __init__.py). Each FN(trainer, cfg) -> {metric: float} is merged into the
 run's final metrics, where the experiment's checks read it."""
 import copy
 import dataclasses

@@ -1,6 +1,6 @@
 """Entropy collapse per head (Zhai et al. 2023), read from the run's diagnostic rows
 (attn/entropy_head/L<i>/H<j>, logged by the Recorder), wired through
-`exp.measures: ["collapse:per_head"]`."""
+`exp.measures: ["per_head_collapse"]`."""
 import math
 
 COLLAPSED = 0.1  # nats: a head whose mean row entropy is below this attends one-hot

@@ -1,6 +1,7 @@
-"""Post-training measurements of positions and decoding, wired through `exp.measures: ["positions:FN"]`:
+"""Post-training measurements of positions and decoding, wired through `exp.measures: ["FN"]`:
 rotary phases in low precision, left padding against learned absolute positions, and the KV cache
-against the full-sequence forward. Each FN(trainer, cfg) -> {metric: float}."""
+against the full-sequence forward, a sliding-window KV cache against the whole prefix. Each
+FN(trainer, cfg) -> {metric: float}."""
 import contextlib
 import math
 
@@ -147,3 +148,39 @@ def cache_agreement(trainer, cfg, n_rows: int = 8) -> dict:
             "cache/greedy_rows_diverged": float(differ.any(1).float().mean()),
             "cache/logit_scale": float(full.abs().max()),
             "cache/finite": float(math.isfinite(float(diff.max())))}
+
+
+# -- attention_sink --------------------------------------------------------------------------------
+@torch.no_grad()
+def window_eviction(trainer, cfg) -> dict:
+    """The sliding-window KV cache (model.attention.kv_window, kv_sinks) against the whole prefix,
+    on the same weights and validation batches, by position: before the cache fills (positions
+    < kv_window + kv_sinks: nothing evicted, the two agree) and after it (the first tokens have
+    left, unless kept as sinks). Mean loss per scored target; window/eviction_cost is the windowed
+    loss minus the whole prefix's after the cache fills. Two caches of one size compare on the
+    same positions."""
+    import dataclasses
+    from experiments.training.loop import token_losses
+    model = trainer.model
+    served = model.attentions[0].cfg
+    size = served.kv_window + served.kv_sinks
+    sums = {}
+    with _eval(model):
+        for name, attn_cfg in (("window", served), ("whole", dataclasses.replace(served, kv_window=None))):
+            for a in model.attentions:
+                a.cfg = attn_cfg
+            for i in range(cfg["train"]["eval_batches"]):
+                b = trainer.task.batch(i, cfg["train"]["batch_size"], "val").to(trainer.device)
+                loss = token_losses(model(b.x, key_padding_mask=b.key_padding_mask), b)       # (B, T)
+                scored = b.y != IGNORE
+                full = torch.arange(loss.shape[1], device=loss.device) >= size                 # (T,)
+                for part, sel in (("before", scored & ~full), ("after", scored & full)):
+                    s, n = sums.get((name, part), (0.0, 0))
+                    sums[(name, part)] = (s + float(loss[sel].sum()), n + int(sel.sum()))
+        for a in model.attentions:
+            a.cfg = served
+    mean = {k: s / max(n, 1) for k, (s, n) in sums.items()}
+    return {"window/loss_after_full": mean[("window", "after")],
+            "window/whole_prefix_after_full": mean[("whole", "after")],
+            "window/agreement_before_full": abs(mean[("window", "before")] - mean[("whole", "before")]),
+            "window/eviction_cost": mean[("window", "after")] - mean[("whole", "after")]}

@@ -3,7 +3,7 @@ representations X (T, d) are to rank 1 of the form 1 x^T, at init and after trai
 
 res(X) = ||X - 1 x^T||_F / ||X||_F with x the mean over tokens (the minimiser in Frobenius norm;
 the paper uses a composite l1/l_inf norm, whose minimiser has no closed form). Depth 0 is the
-embeddings, depth i the output of block i. Wired as `exp.measures: ["rank:rank_residuals"]`."""
+embeddings, depth i the output of block i. Wired as `exp.measures: ["rank_residuals"]`."""
 import random
 
 import torch

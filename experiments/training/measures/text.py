@@ -1,5 +1,5 @@
 """Greedy samples of a text model and two measures of how garbled they are, wired through
-`exp.measures: ["text:greedy_sample"]` (char-level text tasks only). The samples are strings in the
+`exp.measures: ["greedy_sample"]` (char-level text tasks only). The samples are strings in the
 run's final metrics (summary.json), where the report's text-samples section reads them."""
 import functools
 import math

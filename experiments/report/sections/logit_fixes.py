@@ -11,10 +11,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from experiments.records import RunRecord  # noqa: E402
-from experiments.report.sections import sweep_runs  # noqa: E402
+from experiments.report.runs import sweep_runs  # noqa: E402
 
-NAME = "fixes"
-ORDER = 45
+NAME = "logit_fixes"
 EXP = "logit_fixes"
 SOLVED = 0.1  # steps to solve: first logged step with training loss/copy <= 0.1 ln V
 ORDER_OF = ("none", "qk_layernorm", "softcap", "qk_clip", "sigma_reparam")

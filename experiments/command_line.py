@@ -1,9 +1,9 @@
-"""Checks that must happen before Hydra starts: an unknown config option (`+exp=typo`,
-`optim=adam`), a results dir that cannot be written, or a sweep preset run without -m ends with
-one line and exit 2, instead of Hydra's traceback and exit 1 (or one arbitrary cell of a sweep)."""
+"""The command line, before Hydra starts and when Hydra rejects it: an unknown config option
+(`+exp=typo`, `optim=adam`), a results dir that cannot be written, or a sweep preset run without
+-m raises BadCommandLine (one line; run.py says it and exits 2) instead of Hydra's traceback and
+exit 1 (or one arbitrary cell of a sweep)."""
 import os
 import re
-import sys
 import tempfile
 from pathlib import Path
 
@@ -12,9 +12,12 @@ import yaml
 from experiments.suggest import closest
 
 
+class BadCommandLine(ValueError):
+    """One line saying what on the command line is wrong."""
+
+
 def _fail(msg: str):
-    print(f"error: {msg}", file=sys.stderr)
-    sys.exit(2)
+    raise BadCommandLine(msg)
 
 
 def _options(value: str) -> list[str]:
@@ -24,11 +27,11 @@ def _options(value: str) -> list[str]:
     return [v.strip() for v in (m.group(1) if m else value).split(",") if v.strip()]
 
 
-def check_argv(argv: list[str], conf_dir: Path) -> Path:
-    """Exits 2 with one line on a bad option; returns the results dir."""
+def validate_command_line(argv: list[str], conf_dir: Path) -> Path:
+    """BadCommandLine (one line) on a bad option; returns the results dir."""
     results_dir = "results"
     if not {"-m", "--multirun"} & set(argv):
-        check_single_run(argv, conf_dir)
+        validate_single_run(argv, conf_dir)
     for arg in argv:
         if arg.startswith("-") or "=" not in arg:
             continue
@@ -77,7 +80,7 @@ def sweep_presets(conf_dir: Path) -> list[str]:
     return list(swept_keys(conf_dir))
 
 
-def check_single_run(argv: list[str], conf_dir: Path) -> None:
+def validate_single_run(argv: list[str], conf_dir: Path) -> None:
     """A preset run without -m would train one arbitrary cell under the preset's name: it is one
     run only when the command line pins every key the grid sweeps (the seed aside)."""
     args = dict(a.lstrip("+~").split("=", 1) for a in argv if "=" in a and not a.startswith("-"))
@@ -114,8 +117,8 @@ def check_names(conf_dir: Path) -> set[str]:
     names = set()
     for f in [conf_dir / "config.yaml", *sorted((conf_dir / "exp").glob("*.yaml")),
               *sorted((conf_dir / "on_text").glob("*.yaml"))]:
-        exp = (yaml.safe_load(f.read_text()) or {}).get("exp") or {}
-        names.update(f"exp.checks.{n}" for n in exp.get("checks") or {})
+        spec = (yaml.safe_load(f.read_text()) or {}).get("exp") or {}
+        names.update(f"exp.checks.{n}" for n in spec.get("checks") or {})
     return names
 
 

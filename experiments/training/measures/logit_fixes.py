@@ -1,5 +1,5 @@
-"""What a fix for exploding attention logits costs (conf/fix/, attention/fixes.py), wired through
-`exp.measures: ["fixes:cost_vs_no_fix"]`."""
+"""What a fix for exploding attention logits costs (conf/fix/, attention/logit_fixes.py), wired through
+`exp.measures: ["cost_vs_no_fix"]`."""
 import copy
 import time
 

@@ -1,0 +1,121 @@
+"""Every import points downwards: the library at the bottom, the run's entry point at the top, no
+circle. The imports are read from the source (ast: top-level and inside functions alike), so what
+a grep or an import graph sees is what the test holds."""
+import ast
+import functools
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Lowest first. A module may import modules of a lower layer and of its own unit (the prefix it
+# matched); a module no prefix matches, and every `__main__` (a command), sits at the top, beside run.py.
+LAYERS = [
+    ("attention", "data"),                                           # the library: torch, no experiments
+    ("experiments.layout", "experiments.io", "experiments.suggest", "experiments.on_text"),  # names, files
+    ("experiments.judging", "experiments.schema"),                   # rules: what a config may be, how a run is judged
+    ("experiments.records", "experiments.config", "experiments.command_line"),
+    ("experiments.training", "experiments.report"),                  # training never draws; the report never trains
+    ("experiments.bench", "experiments.callbacks"),
+]
+TOP = len(LAYERS)
+
+
+@functools.cache
+def modules() -> dict[str, Path]:
+    out = {"run": ROOT / "run.py"}
+    for top in ("attention", "data", "experiments"):
+        for p in sorted((ROOT / top).rglob("*.py")):
+            parts = p.relative_to(ROOT).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    return out
+
+
+@functools.cache
+def graph() -> dict[str, set[str]]:
+    return imports(modules())
+
+
+def imports(mods: dict[str, Path]) -> dict[str, set[str]]:
+    """{module: the project's modules it imports}; `from pkg import name` counts pkg.name when
+    that is a module, else pkg."""
+    graph = {}
+    for m, p in mods.items():
+        found = set()
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in mods else node.module
+                         for a in node.names]
+            else:
+                continue
+            found |= {n for n in names if n in mods and n != m}
+        graph[m] = found
+    return graph
+
+
+def unit(module: str) -> tuple[int, str]:
+    """(layer, unit prefix) of a module."""
+    if module.endswith(".__main__"):
+        return TOP, module
+    for layer, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            if module == prefix or module.startswith(prefix + "."):
+                return layer, prefix
+    return TOP, module
+
+
+def circle(graph: dict[str, set[str]]) -> list[str] | None:
+    state, stack = {}, []
+
+    def visit(u):
+        state[u] = 1
+        stack.append(u)
+        for v in sorted(graph[u]):
+            if state.get(v) == 1:
+                return stack[stack.index(v):] + [v]
+            if v not in state and (c := visit(v)):
+                return c
+        state[u] = 2
+        stack.pop()
+        return None
+    for m in sorted(graph):
+        if m not in state and (c := visit(m)):
+            return c
+    return None
+
+
+def test_no_import_circle():
+    c = circle(graph())
+    assert c is None, "circle: " + " -> ".join(c)
+
+
+def test_every_import_points_downwards():
+    climbs = []
+    for m, targets in graph().items():
+        (layer, own) = unit(m)
+        for t in sorted(targets):
+            t_layer, t_unit = unit(t)
+            if not (t_layer < layer or t_unit == own):
+                climbs.append(f"{m} (layer {layer}) imports {t} (layer {t_layer})")
+    assert not climbs, "\n".join(climbs)
+
+
+def test_the_walk_sees_imports_inside_functions():
+    assert "experiments.schema" in graph()["experiments.config"]  # a module-level import
+    src = ROOT / "experiments" / "schema.py"
+    assert any(isinstance(n, ast.ImportFrom) and n.module == "data" for n in ast.walk(ast.parse(src.read_text())))
+    assert "data" in graph()["experiments.schema"]  # `from data import TASKS` inside a function
+
+
+def test_code_named_from_config_is_listed_where_a_grep_finds_it():
+    """Report sections and measures are explicit tables (report.build.SECTIONS, measures.MEASURES):
+    every section module is in SECTIONS once, every MEASURES entry is a function of measures/."""
+    from experiments.report.build import SECTIONS
+    from experiments.training.measures import MEASURES
+    files = sorted(p.stem for p in (ROOT / "experiments" / "report" / "sections").glob("*.py") if p.stem != "__init__")
+    assert sorted(m.__name__.rsplit(".", 1)[1] for m in SECTIONS) == files
+    assert all(f.__module__.startswith("experiments.training.measures.") for f in MEASURES.values())
+    for p in ROOT.joinpath("experiments").rglob("*.py"):
+        src = p.read_text()
+        assert "importlib" not in src and "pkgutil" not in src, f"{p}: code named by a string"
