@@ -8,6 +8,7 @@ keeps two parallel jobs from training it twice).
 import copy
 import fcntl
 import importlib
+import json
 import math
 import platform
 import sys
@@ -179,10 +180,25 @@ def find_or_train_control(cfg: dict, progress_factory=None, make=control_config)
         return record
 
 
+def finished_record(cfg: dict, run_dir: Path) -> RunRecord | None:
+    """The record an earlier attempt of this very job left in run_dir, if it finished with the same
+    config: a resumed sweep (a fixed sweep dir, experiments/reference.py) trains it no second time.
+    summary.json is the last file a run writes, so its presence means the run dir is whole; an
+    unexpected error is not finished, and is retried."""
+    try:
+        record = RunRecord.read(run_dir)
+    except (OSError, ValueError, TypeError):
+        return None
+    done = record.status in ("completed", "diverged") or (record.status == "error" and record.expected_error)
+    return record if done and record.config == json.loads(json.dumps(cfg, default=str)) else None
+
+
 def run_experiment(cfg: dict, run_dir: Path, progress_factory=None) -> RunRecord:
     """Train, judge against the control, write summary.json and curves.png; returns the record."""
     run_dir = Path(run_dir)
     preflight(cfg)
+    if (done := finished_record(cfg, run_dir)) is not None:
+        return done
     exp = cfg["exp"]
     record, logger = train_run(cfg, run_dir, role="failure" if exp["control"] else "baseline",
                                progress_factory=progress_factory)
