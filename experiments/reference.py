@@ -167,7 +167,7 @@ def run_part(name: str, command: str, env: dict, argv: list[str], results: Path,
         e.pop("disk_before", None)
     if e["status"] == "done":
         print(f"reference: {name}: done earlier ({e['wall_s']:.0f} s), skipped", flush=True)
-        return "done"
+        return "skipped"
     if e["attempts"] == 0 or "disk_before" not in e:
         e["disk_before"] = tree_bytes(results)
     e["attempts"] += 1
@@ -259,9 +259,8 @@ def main(argv=None) -> int:
     state, stop = State(results / STATE), Stop()
     t0, failed, ran = time.perf_counter(), [], False
     for n, c, env, args in planned:
-        before = state.data["parts"].get(n, {}).get("status")
         status = run_part(n, c, env, args, results, state, stop, redo=ran and n in READS_ALL)
-        ran = ran or not (before == status == "done")
+        ran = ran or status != "skipped"
         if status == "failed":
             failed.append(n)
         if stop.signum:
