@@ -137,3 +137,21 @@ def test_killed_reference_ends_with_the_same_metrics(tmp_path):
     assert [parts[n]["status"] for n in ("kv_sharing", "default_run")] == ["done", "done"]
     assert parts["kv_sharing"]["attempts"] >= 2
     assert all(e["wall_s"] > 0 and e["disk_bytes"] > 0 for e in parts.values())
+
+
+def test_report_shows_each_parts_cost_and_the_total(tmp_path):
+    from experiments.report.sections import cost
+    part = {"status": "done", "attempts": 1, "cores": 2, "threads": "1", "written_bytes": 3_000_000,
+            "disk_bytes": 1_000_000}
+    (tmp_path / "reference.json").write_text(json.dumps({"parts": {
+        "catalogue": {**part, "command": "python run.py -m '+exp=glob(*)'", "wall_s": 3000.0, "cpu_s": 5900.0},
+        "bench_cost": {**part, "command": "python -m experiments.bench cost", "wall_s": 60.0, "cpu_s": 59.0,
+                       "attempts": 2, "status": "failed"},
+        "report": {**part, "command": "python -m experiments.report", "wall_s": 100.0, "cpu_s": 99.0}}}))
+    b = cost.blocks([], tmp_path / "figures")
+    table = [r for r in b["cost"].splitlines() if r.startswith("| ")]
+    assert [r.split(" | ")[0] for r in table[1:]] == ["| catalogue", "| bench_cost", "| **total**"]  # report aside
+    assert "| **51.0 min** | 1.66 h | 6.0 MB | 2.0 MB |" in table[-1]
+    assert b["cost_total"].startswith("The whole reference") and "**51.0 min**" in b["cost_total"]
+    assert "on 2 cores, 1 torch thread(s)" in b["cost_total"] and "Not done: bench_cost." in b["cost_total"]
+    assert cost.blocks([], tmp_path / "elsewhere" / "figures") == {}
