@@ -10,6 +10,8 @@ Resuming: each run.py part runs in a fixed dir, `<results>/reference/<part>/` (H
 or the run dir of a single run), so a rerun finds its jobs where it left them: a job whose
 summary.json holds the same config returns at once (runner.finished_record), a job that was
 killed resumes from its checkpoint, and a part that finished with the same command is skipped.
+Once every part is done, the same command starts a new round: every part runs again, and only
+what changed (a new experiment, an edited config) trains.
 Every part's cost (wall and CPU seconds, bytes written, bytes left on disk, attempts) goes to
 `<results>/reference.json`, which the report's cost section reads.
 
@@ -147,29 +149,37 @@ class State:
         self.data = json.loads(path.read_text()) if path.exists() else {}
         self.data.setdefault("parts", {})
 
-    def entry(self, name: str, command: str, argv: list[str]) -> dict:
+    def entry(self, name: str, command: str, argv: list[str], fresh: bool = False) -> dict:
+        """The part's record; a new one when its command changed, or when `fresh` (a new round)."""
         e = self.data["parts"].get(name)
-        if e is None or e.get("argv") != argv:  # a new command is a new part
+        if fresh or e is None or e.get("argv") != argv:
             e = {"command": command, "argv": argv, "status": "new", "rc": None, "attempts": 0, "wall_s": 0.0,
                  "cpu_s": 0.0, "written_bytes": 0, "disk_bytes": 0}
             self.data["parts"][name] = e
         return e
 
+    def done(self, name: str, argv: list[str]) -> bool:
+        e = self.data["parts"].get(name) or {}
+        return e.get("status") == "done" and e.get("argv") == argv
+
     def save(self):
         write_json(self.path, self.data)
 
 
+def finished_jobs(d: Path) -> int:
+    return sum(1 for _ in d.rglob("summary.json")) if d.is_dir() else 0
+
+
 def run_part(name: str, command: str, env: dict, argv: list[str], results: Path, state: State, stop,
              redo: bool = False) -> str:
-    e = state.entry(name, command, argv)
-    if redo and e["status"] == "done":
-        e.update(status="new", attempts=0, wall_s=0.0, cpu_s=0.0, written_bytes=0, disk_bytes=0)
-        e.pop("disk_before", None)
+    e = state.entry(name, command, argv, fresh=redo)
     if e["status"] == "done":
         print(f"reference: {name}: done earlier ({e['wall_s']:.0f} s), skipped", flush=True)
         return "skipped"
     if e["attempts"] == 0 or "disk_before" not in e:
         e["disk_before"] = tree_bytes(results)
+        # runs a rerun finds finished (their cost is not in this part's): the table says so
+        e["reused_jobs"] = finished_jobs(results / "reference" / name)
     e["attempts"] += 1
     e["status"] = "running"
     e["threads"] = os.environ.get("OMP_NUM_THREADS")
@@ -258,8 +268,11 @@ def main(argv=None) -> int:
         os.environ.setdefault(k, v)
     state, stop = State(results / STATE), Stop()
     t0, failed, ran = time.perf_counter(), [], False
+    # a reference in progress resumes (finished parts skipped); a finished one starts a new round,
+    # where every part runs again and only its jobs whose config is unchanged return at once
+    new_round = all(state.done(n, args) for n, _, _, args in planned)
     for n, c, env, args in planned:
-        status = run_part(n, c, env, args, results, state, stop, redo=ran and n in READS_ALL)
+        status = run_part(n, c, env, args, results, state, stop, redo=new_round or (ran and n in READS_ALL))
         ran = ran or status != "skipped"
         if status == "failed":
             failed.append(n)
