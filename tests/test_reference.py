@@ -138,6 +138,14 @@ def test_killed_reference_ends_with_the_same_metrics(tmp_path):
     assert parts["kv_sharing"]["attempts"] >= 2
     assert all(e["wall_s"] > 0 and e["disk_bytes"] > 0 for e in parts.values())
 
+    # 3. once done, the same command is a new round: a part runs again, its unchanged run returns at once
+    p = subprocess.run([sys.executable, "-m", "experiments.reference", *ARGS, "--parts", "default_run",
+                        "--results", str(res)], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert files(res, "summary.json") == now and files(res, "metrics.csv") == b
+    again = json.loads((res / "reference.json").read_text())["parts"]["default_run"]
+    assert again["attempts"] == 1 and again["reused_jobs"] == 1
+
 
 def test_report_shows_each_parts_cost_and_the_total(tmp_path):
     from experiments.report.sections import cost
