@@ -15,8 +15,8 @@ what changed (a new experiment, an edited config) trains.
 Every part's cost (wall and CPU seconds, bytes written, bytes left on disk, attempts) goes to
 `<results>/reference.json`, which the report's cost section reads.
 
-To stop it, signal the process group (Ctrl-C) or send this process SIGTERM (it forwards it: every
-training job writes its checkpoint and exits).
+To stop it: Ctrl-C, or SIGTERM to this process; it passes SIGTERM on to the running part's
+process group, where every training job writes its checkpoint and exits.
 """
 import argparse
 import ctypes
@@ -62,6 +62,7 @@ PARTS = [
 READS_ALL = {"report"}   # parts that read the others' output: redone whenever a part before them ran
 STATE = "reference.json"   # in the results dir: what each part cost; the report's cost section reads it
 ENV = {"OMP_NUM_THREADS": "1", "WANDB_SILENT": "true", "MPLBACKEND": "Agg"}  # defaults; the caller's win
+TAG = "ATTN_REFERENCE_PART"  # in every part's environment: a later start finds what a kill left running
 HEARTBEAT_S = 10           # how often a running part's wall time is written down (a kill loses less)
 
 
@@ -187,8 +188,12 @@ def run_part(name: str, command: str, env: dict, argv: list[str], results: Path,
     state.save()
     print(f"reference: {name}: {command}" + (f" (attempt {e['attempts']})" if e["attempts"] > 1 else ""), flush=True)
     wall0, t0, cpu0, w0 = e["wall_s"], time.perf_counter(), children_cpu(), io_written()
-    proc = subprocess.Popen([sys.executable, *argv], env={**os.environ, **env}, preexec_fn=_die_with_parent)
+    # its own process group (a signal reaches its workers too), tagged so a later start finds leftovers
+    e["tag"] = f"{results.resolve()}:{name}:{time.time_ns()}"
+    proc = subprocess.Popen([sys.executable, *argv], env={**os.environ, **env, TAG: e["tag"]},
+                            preexec_fn=_die_with_parent, process_group=0)
     stop.proc = proc
+    state.save()
     while True:
         try:
             rc = proc.wait(timeout=HEARTBEAT_S)
@@ -197,6 +202,7 @@ def run_part(name: str, command: str, env: dict, argv: list[str], results: Path,
             e["wall_s"] = wall0 + time.perf_counter() - t0
             state.save()
     stop.proc = None
+    end_group(proc.pid)
     w1 = io_written()
     e["wall_s"] = wall0 + time.perf_counter() - t0
     e["cpu_s"] += children_cpu() - cpu0
@@ -209,8 +215,46 @@ def run_part(name: str, command: str, env: dict, argv: list[str], results: Path,
     return e["status"]
 
 
+def end_group(pgid: int, grace_s: float = 60):
+    """Wait for the rest of a part's process group (launcher workers writing a checkpoint) to
+    exit; SIGKILL what is left after grace_s."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < grace_s:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(0.2)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def end_leftovers(state: State):
+    """Processes a killed reference left running (a launcher's workers outlive their parent):
+    found by the tag in their environment, stopped, so no two processes train one run."""
+    tags = {e["tag"]: n for n, e in state.data["parts"].items() if e.get("status") == "running" and e.get("tag")}
+    if not tags:
+        return
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            env = proc.joinpath("environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for var in env:
+            if var.startswith(TAG.encode() + b"=") and var.split(b"=", 1)[1].decode() in tags:
+                try:
+                    os.kill(int(proc.name), signal.SIGKILL)
+                    print(f"reference: stopped process {proc.name}, left running by part "
+                          f"{tags[var.split(b'=', 1)[1].decode()]} of a killed reference", flush=True)
+                except OSError:
+                    pass
+
+
 class Stop:
-    """SIGTERM/SIGINT: passed on to the running part (its jobs checkpoint and exit), then stop."""
+    """SIGTERM/SIGINT (Ctrl-C): SIGTERM to the running part's process group (every training job
+    writes its checkpoint and exits), then stop."""
 
     def __init__(self):
         self.signum, self.proc = 0, None
@@ -219,8 +263,11 @@ class Stop:
 
     def on_signal(self, signum, frame):
         self.signum = signum
-        if self.proc is not None and self.proc.poll() is None and signum == signal.SIGTERM:
-            self.proc.send_signal(signum)  # SIGINT (Ctrl-C) already reached the whole process group
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
 
 
 def main(argv=None) -> int:
@@ -267,6 +314,7 @@ def main(argv=None) -> int:
     for k, v in ENV.items():
         os.environ.setdefault(k, v)
     state, stop = State(results / STATE), Stop()
+    end_leftovers(state)
     t0, failed, ran = time.perf_counter(), [], False
     # a reference in progress resumes (finished parts skipped); a finished one starts a new round,
     # where every part runs again and only its jobs whose config is unchanged return at once

@@ -21,7 +21,7 @@ ARGS = ["--parts", "kv_sharing,default_run", "--no-readme", *SHRINK]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "PYTHONWARNINGS": "ignore"}
 
 # Put on PYTHONPATH as sitecustomize: in the run.py process, writing the checkpoint of step K
-# writes half of ckpt.pt.new and SIGKILLs the whole reference (its process group), once.
+# writes half of ckpt.pt.new and SIGKILLs the whole reference, once.
 HOOK = """
 import os, signal, sys
 spec = os.environ.get("KILL_AT_CKPT")
@@ -34,6 +34,7 @@ if spec and sys.argv and sys.argv[0].endswith("run.py"):
             open(marker, "w").close()
             with open(str(path) + ".new", "wb") as f:
                 f.write(b"half a checkpoint")
+            os.kill(os.getppid(), signal.SIGKILL)   # the reference, then this part's process group
             os.killpg(os.getpgid(0), signal.SIGKILL)
         orig(path, obj)
     checkpoint.write_verified = write_verified

@@ -8,6 +8,8 @@ import numpy as np
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from experiments.report import verdict_panel  # noqa: E402
+
 
 def _spans_decades(ys) -> bool:
     pos = [y for y in ys if y and y > 0]
@@ -51,17 +53,24 @@ def _heatmap(ax, w, title):
 
 
 def plot_experiment(path: Path, name: str, runs: list, controls: list, control_name: str = "control",
-                    loss_metric: str = "loss/copy", chance: float | None = None, third: str | None = None):
+                    loss_metric: str = "loss/copy", chance: float | None = None, third: str | None = None,
+                    verdicts: list | None = None):
     """runs / controls: [(label, metrics DataFrame, attn_weights {step: {layer: (h,T,T)}} or None)].
+    verdicts: [(seed, the run's verdict)]: the verdict panel on the right (report.verdict_panel).
     Top: loss (failure vs control on the same axes), attention entropy and the saturation
     gradient mean |dL/dscores| (both averaged over layers; `third` names another metric for that
     panel, the one an experiment's signature is about); log scale where a panel spans
     decades; one legend for the three, beside them, so it covers no curve. Bottom: one head's
     weights at step 0 and at the end, for the first run of each, on one colour scale."""
     n_heat = 2 * (1 + bool(controls))
-    fig = plt.figure(figsize=(14, 8.2), layout="constrained")
+    fig = plt.figure(figsize=(20 if verdicts else 14, 8.2), layout="constrained")
     fig.suptitle(name)
-    rows = fig.add_gridspec(2, 1, height_ratios=[1, 1.05])
+    if verdicts:
+        outer = fig.add_gridspec(1, 2, width_ratios=[14, 6])
+        rows = outer[0].subgridspec(2, 1, height_ratios=[1, 1.05])
+        verdict_panel.draw(fig, outer[1], verdicts)
+    else:
+        rows = fig.add_gridspec(2, 1, height_ratios=[1, 1.05])
     top_grid = rows[0].subgridspec(1, 4, width_ratios=[1, 1, 1, 0.5])
     top = [fig.add_subplot(top_grid[0, i]) for i in range(3)]
     panels = [(loss_metric, f"{loss_metric}", f"{loss_metric} (nats)"),

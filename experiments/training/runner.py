@@ -224,7 +224,8 @@ def run_experiment(cfg: dict, run_dir: Path, progress_factory=None) -> RunRecord
     controls = [(control.exp, rows_frame(crows), read_attn_weights(control.dir))] if control else []
     plot_experiment(run_dir / "curves.png", exp["name"], [(exp["name"], rows_frame(rows), read_attn_weights(run_dir))],
                     controls, control_name=controls[0][0] if controls else "control",
-                    loss_metric=exp["loss_metric"], chance=record.context["ln_V"], third=exp.get("figure_metric"))
+                    loss_metric=exp["loss_metric"], chance=record.context["ln_V"], third=exp.get("figure_metric"),
+                    verdicts=[(cfg["seed"], record.verdict)])
     write_json(run_dir / "summary.json", record.to_summary())
     _finish_logger(logger, record, reproduced=record.verdict["reproduced"], verdict=record.verdict)
     return record

@@ -261,7 +261,8 @@ def figure(label: str, runs: list[RunRecord], fig_dir: Path) -> str:
     file = f"{slug(label)}.png"
     plot_experiment(fig_dir / file, label, curves, controls,
                     loss_metric=loss_metric(first), chance=first.context.get("ln_V"),
-                    third=(first.config.get("exp") or {}).get("figure_metric"))
+                    third=(first.config.get("exp") or {}).get("figure_metric"),
+                    verdicts=[(r.seed, r.verdict) for r in runs if r.verdict])
     control = controls[0][0].split(" seed")[0] if controls else None
     vs = f" vs its control `{control}`" if controls else ""
     seed_note = f", seeds {', '.join(map(str, seeds))}" if len(seeds) > 1 else ""
