@@ -164,7 +164,9 @@ def look_at(exp: dict, failure: str, control: str | None, loss_metric: str = "lo
     if not where:
         names = "; ".join(c["name"] for c in checks)
         return (f"Look at: solid red ({failure}){vs} in the loss panel; "
-                + (f"what is checked ({names}) is measured beside these curves: see the table." if names
+                + (f"what is checked ({names}) is measured apart from these curves: the verdict panel "
+                   "(right) has each value per seed against its threshold." if names
                    else "no check is drawn here."))
     return f"Look at: solid red ({failure}){vs}: " + "; ".join(
-        f"{p} ({'; '.join(names)})" for p, names in where.items()) + "."
+        f"{p} ({'; '.join(names)})" for p, names in where.items()) + \
+        "; every check per seed against its threshold: the verdict panel (right)."

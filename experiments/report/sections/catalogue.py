@@ -270,7 +270,9 @@ def figure(label: str, runs: list[RunRecord], fig_dir: Path) -> str:
             f"![{label}](figures/{file})\n\n"
             f"*{look_at(first.config.get('exp') or {}, name, control, loss_metric(first))}*\n\n"
             f"{name}{vs}{seed_note}. Top: loss, attention entropy and mean |dL/dscores| over steps "
-            f"(mean over layers). Bottom: the most focused head at the end, at step 0 and at the end.\n")
+            f"(mean over layers). Bottom: the most focused head at the end, at step 0 and at the end. "
+            f"Right: the verdict, each check's value on the failure and its control per seed against its "
+            f"threshold.\n")
 
 
 def loss_metric(run: RunRecord) -> str:
