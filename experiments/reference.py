@@ -203,6 +203,7 @@ def run_part(name: str, command: str, env: dict, argv: list[str], results: Path,
             state.save()
     stop.proc = None
     end_group(proc.pid)
+    del e["tag"]  # only a running part needs it
     w1 = io_written()
     e["wall_s"] = wall0 + time.perf_counter() - t0
     e["cpu_s"] += children_cpu() - cpu0
