@@ -10,8 +10,9 @@ Resuming: each run.py part runs in a fixed dir, `<results>/reference/<part>/` (H
 or the run dir of a single run), so a rerun finds its jobs where it left them: a job whose
 summary.json holds the same config returns at once (runner.finished_record), a job that was
 killed resumes from its checkpoint, and a part that finished with the same command is skipped.
-Once every part is done, the same command starts a new round: every part runs again, and only
-what changed (a new experiment, an edited config) trains.
+A resume assumes the same code and configs. A part whose command changed, or every part with
+`--fresh`, runs anew (its earlier runs kept under <results>/reference/.previous/). Controls are
+cached in <results>/controls/ as for any run: the committed reference starts from an empty dir.
 Every part's cost (wall and CPU seconds, bytes written, bytes left on disk, attempts) goes to
 `<results>/reference.json`, which the report's cost section reads.
 
@@ -25,6 +26,7 @@ import json
 import os
 import resource
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -167,8 +169,18 @@ class State:
         write_json(self.path, self.data)
 
 
-def finished_jobs(d: Path) -> int:
-    return sum(1 for _ in d.rglob("summary.json")) if d.is_dir() else 0
+def set_aside(results: Path, name: str):
+    """A part that starts anew finds its fixed dir holding another command's (or round's) runs:
+    they move to <results>/reference/.previous/<part> (the report skips dot dirs), replacing the
+    ones kept there before, so none of them is mistaken for this round's."""
+    d = results / "reference" / name
+    if d.is_dir():
+        dest = results / "reference" / ".previous" / name
+        if dest.exists():
+            shutil.rmtree(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(d, dest)
+        print(f"reference: {name}: the runs of its earlier command moved to {dest}", flush=True)
 
 
 def run_part(name: str, command: str, env: dict, argv: list[str], results: Path, state: State, stop,
@@ -177,10 +189,9 @@ def run_part(name: str, command: str, env: dict, argv: list[str], results: Path,
     if e["status"] == "done":
         print(f"reference: {name}: done earlier ({e['wall_s']:.0f} s), skipped", flush=True)
         return "skipped"
-    if e["attempts"] == 0 or "disk_before" not in e:
+    if e["attempts"] == 0:
+        set_aside(results, name)
         e["disk_before"] = tree_bytes(results)
-        # runs a rerun finds finished (their cost is not in this part's): the table says so
-        e["reused_jobs"] = finished_jobs(results / "reference" / name)
     e["attempts"] += 1
     e["status"] = "running"
     e["threads"] = os.environ.get("OMP_NUM_THREADS")
@@ -279,6 +290,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-readme", action="store_true", help="the report part leaves README.md alone")
     ap.add_argument("--list", action="store_true", help="print the parts and their commands, run nothing")
     ap.add_argument("--dry-run", action="store_true", help="print each part's full command, run nothing")
+    ap.add_argument("--fresh", action="store_true", help="run the parts again, done or not (their earlier "
+                                                          "runs move to <results>/reference/.previous/)")
     a = ap.parse_args(argv)
     bad = [o for o in a.overrides if "=" not in o or o.startswith("-")]
     if bad:
@@ -316,12 +329,13 @@ def main(argv=None) -> int:
         os.environ.setdefault(k, v)
     state, stop = State(results / STATE), Stop()
     end_leftovers(state)
+    if not a.fresh and all(state.done(n, args) for n, _, _, args in planned):
+        print(f"reference: all {len(planned)} parts are done ({results / STATE}); --fresh runs them again",
+              flush=True)
+        return 0
     t0, failed, ran = time.perf_counter(), [], False
-    # a reference in progress resumes (finished parts skipped); a finished one starts a new round,
-    # where every part runs again and only its jobs whose config is unchanged return at once
-    new_round = all(state.done(n, args) for n, _, _, args in planned)
     for n, c, env, args in planned:
-        status = run_part(n, c, env, args, results, state, stop, redo=new_round or (ran and n in READS_ALL))
+        status = run_part(n, c, env, args, results, state, stop, redo=a.fresh or (ran and n in READS_ALL))
         ran = ran or status != "skipped"
         if status == "failed":
             failed.append(n)

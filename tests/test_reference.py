@@ -139,13 +139,17 @@ def test_killed_reference_ends_with_the_same_metrics(tmp_path):
     assert parts["kv_sharing"]["attempts"] >= 2
     assert all(e["wall_s"] > 0 and e["disk_bytes"] > 0 for e in parts.values())
 
-    # 3. once done, the same command is a new round: a part runs again, its unchanged run returns at once
-    p = subprocess.run([sys.executable, "-m", "experiments.reference", *ARGS, "--parts", "default_run",
-                        "--results", str(res)], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert files(res, "summary.json") == now and files(res, "metrics.csv") == b
-    again = json.loads((res / "reference.json").read_text())["parts"]["default_run"]
-    assert again["attempts"] == 1 and again["reused_jobs"] == 1
+    # 3. once done, the same command has nothing to do; --fresh runs a part anew, its old runs kept aside
+    def again(*extra):
+        p = subprocess.run([sys.executable, "-m", "experiments.reference", *ARGS, *extra, "--results", str(res)],
+                           cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr[-3000:]
+        return p.stdout
+    assert "parts are done" in again() and files(res, "summary.json") == now
+    again("--parts", "default_run", "--fresh")
+    kept = res / "reference" / ".previous" / "default_run"
+    assert (kept / "summary.json").read_bytes() == now["reference/default_run/summary.json"]
+    assert files(res, "metrics.csv") == {**b, "reference/.previous/default_run/metrics.csv": b["reference/default_run/metrics.csv"]}
 
 
 def test_report_shows_each_parts_cost_and_the_total(tmp_path):

@@ -39,16 +39,13 @@ def total_line(parts: list[tuple[str, dict]]) -> str:
     wall = sum(e["wall_s"] for _, e in parts)
     cpu = sum(e["cpu_s"] for _, e in parts)
     undone = [n for n, e in parts if e["status"] != "done"]
-    reused = [n for n, e in parts if e.get("reused_jobs")]
     longest = sorted(parts, key=lambda p: -p[1]["wall_s"])[:3]
     return (f"The whole reference (`python -m experiments.reference`, {len(parts)} parts, the report aside) took "
             f"**{duration(wall)}** of wall time on {where(parts)} ({duration(cpu)} of CPU time), wrote "
             f"{size(sum(e['written_bytes'] for _, e in parts))} and left "
             f"{size(sum(e['disk_bytes'] for _, e in parts))} in the results dir; the longest parts: "
             + ", ".join(f"{n} ({duration(e['wall_s'])})" for n, e in longest) + "."
-            + (f" Not done: {', '.join(undone)}." if undone else "")
-            + (f" {len(reused)} part(s) found finished runs from an earlier round, not counted here: "
-               f"{', '.join(reused)}." if reused else ""))
+            + (f" Not done: {', '.join(undone)}." if undone else ""))
 
 
 def blocks(runs, fig_dir: Path) -> dict[str, str]:
@@ -58,8 +55,7 @@ def blocks(runs, fig_dir: Path) -> dict[str, str]:
     rows = ["| part | command | status | wall | CPU | written | left on disk | attempts |",
             "|---|---|---|---|---|---|---|---|"]
     for n, e in parts:
-        status = e["status"] + (f" ({e['reused_jobs']} runs found done)" if e.get("reused_jobs") else "")
-        rows.append(f"| {n} | `{e['command'].replace('|', '/')}` | {status} | {duration(e['wall_s'])} | "
+        rows.append(f"| {n} | `{e['command'].replace('|', '/')}` | {e['status']} | {duration(e['wall_s'])} | "
                     f"{duration(e['cpu_s'])} | {size(e['written_bytes'])} | {size(e['disk_bytes'])} | "
                     f"{e['attempts']} |")
     rows.append(f"| **total** | | | **{duration(sum(e['wall_s'] for _, e in parts))}** | "
