@@ -97,16 +97,22 @@ def _strip(ax, d: dict, markers: dict):
             ax.axvline(t, color="k", ls="--", lw=1)
             ax.set_xlim(lo, hi)
     lo, hi = ax.get_xlim()
+    named: dict = {}  # (row, label) -> (x, [y]): a value off the axis, named once per row
     for x, y, colour, marker, passed in placed:
-        face = colour if passed else "white"
+        style = dict(marker=marker, ms=7, mfc=colour if passed else "white", mec=colour, mew=1.5, ls="none", zorder=3)
         if isinstance(x, float) and math.isfinite(x):
-            ax.plot([x], [y], marker=marker, ms=7, mfc=face, mec=colour, mew=1.5, ls="none", zorder=3)
-        else:  # inf / nan / missing, at the edge its sign points to, named
-            label = "missing" if x is None else str(x) if not isinstance(x, float) else ("nan" if math.isnan(x) else "inf" if x > 0 else "-inf")
+            ax.plot([x], [y], **style)
+        elif x is None:  # the run did not measure it (no such metric on the control, say)
+            named.setdefault((colour, "not measured"), (lo, []))[1].append(y)
+        else:  # inf / nan at the edge its sign points to
+            label = str(x) if not isinstance(x, float) else "nan" if math.isnan(x) else "inf" if x > 0 else "-inf"
             at = hi if isinstance(x, float) and x > 0 else lo
-            ax.plot([at], [y], marker=marker, ms=7, mfc=face, mec=colour, mew=1.5, ls="none", zorder=3, clip_on=False)
-            ax.annotate(label, (at, y), xytext=(-4 if at == hi else 4, 0), textcoords="offset points", fontsize=7,
-                        ha="right" if at == hi else "left", va="center", color=colour)
+            ax.plot([at], [y], clip_on=False, **style)
+            named.setdefault((colour, label), (at, []))[1].append(y)
+    for (colour, label), (at, ys) in named.items():
+        right = at == hi
+        ax.annotate(label, (at, sum(ys) / len(ys)), xytext=(-9 if right else 9, 0), textcoords="offset points",
+                    fontsize=7, ha="right" if right else "left", va="center", color=colour)
     ax.set_ylim(-0.55, 1.55) if d["control"] is not None else ax.set_ylim(0.45, 1.55)
     ax.set_yticks([1.0, 0.0][:len(rows)], ["failure", "control"][:len(rows)], fontsize=8)
     ax.tick_params(axis="x", labelsize=7)
