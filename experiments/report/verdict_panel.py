@@ -74,7 +74,7 @@ def _strip(ax, d: dict, markers: dict):
     for pairs, colour, y0 in rows:
         n = len(pairs)
         for i, ((value, passed), seed) in enumerate(zip(pairs, d["seeds"])):
-            y = y0 + (i - (n - 1) / 2) * 0.16
+            y = y0 + (i - (n - 1) / 2) * 0.22
             x = float(STATUSES.index(value)) if status and value in STATUSES else _num(value)
             placed.append((x if x is not None else value, y, colour, markers[seed], passed))
     nums = [p[0] for p in placed if isinstance(p[0], float)]
@@ -99,7 +99,7 @@ def _strip(ax, d: dict, markers: dict):
     lo, hi = ax.get_xlim()
     named: dict = {}  # (row, label) -> (x, [y]): a value off the axis, named once per row
     for x, y, colour, marker, passed in placed:
-        style = dict(marker=marker, ms=7, mfc=colour if passed else "white", mec=colour, mew=1.5, ls="none", zorder=3)
+        style = dict(marker=marker, ms=6, mfc=colour if passed else "white", mec=colour, mew=1.5, ls="none", zorder=3)
         if isinstance(x, float) and math.isfinite(x):
             ax.plot([x], [y], **style)
         elif x is None:  # the run did not measure it (no such metric on the control, say)

@@ -68,7 +68,7 @@ def blocks(runs, fig_dir: Path) -> dict[str, str]:
             "disk (checkpoints included, though removed when a run completes); bytes it left in the results "
             "dir. Every part's command gets the results dir, a fixed dir of its own "
             "(`reference/<part>/`, where a rerun resumes) and, for `run.py`, the reference's overrides.\n\n"
-            + "\n".join(rows) + "\n\n" + total_line(parts) + "\n")
+            + "\n".join(rows) + "\n")  # the total follows it: the block cost_total
     return {"cost": text, "cost_total": total_line(parts) + "\n"}
 
 
