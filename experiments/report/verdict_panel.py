@@ -74,7 +74,7 @@ def _strip(ax, d: dict, markers: dict):
     for pairs, colour, y0 in rows:
         n = len(pairs)
         for i, ((value, passed), seed) in enumerate(zip(pairs, d["seeds"])):
-            y = y0 + (i - (n - 1) / 2) * 0.22
+            y = y0 + (i - (n - 1) / 2) * min(0.22, 0.66 / max(n - 1, 1))  # rows stay apart
             x = float(STATUSES.index(value)) if status and value in STATUSES else _num(value)
             placed.append((x if x is not None else value, y, colour, markers[seed], passed))
     nums = [p[0] for p in placed if isinstance(p[0], float)]
