@@ -1,5 +1,6 @@
-"""The committed reference in one command: every run behind results/REPORT.md, results/bench/ and
-the README's report blocks, part by part, then the report.
+"""The committed reference in one command, part by part, then the report.
+
+Every run behind results/REPORT.md, results/bench/ and the README's report blocks.
 
     python -m experiments.reference                     # everything; rerun after a kill to resume
     python -m experiments.reference --list              # the parts and their commands
