@@ -137,6 +137,20 @@ def children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def group_cpu(pgid: int) -> float:
+    """CPU seconds of a process group's live processes, with their reaped children (Linux /proc):
+    sampled while a part runs, so a killed attempt, whose workers nobody reaps, still counts."""
+    total, tick = 0, os.sysconf("SC_CLK_TCK")
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid:  # pgrp; then utime, stime, cutime, cstime at 11..14
+            total += sum(int(f) for f in fields[11:15])
+    return total / tick
+
+
 def _die_with_parent():
     """In the child: SIGKILL when this process dies, so a killed reference leaves no part running."""
     try:
@@ -199,6 +213,7 @@ def run_part(name: str, command: str, env: dict, argv: list[str], results: Path,
     e["cores"] = os.cpu_count()
     state.save()
     print(f"reference: {name}: {command}" + (f" (attempt {e['attempts']})" if e["attempts"] > 1 else ""), flush=True)
+    e["cpu_s"] += e.pop("cpu_s_running", 0.0)  # an attempt killed along with this process: its last sample
     wall0, t0, cpu0, w0 = e["wall_s"], time.perf_counter(), children_cpu(), io_written()
     # its own process group (a signal reaches its workers too), tagged so a later start finds leftovers
     e["tag"] = f"{results.resolve()}:{name}:{time.time_ns()}"
@@ -206,19 +221,22 @@ def run_part(name: str, command: str, env: dict, argv: list[str], results: Path,
                             preexec_fn=_die_with_parent, process_group=0)
     stop.proc = proc
     state.save()
+    cpu_seen = 0.0
     while True:
         try:
             rc = proc.wait(timeout=HEARTBEAT_S)
             break
         except subprocess.TimeoutExpired:
-            e["wall_s"] = wall0 + time.perf_counter() - t0
+            cpu_seen = max(cpu_seen, group_cpu(proc.pid))
+            e["wall_s"], e["cpu_s_running"] = wall0 + time.perf_counter() - t0, cpu_seen
             state.save()
     stop.proc = None
     end_group(proc.pid)
     del e["tag"]  # only a running part needs it
     w1 = io_written()
     e["wall_s"] = wall0 + time.perf_counter() - t0
-    e["cpu_s"] += children_cpu() - cpu0
+    e.pop("cpu_s_running", None)
+    e["cpu_s"] += max(children_cpu() - cpu0, cpu_seen)
     e["written_bytes"] += (w1 - w0) if w0 is not None and w1 is not None else 0
     e["disk_bytes"] = tree_bytes(results) - e["disk_before"]
     e["rc"] = rc

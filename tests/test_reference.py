@@ -137,7 +137,7 @@ def test_killed_reference_ends_with_the_same_metrics(tmp_path):
     parts = json.loads((res / "reference.json").read_text())["parts"]
     assert [parts[n]["status"] for n in ("kv_sharing", "default_run")] == ["done", "done"]
     assert parts["kv_sharing"]["attempts"] >= 2
-    assert all(e["wall_s"] > 0 and e["disk_bytes"] > 0 for e in parts.values())
+    assert all(e["wall_s"] > 0 and e["cpu_s"] > 0 and e["disk_bytes"] > 0 for e in parts.values())
 
     # 3. once done, the same command has nothing to do; --fresh runs a part anew, its old runs kept aside
     def again(*extra):
