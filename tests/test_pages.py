@@ -136,8 +136,9 @@ def test_look_at_names_the_panel_of_each_check_and_no_measured_number():
                       "kv": {"name": "cache smaller", "kind": "near", "metric": "kv/bytes"}}}
     text = look_at(exp, "no_scaling", "baseline")
     assert text == ("Look at: solid red (no_scaling) against dashed blue (its control `baseline`): "
-                    "the loss panel (stays at chance); the entropy panel at step 0 (entropy halved).")
+                    "the loss panel (stays at chance); the entropy panel at step 0 (entropy halved); "
+                    "every check per seed against its threshold: the verdict panel (right).")
     off_panel = look_at({"expect": ["kv"], "checks": exp["checks"]}, "kv_sharing", None)
-    assert "cache smaller" in off_panel and "see the table" in off_panel
+    assert "cache smaller" in off_panel and "the verdict panel" in off_panel
     diverged = {"expect": ["nan"], "checks": {"nan": {"name": "NaN", "kind": "status", "value": "diverged"}}}
     assert "where the solid curves end" in look_at(diverged, "naive_softmax", "stable")

@@ -1,5 +1,6 @@
 """Resume after a kill: rerunning the same command after SIGKILL (at any step, even mid-checkpoint
-write) or SIGTERM ends with metrics.csv and final metrics identical to an uninterrupted run."""
+write) or SIGTERM, or with a damaged checkpoint, ends with metrics.csv and final metrics identical
+to an uninterrupted run."""
 import json
 import os
 import signal
@@ -31,13 +32,13 @@ if where in ("KILL", "TERM"):  # signalled during training step k
         return orig(self, *a, **kw)
     train.Trainer.train_step = train_step
 else:                        # killed halfway through writing the checkpoint of step k
-    def save_torch(path, obj):
-        if obj.get("step") == k:  # ckpt.pt (the chunk written before it carries no step)
-            with open(str(path) + ".partial", "wb") as f:
+    def write_verified(path, obj):
+        if obj.get("step") == k:
+            with open(str(path) + ".new", "wb") as f:
                 f.write(b"half a checkpoint")
             os.kill(os.getpid(), signal.SIGKILL)
-        checkpoint.__dict__["_orig_save"](path, obj)
-    checkpoint._orig_save, checkpoint.save_torch = checkpoint.save_torch, save_torch
+        checkpoint.__dict__["_orig_write"](path, obj)
+    checkpoint._orig_write, checkpoint.write_verified = checkpoint.write_verified, write_verified
 sys.argv = ["run.py", *sys.argv[3:]]
 runpy.run_path({run!r}, run_name="__main__")
 """
@@ -95,8 +96,14 @@ def test_killed_and_preempted_run_resumes_bitwise_identical(tmp_path):
     # SIGKILL halfway through writing the checkpoint of step 20: the one of 15 stays intact
     assert killed_run("ckpt", 20, ARGS, res).returncode == -signal.SIGKILL
     assert ckpt_step(res) == 15 and not completed(res)
-    p = run_py(ARGS, res)                      # the same command: resumes at 15, finishes
+    # ...and then ckpt.pt is truncated (a copy off a cluster, a full disk): the one of 10 is kept
+    [ckpt] = checkpoints(res)
+    ckpt.write_bytes(ckpt.read_bytes()[:1000])
+    p = run_py(ARGS, res)                      # the same command: resumes at 10, finishes
     assert p.returncode == 0, p.stderr[-2000:]
+    [line] = [x for x in p.stderr.splitlines() if x.startswith("checkpoint:")]
+    assert str(ckpt) in line and "damaged" in line and "resuming from ckpt.prev.pt at step 10" in line, line
+    assert (ckpt.parent / "ckpt.pt.damaged").stat().st_size == 1000  # set aside, kept
     [done] = completed(res)
 
     assert (done / "metrics.csv").read_bytes() == (ref_dir / "metrics.csv").read_bytes()
@@ -108,4 +115,34 @@ def test_killed_and_preempted_run_resumes_bitwise_identical(tmp_path):
     assert a["verdict"]["checks"] == b["verdict"]["checks"]
     assert not checkpoints(res)                # a finished run leaves no checkpoint to resume from
     assert not list((Path(res) / "checkpoints").glob("*/log-*.pt"))
+    assert not list((Path(res) / "checkpoints").glob("*/ckpt.prev.pt"))
     assert len(run_dirs(res)) == 4             # the interrupted attempts recorded nothing as run
+
+
+def test_damaged_checkpoint_is_set_aside_and_the_run_goes_on(compose_cfg, tmp_path, capsys):
+    """A truncated ckpt.pt: resume from ckpt.prev.pt; a damaged log chunk under that too: restart
+    from step 0. Each damaged file named in one line and kept; the rows end as if never broken."""
+    import torch
+    from experiments.training import checkpoint
+    from experiments.training.loop import Trainer
+    cfg = compose_cfg([*TINY, "train.steps=24", "train.ckpt_every=5", "train.log_every=1"], results_dir=tmp_path)
+    ckpt = tmp_path / "ckpt" / "ckpt.pt"
+    ref = Trainer(cfg, tmp_path / "run", ckpt_path=ckpt).run()  # leaves the checkpoints of 20 and 15
+    assert torch.load(checkpoint.prev_path(ckpt), weights_only=False)["step"] == 15
+
+    ckpt.write_bytes(ckpt.read_bytes()[:500])
+    t = Trainer(cfg, tmp_path / "run", ckpt_path=ckpt)
+    assert t.try_resume() and t.step == 15 and t.res.rows == [r for r in ref.rows if r["step"] < 15]
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert f"{ckpt} is damaged" in line and line.endswith("resuming from ckpt.prev.pt at step 15"), line
+    assert (ckpt.parent / "ckpt.pt.damaged").stat().st_size == 500
+
+    chunk = checkpoint.chunk_path(ckpt, 10)
+    chunk.write_bytes(b"not a chunk")
+    t = Trainer(cfg, tmp_path / "run", ckpt_path=ckpt)
+    assert not t.try_resume() and t.step == 0
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2 and f"{chunk} is damaged" in lines[0] and "log-00000010.pt.damaged" in lines[0]
+    assert "ckpt.prev.pt is damaged" in lines[1] and "missing" in lines[1] and lines[1].endswith("restarting from step 0")
+    assert not checkpoint.chunks(ckpt)  # a lost future's log is gone, not read twice
+    assert t.run().rows == ref.rows

@@ -8,6 +8,8 @@ import numpy as np
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from experiments.report import verdict_panel  # noqa: E402
+
 
 def _spans_decades(ys) -> bool:
     pos = [y for y in ys if y and y > 0]
@@ -63,8 +65,10 @@ def _heatmap(ax, w, title):
 
 
 def plot_experiment(path: Path, name: str, runs: list, controls: list, control_name: str = "control",
-                    loss_metric: str = "loss/copy", chance: float | None = None, third: str | None = None):
+                    loss_metric: str = "loss/copy", chance: float | None = None, third: str | None = None,
+                    verdicts: list | None = None):
     """runs / controls: [(label, metrics DataFrame, attn_weights {step: {layer: (h,T,T)}} or None)].
+    verdicts: [(seed, the run's verdict)]: the verdict panel on the right (report.verdict_panel).
     Top: loss (failure vs control on the same axes), attention entropy and the saturation
     gradient mean |dL/dscores| (both averaged over layers; `third` names another metric for that
     panel, the one an experiment's signature is about); log scale where a panel spans
@@ -72,9 +76,14 @@ def plot_experiment(path: Path, name: str, runs: list, controls: list, control_n
     weights at step 0 and at the end, for the first run of each, on one colour scale: the
     failure's most focused head, and the same layer and head of the control."""
     n_heat = 2 * (1 + bool(controls))
-    fig = plt.figure(figsize=(14, 8.2), layout="constrained")
+    fig = plt.figure(figsize=(20 if verdicts else 14, 8.2), layout="constrained")
     fig.suptitle(name)
-    rows = fig.add_gridspec(2, 1, height_ratios=[1, 1.05])
+    if verdicts:
+        outer = fig.add_gridspec(1, 2, width_ratios=[14, 6])
+        rows = outer[0].subgridspec(2, 1, height_ratios=[1, 1.05])
+        verdict_panel.draw(fig, outer[1], verdicts)
+    else:
+        rows = fig.add_gridspec(2, 1, height_ratios=[1, 1.05])
     top_grid = rows[0].subgridspec(1, 4, width_ratios=[1, 1, 1, 0.5])
     top = [fig.add_subplot(top_grid[0, i]) for i in range(3)]
     panels = [(loss_metric, f"{loss_metric}", f"{loss_metric} (nats)"),
@@ -166,10 +175,12 @@ def look_at(spec: dict, failure: str, control: str | None, loss_metric: str = "l
     if not where:
         names = "; ".join(c["name"] for c in checks)
         return (f"Look at: solid red ({failure}){vs} in the loss panel; "
-                + (f"what is checked ({names}) is measured beside these curves: see the table." if names
+                + (f"what is checked ({names}) is measured apart from these curves: the verdict panel "
+                   "(right) has each value per seed against its threshold." if names
                    else "no check is drawn here."))
     return f"Look at: solid red ({failure}){vs}: " + "; ".join(
-        f"{p} ({'; '.join(names)})" for p, names in where.items()) + "."
+        f"{p} ({'; '.join(names)})" for p, names in where.items()) + \
+        "; every check per seed against its threshold: the verdict panel (right)."
 
 
 def draw_curves(record, path) -> None:
@@ -183,4 +194,5 @@ def draw_curves(record, path) -> None:
                 if ctrl else [])
     plot_experiment(path, spec["name"], [(spec["name"], record.metrics_frame(), record.attn_weights())],
                     controls, control_name=controls[0][0] if controls else "control",
-                    loss_metric=spec["loss_metric"], chance=record.context["ln_V"], third=spec.get("figure_metric"))
+                    loss_metric=spec["loss_metric"], chance=record.context["ln_V"], third=spec.get("figure_metric"),
+                    verdicts=[(record.config["seed"], record.verdict)])

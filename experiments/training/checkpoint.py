@@ -4,8 +4,17 @@ scheduler, step, every RNG state), written atomically.
 ckpt.pt holds what resuming needs and is the same size at every step. What grows with the step
 count (the logged rows, the recorded attention weights) goes beside it, one chunk per checkpoint
 holding only what was logged since the previous one: nothing is rewritten.
+
+A damaged checkpoint (truncated by a full disk or a copy off a cluster) loses nothing: a new
+ckpt.pt is written beside the old one, read back, and only then takes its place, the old one
+kept as ckpt.prev.pt. Resuming tries ckpt.pt, then ckpt.prev.pt; a file that does not load is
+named in one line on stderr and set aside as NAME.damaged (kept, for a look), and the run
+resumes from the good one, or restarts from step 0 when none is left.
 """
+import io
+import os
 import random
+import sys
 from pathlib import Path
 
 import torch
@@ -27,25 +36,116 @@ def save(trainer) -> None:
     rows = [r for r in trainer.res.rows if since <= r["step"] < trainer.step]
     weights = {s: w for s, w in trainer.res.attn_weights.items() if since <= s < trainer.step}
     # the chunk first: a kill between the two leaves a chunk newer than ckpt.pt, ignored on resume
-    save_torch(chunk_path(trainer.ckpt_path, trainer.step), {"rows": rows, "attn_weights": weights})
-    save_torch(trainer.ckpt_path, state(trainer))
+    save_torch(chunk_path(trainer.ckpt_path, trainer.step), {"since": since, "rows": rows, "attn_weights": weights})
+    write_verified(trainer.ckpt_path, state(trainer))
     trainer.chunked_upto = trainer.step
 
 
+def prev_path(ckpt_path: Path) -> Path:
+    return Path(ckpt_path).with_name("ckpt.prev.pt")
+
+
+def write_verified(path: Path, obj) -> None:
+    """obj -> path: written to path.new, synced and read back; then the old file becomes
+    ckpt.prev.pt and the new one takes its place. A kill at any point leaves a whole checkpoint."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    data, path = buf.getvalue(), Path(path)
+    new = path.with_name(path.name + ".new")
+    with open(new, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    if new.read_bytes() != data:
+        raise OSError(f"checkpoint {new}: what was read back differs from what was written")
+    if path.exists():
+        os.replace(path, prev_path(path))
+    os.replace(new, path)
+
+
+def set_aside(p: Path) -> Path:
+    """Rename a damaged file to NAME.damaged (NAME.damaged-2, ... if taken)."""
+    dest, n = p.with_name(p.name + ".damaged"), 1
+    while dest.exists():
+        n += 1
+        dest = p.with_name(f"{p.name}.damaged-{n}")
+    os.replace(p, dest)
+    return dest
+
+
+class Unusable(Exception):
+    def __init__(self, path: Path, why: str, damaged: bool = True):
+        super().__init__(why)
+        self.path, self.why, self.damaged = Path(path), why, damaged
+
+
+def _torch_load(p: Path, device=None):
+    try:
+        return torch.load(p, map_location=device, weights_only=False)
+    except Exception as e:
+        raise Unusable(p, f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}") from None
+
+
+def _load(ckpt: Path, device) -> dict:
+    """A checkpoint and the chain of chunks behind it (each names the step it starts at), all read
+    before anything is applied; raises Unusable naming the file that failed."""
+    s = _torch_load(ckpt, device)
+    if not isinstance(s, dict) or not {"model", "optim", "sched", "step", "rng"} <= set(s):
+        raise Unusable(ckpt, "not a checkpoint (keys missing)")
+    found = {int(p.stem[4:]): p for p in chunks(ckpt)}
+    parts, at = [], s["step"]
+    while at > 0:
+        if at not in found:
+            raise Unusable(ckpt, f"its log chunk {chunk_path(ckpt, at).name} is missing", damaged=False)
+        c = _torch_load(found[at])
+        parts.append(c)
+        # chunks written before `since` was recorded follow each other in step order
+        at = c.get("since", max((k for k in found if k < at), default=0))
+    rows, weights = [], {}
+    for c in reversed(parts):
+        rows += c["rows"]
+        weights.update(c["attn_weights"])
+    return {**s, "rows": rows, "attn_weights": weights, "file": ckpt}
+
+
+def _good_state(ckpt_path: Path, device) -> tuple[dict | None, list[tuple]]:
+    """The newest checkpoint that loads whole (ckpt.pt, else ckpt.prev.pt) or None, and the
+    (file, set aside as, why) of each damaged file met on the way."""
+    damaged = []
+    for cand in (Path(ckpt_path), prev_path(ckpt_path)):
+        while cand.exists():
+            try:
+                return _load(cand, device), damaged
+            except Unusable as e:
+                if not e.damaged:  # whole, but its log is gone: the older checkpoint, if any
+                    damaged.append((e.path, None, e.why))
+                    break
+                damaged.append((e.path, set_aside(e.path), e.why))
+    return None, damaged
+
+
 def resume(trainer) -> bool:
-    """Load trainer.ckpt_path (and the chunks up to it) into the trainer if it exists; True if it did."""
-    if trainer.ckpt_path is None or not trainer.ckpt_path.exists():
+    """Load the newest good checkpoint (and its chunks) into the trainer; True if there was one.
+    Each damaged file is named in one line on stderr, the last one saying where the run goes on."""
+    if trainer.ckpt_path is None:
         return False
-    s = torch.load(trainer.ckpt_path, map_location=trainer.device, weights_only=False)
+    s, damaged = _good_state(trainer.ckpt_path, trainer.device)
+    step = s["step"] if s is not None else 0
+    for p in chunks(trainer.ckpt_path):  # a lost future's log: would be rewritten anyway
+        if int(p.stem[4:]) > step:
+            p.unlink()
+    then = f"resuming from {s['file'].name} at step {step}" if s else "restarting from step 0"
+    for i, (bad, dest, why) in enumerate(damaged):
+        aside = f"set aside as {dest.name}" if dest else "not used"
+        print(f"checkpoint: {bad} is damaged ({why}); {aside}" + (f"; {then}" if i == len(damaged) - 1 else ""),
+              file=sys.stderr, flush=True)
+    if s is None:
+        return False
     trainer.model.load_state_dict(s["model"])
     trainer.optim.load_state_dict(s["optim"])
     trainer.sched.load_state_dict(s["sched"])
-    trainer.step = trainer.chunked_upto = s["step"]
-    trainer.res.rows, trainer.res.attn_weights = [], {}
-    for p in chunks(trainer.ckpt_path, upto=trainer.step):
-        c = torch.load(p, weights_only=False)
-        trainer.res.rows += c["rows"]
-        trainer.res.attn_weights.update(c["attn_weights"])
+    trainer.step = trainer.chunked_upto = step
+    trainer.res.rows, trainer.res.attn_weights = s["rows"], s["attn_weights"]
     torch.set_rng_state(s["rng"]["torch"])
     random.setstate(s["rng"]["python"])
     if s["rng"]["cuda"] is not None and torch.cuda.is_available():
@@ -64,6 +164,8 @@ def chunks(ckpt_path: Path, upto: int | None = None) -> list[Path]:
 
 
 def remove_checkpoint(ckpt_path: Path):
-    """A finished run leaves nothing to resume from: ckpt.pt and its chunks go."""
-    for p in [Path(ckpt_path), *chunks(ckpt_path)]:
+    """A finished run leaves nothing to resume from: ckpt.pt, the previous one and the chunks go
+    (a damaged file set aside stays, for a look)."""
+    ckpt_path = Path(ckpt_path)
+    for p in [ckpt_path, prev_path(ckpt_path), ckpt_path.with_name(ckpt_path.name + ".new"), *chunks(ckpt_path)]:
         p.unlink(missing_ok=True)

@@ -187,6 +187,19 @@ def find_or_train_control(cfg: dict, progress_factory=None, make=control_config)
         return record
 
 
+def finished_record(cfg: dict, run_dir: Path) -> RunRecord | None:
+    """The record an earlier attempt of this very job left in run_dir, if it finished with the same
+    config: a resumed sweep (a fixed sweep dir, experiments/reference.py) trains it no second time.
+    summary.json is the last file a run writes, so its presence means the run dir is whole; an
+    unexpected error is not finished, and is retried."""
+    try:
+        record = RunRecord.read(run_dir)
+    except (OSError, ValueError, TypeError):
+        return None
+    done = record.status in ("completed", "diverged") or (record.status == "error" and record.expected_error)
+    return record if done and record.config == json.loads(json.dumps(cfg, default=str)) else None
+
+
 def run_experiment(cfg: dict, run_dir: Path, progress_factory=None, checked: bool = False) -> RunRecord:
     """Train, judge against the control, write summary.json; returns the record.
     The run's W&B run stays open while its control and floor train (in runs of their own) and is
@@ -194,6 +207,8 @@ def run_experiment(cfg: dict, run_dir: Path, progress_factory=None, checked: boo
     run_dir = Path(run_dir)
     if not checked:  # run.py preflights first, so that a bad config (exit 2) is never taken for a crash
         preflight(cfg)
+    if (done := finished_record(cfg, run_dir)) is not None:
+        return done
     record, logger = train_run(cfg, run_dir, role="failure" if cfg["exp"]["control"] else "baseline",
                                progress_factory=progress_factory)
     try:

@@ -279,7 +279,8 @@ def figure(label: str, runs: list[RunRecord], fig_dir: Path) -> str:
     file = f"{slug(label)}.png"
     plot_experiment(fig_dir / file, label, curves, controls,
                     loss_metric=loss_metric(first), chance=first.context.get("ln_V"),
-                    third=(first.config.get("exp") or {}).get("figure_metric"))
+                    third=(first.config.get("exp") or {}).get("figure_metric"),
+                    verdicts=[(r.seed, r.verdict) for r in runs if r.verdict])
     control = controls[0][0].split(" seed")[0] if controls else None
     vs = f" vs its control `{control}`" if controls else ""
     seed_note = f", seeds {', '.join(map(str, seeds))}" if len(seeds) > 1 else ""
@@ -287,7 +288,9 @@ def figure(label: str, runs: list[RunRecord], fig_dir: Path) -> str:
             f"![{label}](figures/{file})\n\n"
             f"*{look_at(first.config.get('exp') or {}, name, control, loss_metric(first))}*\n\n"
             f"{name}{vs}{seed_note}. Top: loss, attention entropy and mean |dL/dscores| over steps "
-            f"(mean over layers). Bottom: the most focused head at the end, at step 0 and at the end.\n")
+            f"(mean over layers). Bottom: the most focused head at the end, at step 0 and at the end. "
+            f"Right: the verdict, each check's value on the failure and its control per seed against its "
+            f"threshold.\n")
 
 
 def loss_metric(run: RunRecord) -> str:
