@@ -320,3 +320,21 @@ def test_a_start_of_segment_marker_is_not_a_phase_error():
     r = examine(TemperedRopeLM(temper=False, reset=True), checks=["eval_dropout", "long_positions"], strict=True)
     assert r["long_positions"].verdict == "pass" and "start position" in r["long_positions"].detail, \
         r["long_positions"].detail
+
+
+class HotAttention(OpaqueAttention):
+    """Scores a hundred times too large: a query's weight on its own key underflows to 0 beside
+    its largest score (CPM-Ant at random init), though the key is not masked."""
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.mix_in(x).view(B, T, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
+        s = 100 * torch.matmul(q, k.transpose(-2, -1))
+        w = torch.softmax(s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")), dim=-1)
+        return self.out(torch.matmul(w, v).transpose(1, 2).reshape(B, T, C))
+
+
+def test_an_own_weight_that_underflows_is_not_a_masked_diagonal():
+    torch.manual_seed(0)
+    r = examine(HotAttention(), causal=True, checks=["eval_dropout", "self_visibility"], strict=True)
+    assert r["self_visibility"].verdict == "pass", r["self_visibility"].detail
+    assert "visible: 0" in r["self_visibility"].detail   # the weights alone would have failed it

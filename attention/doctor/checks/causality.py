@@ -100,23 +100,36 @@ def future_leak(ctx):
 
 
 def self_visibility(ctx):
+    """Every query that sees some key sees its own: its own key is not masked (the call's mask,
+    or a fill below MASKED in the scores a softmax got). A weight that underflows to 0 beside
+    much larger scores is not a mask, so the weights decide only where no mask is known."""
     if ctx.deterministic is False:
         return skip("self_visibility", "eval outputs are not repeatable (see eval_dropout)")
     _, calls = ctx.probe(ctx.sample())
-    diag = []
+    hidden, rows, n, smallest = 0, 0, 0, float("inf")
     for c in calls:
         if c.weights is None and not c.complete:
             continue
-        w = c.seen_weights().double()
+        w = c.seen_weights().double().nan_to_num(0.0)
         if w.shape[-1] != w.shape[-2]:
             continue
-        diag.append(float(torch.diagonal(w, dim1=-2, dim2=-1).nan_to_num(0.0).abs().min()))
-    if not diag:
+        sees = w.abs().sum(-1) > 0.5   # a row that sees no key (all zero, or NaN) is fully_masked_rows' case
+        own_w = torch.diagonal(w, dim1=-2, dim2=-1).abs()
+        if c.visible is not None:
+            own = torch.diagonal(c.visible.expand_as(w), dim1=-2, dim2=-1)
+        else:
+            own = own_w > 0
+        n += 1
+        rows += int(sees.sum())
+        hidden += int((sees & ~own).sum())
+        if (sees & own).any():
+            smallest = min(smallest, float(own_w[sees & own].min()))
+    if not n:
         return skip("self_visibility", "needs the attention weights (no softmax or SDPA call seen)")
-    m = min(diag)
-    return row("self_visibility", "pass" if m > 0 else "fail", m, "> 0",
-               f"smallest |weight| of a query on its own key over {len(diag)} attention call(s): {m:.3g}"
-               + ("" if m > 0 else " (a token cannot see itself: a causal mask off by one)"))
+    return row("self_visibility", "fail" if hidden else "pass", hidden, "== 0 queries with their own key masked",
+               f"{hidden} of {rows} queries (that see some key) over {n} attention call(s) have their own key "
+               f"masked; smallest weight on an own key that is visible: {smallest:.3g}"
+               + (" (a token cannot see itself: a causal mask off by one)" if hidden else ""))
 
 
 def _target(fn, *args):
