@@ -97,9 +97,9 @@ def test_a_site_no_forward_calls_is_left_out():
 class TemperedRopeAttention(Attention):
     """Rotary attention whose queries are scaled by 1 + 0.1 log(1 + position) (a temperature by
     position, as Llama 4's and Beam's long-context layers); phases in float32 or bfloat16."""
-    def __init__(self, d=16, heads=2, phase_dtype=torch.float32):
+    def __init__(self, d=16, heads=2, phase_dtype=torch.float32, temper=True):
         super().__init__(d, heads)
-        self.phase_dtype = phase_dtype
+        self.phase_dtype, self.temper = phase_dtype, temper
 
     def rope(self, t, pos):
         half = t.shape[-1] // 2
@@ -111,20 +111,24 @@ class TemperedRopeAttention(Attention):
     def forward(self, x, pos):
         B, T, C = x.shape
         q, k, v = (p(x).view(B, T, self.heads, -1).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
-        q = self.rope(q, pos) * (1 + 0.1 * torch.log1p(pos.to(q.dtype)))[:, None, :, None]
+        q = self.rope(q, pos) * ((1 + 0.1 * torch.log1p(pos.to(q.dtype)))[:, None, :, None] if self.temper else 1)
         y = F.scaled_dot_product_attention(q, self.rope(k, pos), v, is_causal=True)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, C))
 
 
 class TemperedRopeLM(nn.Module):
-    def __init__(self, vocab=16, d=16, phase_dtype=torch.float32):
+    """reset: position 0 marks a segment's start (RecurrentGemma resets its recurrence there)."""
+    def __init__(self, vocab=16, d=16, phase_dtype=torch.float32, temper=True, reset=False):
         super().__init__()
         self.emb, self.head = nn.Embedding(vocab, d), nn.Linear(d, vocab)
-        self.attn = TemperedRopeAttention(d, phase_dtype=phase_dtype)
+        self.attn = TemperedRopeAttention(d, phase_dtype=phase_dtype, temper=temper)
+        self.start = nn.Parameter(0.02 * torch.randn(d)) if reset else None   # small: under ABSOLUTE_POS at +16
 
     def forward(self, ids, position_ids=None):
         pos = torch.arange(ids.shape[1], device=ids.device)[None] if position_ids is None else position_ids
         h = self.emb(ids)
+        if self.start is not None:
+            h = h + self.start * (pos == 0)[..., None]
         return self.head(h + self.attn(h, pos.expand(ids.shape[0], -1)))
 
 
@@ -195,3 +199,142 @@ def test_latent_attention_layout_makes_q_and_k_unit_variance():
     torch.manual_seed(0)   # no 1/sqrt(d_k): the std is sqrt(6)
     bad = examine(LatentMixer(scale=1.0), causal=True, checks=["eval_dropout", "score_scale"], strict=True)
     assert bad["score_scale"].verdict == "fail" and 2.0 < bad["score_scale"].measured < 3.0
+
+
+class IdPositionLM(nn.Module):
+    """RoBERTa's positions: counted over the tokens that are not the pad token (a transformers-style
+    LM: config with pad_token_id, forward(input_ids, attention_mask))."""
+    def __init__(self, vocab=16, d=16, pad=1):
+        super().__init__()
+        self.config = _Config(vocab_size=vocab, pad_token_id=pad, position_embedding_type="absolute",
+                              max_position_embeddings=64)
+        self.emb, self.pos, self.attn, self.head = nn.Embedding(vocab, d), nn.Embedding(64, d), Attention(d), nn.Linear(d, vocab)
+
+    def get_input_embeddings(self):
+        return self.emb
+
+    def forward(self, input_ids, attention_mask=None, use_cache=False):
+        real = input_ids != self.config.pad_token_id
+        pos = (real.long().cumsum(1) * real.long()) + self.config.pad_token_id
+        h = self.emb(input_ids) + self.pos(pos)
+        B, T, C = h.shape
+        a = self.attn
+        q, k, v = (p(h).view(B, T, a.heads, -1).transpose(1, 2) for p in (a.q_proj, a.k_proj, a.v_proj))
+        keep = torch.ones(T, T, dtype=torch.bool).tril()[None, None]
+        if attention_mask is not None:
+            keep = keep & attention_mask.bool()[:, None, None, :]
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+        return _Config(logits=self.head(h + a.o_proj(y.transpose(1, 2).reshape(B, T, C))))
+
+
+def test_padding_uses_the_pad_token_where_the_model_has_one():
+    from attention.doctor.hf import HFCausalLM
+    torch.manual_seed(0)
+    a = HFCausalLM(IdPositionLM())
+    assert a.pad_id == 1
+    r = examine(a, checks=["eval_dropout", "padding"], strict=True)
+    assert r["padding"].verdict == "pass", r["padding"].detail
+    a.pad_id = None   # padded with other ids, the positions shift
+    assert examine(a, checks=["eval_dropout", "padding"], strict=True)["padding"].verdict == "fail"
+
+
+class _NoBackwardInEval(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        raise AssertionError("use model.train() to train")
+
+
+class TimeMajorLM(nn.Module):
+    """An LM whose embedding runs on (T, B) ids (XLNet's) and whose backward refuses eval mode
+    (Reformer's reversible layers)."""
+    def __init__(self, vocab=16, d=16, backward=True):
+        super().__init__()
+        self.emb, self.attn, self.head = nn.Embedding(vocab, d), Attention(d), nn.Linear(d, vocab)
+        self.backward_ok = backward
+
+    def forward(self, ids):
+        h = self.emb(ids.t()).transpose(0, 1)
+        if not self.backward_ok:
+            h = _NoBackwardInEval.apply(h)
+        return self.head(h + self.attn(h))
+
+
+def test_gradients_of_a_time_major_embedding_and_a_backward_that_refuses_eval():
+    torch.manual_seed(0)
+    r = examine(TimeMajorLM(), checks=["eval_dropout", "future_leak"], strict=True)
+    assert r["future_leak"].verdict == "pass" and "max |g| = 0" in r["future_leak"].detail
+    torch.manual_seed(0)
+    r = examine(TimeMajorLM(backward=False), checks=["eval_dropout", "future_leak", "fully_masked_rows"], strict=True)
+    assert r["future_leak"].verdict == "pass" and "backward raised in eval mode" in r["future_leak"].detail
+    assert not r["fully_masked_rows"].verdict.startswith("skip: doctor error"), r["fully_masked_rows"].verdict
+
+
+class SinkAttention(OpaqueAttention):
+    """gpt-oss's attention sinks: a learned logit per head beside the keys, the row maximum taken
+    off before the softmax, the sink's weight dropped after."""
+    def __init__(self, d=16, heads=2):
+        super().__init__(d, heads)
+        self.q_proj, self.k_proj, self.v_proj = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.sinks = nn.Parameter(torch.zeros(heads))
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = (p(x).view(B, T, self.heads, -1).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        s = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(C // self.heads)
+        s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), torch.finfo(s.dtype).min)
+        s = torch.cat([s, self.sinks.view(1, -1, 1, 1).expand(B, -1, T, 1)], -1)
+        w = torch.softmax(s - s.amax(-1, keepdim=True), dim=-1)[..., :-1]
+        return self.out(torch.matmul(w, v).transpose(1, 2).reshape(B, T, C))
+
+
+def test_scores_minus_their_row_maximum_are_amplified():
+    torch.manual_seed(0)
+    r = examine(SinkAttention(), causal=True, checks=["eval_dropout", "amplified_logits"], strict=True)
+    assert r["amplified_logits"].verdict == "pass", r["amplified_logits"].verdict
+
+
+class BlindFirstQuery(OpaqueAttention):
+    """Query 0 sees no key (a cross-attention's empty patch, as BLT has): its row is all fill."""
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.mix_in(x).view(B, T, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
+        s = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(C // self.heads)
+        hide = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+        hide[0] = True
+        w = torch.softmax(s.masked_fill(hide, torch.finfo(s.dtype).min), dim=-1)
+        return self.out(torch.matmul(w, v).transpose(1, 2).reshape(B, T, C))
+
+
+def test_a_row_with_no_visible_key_is_not_a_leak():
+    torch.manual_seed(0)
+    r = examine(BlindFirstQuery(), causal=True, checks=["eval_dropout", "amplified_logits"], strict=True)
+    assert "masked keys' largest weight: 0;" in r["amplified_logits"].detail, r["amplified_logits"].detail
+
+
+def test_a_start_of_segment_marker_is_not_a_phase_error():
+    torch.manual_seed(0)
+    r = examine(TemperedRopeLM(temper=False, reset=True), checks=["eval_dropout", "long_positions"], strict=True)
+    assert r["long_positions"].verdict == "pass" and "start position" in r["long_positions"].detail, \
+        r["long_positions"].detail
+
+
+class HotAttention(OpaqueAttention):
+    """Scores a hundred times too large: a query's weight on its own key underflows to 0 beside
+    its largest score (CPM-Ant at random init), though the key is not masked."""
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.mix_in(x).view(B, T, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
+        s = 100 * torch.matmul(q, k.transpose(-2, -1))
+        w = torch.softmax(s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")), dim=-1)
+        return self.out(torch.matmul(w, v).transpose(1, 2).reshape(B, T, C))
+
+
+def test_an_own_weight_that_underflows_is_not_a_masked_diagonal():
+    torch.manual_seed(0)
+    r = examine(HotAttention(), causal=True, checks=["eval_dropout", "self_visibility"], strict=True)
+    assert r["self_visibility"].verdict == "pass", r["self_visibility"].detail
+    assert "visible: 0" in r["self_visibility"].detail   # the weights alone would have failed it

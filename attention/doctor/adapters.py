@@ -26,6 +26,7 @@ class Adapter:
     kind = "lm"                # "lm": ids in, logits out | "layer": (B, T, C) in, (B, T, C) out
     causal: bool | None = True  # a layer may say None: the doctor finds out and reports it
     max_len: int | None = None  # the longest position the target accepts (None: no limit known)
+    pad_id: int | None = None   # an LM's padding token: padded positions hold it (RoBERTa counts positions by it)
 
     def __init__(self, module: nn.Module, name: str = ""):
         self.module = module

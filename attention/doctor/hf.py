@@ -81,6 +81,8 @@ class HFCausalLM(Adapter):
         self.vocab_size = getattr(cfg, "vocab_size", None) or getattr(emb, "num_embeddings", None)
         if self.vocab_size is None:
             raise TargetError(f"{self.name}: no vocab_size in its config and no input embedding")
+        pad = getattr(cfg, "pad_token_id", None)
+        self.pad_id = pad if isinstance(pad, int) and 0 <= pad < self.vocab_size else None
         absolute = any(hasattr(cfg, k) for k in ("n_positions",)) or getattr(cfg, "position_embedding_type", "") == "absolute"
         self.max_len = getattr(cfg, "max_position_embeddings", None) if absolute else None
 

@@ -44,8 +44,19 @@ class Amplifier:
             return ctx.probe(x, mask, adapter=adapter, modules=mods, **kw)
 
 
-def _max_score(calls) -> float:
-    return max((finite_max_abs(visible_scores(c)) for c in calls), default=0.0)
+def _max_score(calls, init=None) -> float:
+    """The largest |visible score|. A softmax call's visible entries are those of the same call in
+    the unamplified trace `init` (amplified scores may sit below any fill, and a softmax given
+    scores minus their row maximum, as attention sinks are, has its visible entries far below 0)."""
+    out = 0.0
+    for i, c in enumerate(calls):
+        if init is not None and c.source == "softmax" and i < len(init) and init[i].source == "softmax" \
+                and init[i].scores.shape == c.scores.shape:
+            s = c.scores.double().masked_select(init[i].visible.expand_as(c.scores))
+        else:
+            s = visible_scores(c)
+        out = max(out, finite_max_abs(s))
+    return out
 
 
 def amplifier(ctx):
@@ -71,8 +82,8 @@ def amplifier(ctx):
     f, m = math.sqrt(AMP_TARGET / m0), m0
     for _ in range(6):
         amp = Amplifier(ctx, f, 0.0, at, in_call, matmuls)
-        _, calls = amp.probe(ctx, x)
-        m = _max_score(calls)
+        _, amped = amp.probe(ctx, x)
+        m = _max_score(amped, calls)
         if AMP_LO <= m <= AMP_HI:
             amp.reached = m
             ctx._amp = amp
@@ -100,8 +111,9 @@ def _weights_checks(calls, init_calls):
         if vis is not None:
             v = vis.expand_as(w)
             live = v.any(-1)
-            if (~v).any():
-                masked_w = max(masked_w, float(w.masked_fill(v, 0).nan_to_num(1.0).abs().max()))
+            if (~v).any() and live.any():   # a row that sees no key is fully_masked_rows' case, not a leak
+                leaked = w.masked_fill(v, 0).nan_to_num(1.0).abs().amax(-1)
+                masked_w = max(masked_w, float(leaked[live].max()))
         s = w.sum(-1)
         row_err = max(row_err, float((s - 1).abs()[live].nan_to_num(math.inf).max()) if live.any() else 0.0)
         if c.out is not None and c.v is not None and vis is not None:

@@ -96,7 +96,10 @@ def fully_masked_rows(ctx):
             w = torch.randn(y.shape, generator=ctx.gen(8)).to(y.device, y.dtype)
             loss = (y * w)[mask].sum()   # the padded positions' outputs are not in the loss
             params = [p for p in a.module.parameters() if p.requires_grad]
-            grads = torch.autograd.grad(loss, params, allow_unused=True)
+            try:
+                grads, no_grad = torch.autograd.grad(loss, params, allow_unused=True), None
+            except Exception as e:   # a backward the target refuses in eval mode (Reformer's reversible layers)
+                grads, no_grad = [], f"{type(e).__name__}: {str(e)[:80]}"
     except Unsupported as e:
         return skip("fully_masked_rows", str(e))
     with torch.no_grad():   # inference may take another path (nn.MultiheadAttention's fast path)
@@ -106,6 +109,8 @@ def fully_masked_rows(ctx):
     padded = _describe(y.detach()[~mask])
     verdict = "fail" if bad_out or bad_grad else "pass"
     return row("fully_masked_rows", verdict, bad_out + bad_grad, "== 0 non-finite",
-               f"{bad_out} non-finite real outputs, {bad_grad} non-finite parameter gradients "
-               f"(loss on the real positions only); rows with no visible key return {padded} "
+               f"{bad_out} non-finite real outputs, " +
+               (f"{bad_grad} non-finite parameter gradients (loss on the real positions only)" if no_grad is None
+                else f"parameter gradients n/a (its backward raised in eval mode: {no_grad})") +
+               f"; rows with no visible key return {padded} "
                f"(under no_grad: {padded_ng})")

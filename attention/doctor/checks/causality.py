@@ -30,17 +30,17 @@ def _find_causal(ctx, x, y):
 
 
 def _input_grads(ctx, x, t):
-    """d (weighted outputs before t) / d (inputs at and after t): the largest |.|, or None."""
+    """d (weighted outputs before t) / d (inputs at and after t): (the largest |.|, None) or
+    (None, why not)."""
     a = ctx.adapter
     w = torch.randn(x.shape[0], t, 1, generator=ctx.gen(5)).to(a.device)
     if a.kind == "layer":
         xi = x.clone().requires_grad_(True)
         y = ctx.run(xi, grad=True)
-        g, = torch.autograd.grad((y[:, :t].double() * w).sum(), xi)
-        return float(g[:, t:].abs().max())
+        return _grad((y[:, :t].double() * w).sum(), xi, x.shape, t)
     emb = a.embedding()
     if emb is None:
-        return None
+        return None, "no input embedding to differentiate against"
     got = []
     h = emb.register_forward_hook(lambda m, i, o: got.append(o))
     try:
@@ -49,9 +49,27 @@ def _input_grads(ctx, x, t):
     finally:
         h.remove()
     if len(got) != 1 or not got[0].requires_grad:
-        return None
-    g, = torch.autograd.grad((y[:, :t].double() * w).sum(), got[0], allow_unused=True)
-    return None if g is None else float(g[:, t:].abs().max())
+        return None, "the input embedding's output is not differentiable here"
+    return _grad((y[:, :t].double() * w).sum(), got[0], x.shape, t)
+
+
+def _grad(loss, wrt, shape, t):
+    """The largest |d loss / d wrt| at positions t.. (wrt (B, T, ...) or (T, B, ...): XLNet's
+    embedding is time-major), or (None, why not)."""
+    try:
+        g, = torch.autograd.grad(loss, wrt, allow_unused=True)
+    except Exception as e:   # a backward the target refuses in eval mode (Reformer's reversible layers)
+        return None, f"its backward raised in eval mode ({type(e).__name__}: {str(e)[:80]})"
+    if g is None:
+        return 0.0, None
+    B, T = shape[0], shape[1]
+    if g.dim() >= 2 and g.shape[1] == T:
+        g = g[:, t:]
+    elif g.dim() >= 2 and g.shape[0] == T and g.shape[1] == B:
+        g = g[t:]
+    else:
+        return None, f"the embedding's output {tuple(g.shape)} has no position axis of length {T}"
+    return float(g.abs().max()), None
 
 
 def future_leak(ctx):
@@ -63,42 +81,55 @@ def future_leak(ctx):
     ctx.causal = causal
     if not causal:
         return skip("future_leak", "not causal (a bidirectional layer sees every position)")
-    worst, grads, at = 0.0, [], []
+    worst, grads, at, why = 0.0, [], [], None
     for t in (1, ctx.T // 2, ctx.T - 1):
         x2 = x.clone()
         x2[:, t:] = ctx.sample(k=20 + t)[:, t:]
         d = rel(ctx.run(x2)[:, :t], y[:, :t])
         at.append(f"t={t}: {d:.3g}")
         worst = max(worst, d)
-        g = _input_grads(ctx, x, t)
+        g, why = _input_grads(ctx, x, t)
         if g is not None:
             grads.append(g)
     g = max(grads) if grads else None
     bad = worst > EXACT_REL or (g is not None and g != 0.0)
     detail = ("outputs before t with tokens from t on replaced, relative change: " + ", ".join(at) +
               ("; gradient of earlier outputs w.r.t. later inputs: max |g| = %.3g" % g if g is not None
-               else "; gradient: n/a (no input embedding to differentiate against)"))
+               else f"; gradient: n/a ({why})"))
     return row("future_leak", "fail" if bad else "pass", worst, f"<= {EXACT_REL:g}; gradient == 0", detail)
 
 
 def self_visibility(ctx):
+    """Every query that sees some key sees its own: its own key is not masked (the call's mask,
+    or a fill below MASKED in the scores a softmax got). A weight that underflows to 0 beside
+    much larger scores is not a mask, so the weights decide only where no mask is known."""
     if ctx.deterministic is False:
         return skip("self_visibility", "eval outputs are not repeatable (see eval_dropout)")
     _, calls = ctx.probe(ctx.sample())
-    diag = []
+    hidden, rows, n, smallest = 0, 0, 0, float("inf")
     for c in calls:
         if c.weights is None and not c.complete:
             continue
-        w = c.seen_weights().double()
+        w = c.seen_weights().double().nan_to_num(0.0)
         if w.shape[-1] != w.shape[-2]:
             continue
-        diag.append(float(torch.diagonal(w, dim1=-2, dim2=-1).nan_to_num(0.0).abs().min()))
-    if not diag:
+        sees = w.abs().sum(-1) > 0.5   # a row that sees no key (all zero, or NaN) is fully_masked_rows' case
+        own_w = torch.diagonal(w, dim1=-2, dim2=-1).abs()
+        if c.visible is not None:
+            own = torch.diagonal(c.visible.expand_as(w), dim1=-2, dim2=-1)
+        else:
+            own = own_w > 0
+        n += 1
+        rows += int(sees.sum())
+        hidden += int((sees & ~own).sum())
+        if (sees & own).any():
+            smallest = min(smallest, float(own_w[sees & own].min()))
+    if not n:
         return skip("self_visibility", "needs the attention weights (no softmax or SDPA call seen)")
-    m = min(diag)
-    return row("self_visibility", "pass" if m > 0 else "fail", m, "> 0",
-               f"smallest |weight| of a query on its own key over {len(diag)} attention call(s): {m:.3g}"
-               + ("" if m > 0 else " (a token cannot see itself: a causal mask off by one)"))
+    return row("self_visibility", "fail" if hidden else "pass", hidden, "== 0 queries with their own key masked",
+               f"{hidden} of {rows} queries (that see some key) over {n} attention call(s) have their own key "
+               f"masked; smallest weight on an own key that is visible: {smallest:.3g}"
+               + (" (a token cannot see itself: a causal mask off by one)" if hidden else ""))
 
 
 def _target(fn, *args):

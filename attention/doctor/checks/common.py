@@ -126,6 +126,8 @@ class Context:
         a = adapter or self.adapter
         if a.kind == "layer" and x.is_floating_point():
             x = x.to(a.dtype)
+        if mask is not None and a.kind == "lm" and a.pad_id is not None:   # padded as a tokenizer pads
+            x = x.masked_fill(~mask, a.pad_id)
         with (nullcontext() if grad else torch.no_grad()):
             try:
                 return a.forward(x, mask=mask, positions=positions)
