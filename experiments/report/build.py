@@ -21,15 +21,15 @@ from pathlib import Path
 from experiments.io import atomic_write, write_text
 from experiments.on_text import on_text
 from experiments.records import RunRecord
-from experiments.report.sections import (bench, catalogue, collapse, disk, heads, logit_fixes, lr_sensitivity, phase,
-                                         rank_collapse, text, text_samples)
+from experiments.report.sections import (bench, catalogue, collapse, cost, disk, doctor, heads, logit_fixes,
+                                         lr_sensitivity, phase, rank_collapse, text, text_samples, zoo)
 from experiments.report.markdown import headings, nest
 from experiments.report.runs import display, load_runs, runs_table
 
 # -- assembly ------------------------------------------------------------------------------------
 # REPORT.md's sections, in order (the protocol: experiments/report/sections/__init__.py)
 SECTIONS = (catalogue, text, phase, logit_fixes, heads, lr_sensitivity, collapse, rank_collapse, text_samples,
-            bench, disk)
+            bench, disk, doctor, zoo, cost)
 
 
 def render_blocks(runs: list[RunRecord], fig_dir: Path) -> dict[str, str]:

@@ -7,7 +7,6 @@ from pathlib import Path
 from experiments.report.sections.disk import size
 
 NAME = "cost"
-ORDER = 75
 FILE = "reference.json"
 NOT_COUNTED = ("report",)  # the report is being written from this table: it cannot time itself
 

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 NAME = "doctor"
-ORDER = 70
 SHORT = {"eval_dropout": "dropout", "future_leak": "leak", "self_visibility": "self", "kv_cache": "cache",
          "batch_independence": "batch", "padding": "pad", "fully_masked_rows": "masked rows",
          "amplified_logits": "amplified", "low_precision": "low prec.", "long_positions": "long pos.",

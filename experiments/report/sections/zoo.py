@@ -10,7 +10,6 @@ from pathlib import Path
 import yaml
 
 NAME = "zoo"
-ORDER = 71  # after the doctor section (70)
 TRIAGE = Path(__file__).resolve().parents[2] / "zoo" / "triage.yaml"
 STATUSES = ["examined", "unsupported", "build_error", "forward_error", "doctor_target_error", "doctor_error", "timeout",
             "crash", "memory", "skipped"]
