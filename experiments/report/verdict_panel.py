@@ -4,14 +4,14 @@ threshold (dashed), the side where the signature holds shaded. Drawn from the ru
 (summary.json), the same way for every experiment, so a signature measured after training (a
 cached forward, a float16 pass) is seen even where the training curves lie on top of each other."""
 import math
-import re
 import textwrap
+
+from experiments.report import seeds
 
 FAILURE, CONTROL = "C3", "C0"       # the curves' colours
 SEED_MARKERS = "os^Dv"
 SHAPES = dict(zip(SEED_MARKERS, "○□△◇▽"))  # the markers, as the header names them
 STATUSES = ("completed", "diverged", "error")
-THRESHOLD = re.compile(r"(<=|<|>=|>)\s*(\S+)$")
 MIN_STRIPS = 6
 WRAP = 78  # characters per line of a strip's title: the panel's width at 8 pt
 WHAT = {"delta": "failure − control", "ratio": "failure / control",
@@ -23,13 +23,7 @@ def threshold(check: dict):
     expected = check.get("expected") or ""
     if check.get("kind") == "status" and expected.startswith("=="):
         return "==", expected[2:].strip()
-    m = THRESHOLD.search(expected)
-    if not m:
-        return None
-    try:
-        return m.group(1), float(m.group(2))
-    except ValueError:
-        return None
+    return seeds.threshold(expected)
 
 
 def _num(v):
@@ -136,10 +130,10 @@ def draw(fig, slot, verdicts: list[tuple]):
     markers = {s: SEED_MARKERS[i % len(SEED_MARKERS)] for i, (s, _) in enumerate(verdicts)}
     k = sum(bool((v or {}).get("reproduced")) for _, v in verdicts)
     broken = [bool((v or {}).get("signature_broken")) for _, v in verdicts if "control_status" in (v or {})]
-    seeds = "  ".join(f"{SHAPES[m]} seed {s}" for s, m in markers.items())
+    legend = "  ".join(f"{SHAPES[m]} seed {s}" for s, m in markers.items())
     head = (f"verdict: reproduced in {k} of {n} seed(s)"
             + (f"; signature on the control in {sum(broken)} of {len(broken)}" if broken else "")
-            + f"\n{seeds}; filled: the check holds; shaded: its signature side")
+            + f"\n{legend}; filled: the check holds; shaded: its signature side")
     lines = head.count("\n") + 1
     slots = max(len(measurable), MIN_STRIPS)  # strips of one height in every figure; spare slots stay empty
     grid = slot.subgridspec(slots + 1, 1, height_ratios=[0.32 * lines] + [1] * slots)
