@@ -46,7 +46,7 @@ class ProjectLM(Adapter):
         return self.module.tok_emb
 
     def paths(self):
-        return ["explicit", "sdpa"] if self.module.cfg.attn.sdpa_expressible else []
+        return ["explicit", "sdpa"] if not self.module.cfg.attn.sdpa_limits() else []
 
     @contextmanager
     def use_path(self, name):
@@ -76,7 +76,7 @@ class ProjectLayer(Adapter):
         return self.module(x, x, x, is_causal=bool(self.causal), key_padding_mask=mask)[0]
 
     def paths(self):
-        return ["explicit", "sdpa"] if self.module.cfg.sdpa_expressible else []
+        return ["explicit", "sdpa"] if not self.module.cfg.sdpa_limits() else []
 
     use_path = ProjectLM.use_path
 
