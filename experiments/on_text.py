@@ -28,9 +28,14 @@ def is_text(data_name: str) -> bool:
     return data_name in TEXT_TASKS
 
 
+def run_data(run) -> str | None:
+    """The data a RunRecord trained on."""
+    return ((run.config or {}).get("data") or {}).get("name")
+
+
 def on_text(run) -> bool:
     """A RunRecord trained on text (the report keeps text versions apart from the synthetic runs)."""
-    return is_text(((run.config or {}).get("data") or {}).get("name"))
+    return is_text(run_data(run))
 
 
 def has_text_version(exp_name: str) -> bool:

@@ -19,12 +19,11 @@ import traceback
 from pathlib import Path
 
 from experiments.io import atomic_write, write_text
-from experiments.on_text import on_text
 from experiments.records import RunRecord
 from experiments.report.sections import (bench, catalogue, collapse, cost, disk, doctor, heads, logit_fixes,
                                          lr_sensitivity, phase, rank_collapse, text, text_samples, zoo)
 from experiments.report.markdown import headings, nest
-from experiments.report.runs import display, load_runs, runs_table
+from experiments.report.runs import display, load_runs, runs_table, text_version
 
 # -- assembly ------------------------------------------------------------------------------------
 # REPORT.md's sections, in order (the protocol: experiments/report/sections/__init__.py)
@@ -37,7 +36,7 @@ def render_blocks(runs: list[RunRecord], fig_dir: Path) -> dict[str, str]:
     failed (with the reason) instead of taking the whole report down. Runs on text data (the
     experiments' text versions) go only to sections with `TEXT = True` (sections/text.py)."""
     blocks: dict[str, str] = {}
-    synthetic = [r for r in runs if not on_text(r)]
+    synthetic = [r for r in runs if not text_version(r)]
     for mod in SECTIONS:
         try:  # text versions only reach the sections that ask for them (TEXT = True)
             mine = runs if getattr(mod, "TEXT", False) else synthetic

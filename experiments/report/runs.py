@@ -1,9 +1,12 @@
 """Every run under some dirs, read back as RunRecords, and the tidy table of them (runs.csv)."""
+import functools
 import re
 import sys
 from pathlib import Path
 
+from experiments.config import experiment_data
 from experiments.layout import CHECKPOINTS, FIGURES, SUMMARY, WANDB
+from experiments.on_text import on_text, run_data
 from experiments.records import RunRecord, flatten
 
 STAMP = re.compile(r"\d{4}-\d{2}-\d{2}_\d{2}-\d{2}-\d{2}(?:-\d+)?")
@@ -16,6 +19,22 @@ def display(path: Path) -> str:
         return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
     except ValueError:
         return str(path)
+
+
+@functools.cache
+def _own_data(exp_name: str) -> str | None:
+    try:
+        return experiment_data(exp_name)
+    except Exception:  # no conf/exp file of that name (a control's own name): not an experiment
+        return None
+
+
+def text_version(run: RunRecord) -> bool:
+    """A run of an experiment's text version: on text data that is not the data its experiment is
+    defined on. attention_sink, defined on lines of text, is a catalogue run; a control counts as
+    its experiment's (exp.group)."""
+    exp = ((run.config or {}).get("exp") or {}).get("group") or run.exp
+    return on_text(run) and run_data(run) != _own_data(exp)
 
 
 def _summary_files(d: Path):
