@@ -11,6 +11,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 from experiments.report import verdict_panel  # noqa: E402
 
 
+def save(fig, path) -> None:
+    """A section's figure to PNG, without the Software tag (same runs, same bytes), then closed."""
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+    plt.close(fig)
+
+
 def _spans_decades(ys) -> bool:
     pos = [y for y in ys if y and y > 0]
     return len(pos) > 1 and max(pos) / min(pos) > 100

@@ -9,6 +9,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from experiments.records import RunRecord  # noqa: E402
+from experiments.report.figures import save
 
 NAME = "collapse"
 EXP = "entropy_collapse"
@@ -39,8 +40,7 @@ def _figure(pairs: list[tuple[RunRecord, RunRecord | None]], path: Path):
                 ax.set_ylabel("mean row entropy (nats)")
     axes[0][0].legend(fontsize=7)
     fig.suptitle("attention entropy per head (dotted: 0.1 nats)", fontsize=9)
-    fig.savefig(path, dpi=110, metadata={"Software": None})
-    plt.close(fig)
+    save(fig, path)
 
 
 def _f(x, spec=".3g") -> str:

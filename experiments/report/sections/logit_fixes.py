@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from experiments.records import RunRecord  # noqa: E402
 from experiments.report.runs import sweep_runs  # noqa: E402
+from experiments.report.figures import save
 
 NAME = "logit_fixes"
 EXP = "logit_fixes"
@@ -88,8 +89,7 @@ def _figure(groups: dict, path: Path):
     a2.set_ylabel("loss/copy (nats, train batch)")
     a1.legend(fontsize=7)
     fig.suptitle("logit_growth's run with each fix (one line per seed)", fontsize=10)
-    fig.savefig(path, dpi=110, metadata={"Software": None})
-    plt.close(fig)
+    save(fig, path)
 
 
 def render(runs: list[RunRecord], fig_dir: Path) -> str | None:

@@ -16,6 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from experiments.records import RunRecord  # noqa: E402
 from experiments.report.runs import sweep_runs  # noqa: E402
+from experiments.report.figures import save
 
 NAME = "lr_sensitivity"
 EXP = "lr_sensitivity"
@@ -118,8 +119,7 @@ def _figure(cs: dict, path: Path):
         ax.set_title(fix, fontsize=10)
     axes[0][0].set_ylabel("final loss/copy (nats)")
     axes[0][-1].legend(fontsize=7)
-    fig.savefig(path, dpi=110, metadata={"Software": None})
-    plt.close(fig)
+    save(fig, path)
 
 
 def render(runs: list[RunRecord], fig_dir: Path) -> str | None:

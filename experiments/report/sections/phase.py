@@ -20,6 +20,7 @@ from attention.variance import predicted_score_std  # noqa: E402
 from experiments.judging.verdict import RunView  # noqa: E402
 from experiments.records import RunRecord  # noqa: E402
 from experiments.report.runs import sweep_runs  # noqa: E402
+from experiments.report.figures import save
 
 NAME = "phase"
 EXP = "phase_no_scaling"
@@ -141,8 +142,7 @@ def _heatmaps(cells: list[dict], value: str, title: str, path: Path, vmax: float
     fig.colorbar(matplotlib.cm.ScalarMappable(norm=norm, cmap=cmap), ax=axes.ravel().tolist(),
                  label=cbar_label, shrink=0.9)
     fig.suptitle(f"{title} (σ: predicted score std at init)", fontsize=10)
-    fig.savefig(path, dpi=110, metadata={"Software": None})
-    plt.close(fig)
+    save(fig, path)
 
 
 def _scatter(points: list[dict], path: Path):
@@ -176,8 +176,7 @@ def _scatter(points: list[dict], path: Path):
     ax.set_xlabel("predicted score std at init (logits; variance argument)")
     ax.set_ylabel("steps on the chance plateau (steps)")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
-    fig.savefig(path, dpi=110, metadata={"Software": None})
-    plt.close(fig)
+    save(fig, path)
 
 
 def _fmt(x, spec=".3g"):

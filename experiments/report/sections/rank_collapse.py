@@ -13,6 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from experiments.records import RunRecord  # noqa: E402
+from experiments.report.figures import save
 
 NAME = "rank_collapse"
 EXP, SWEEP = "rank_collapse", "rank_collapse_depth"
@@ -71,8 +72,7 @@ def _figure(stacks: dict, sweep: dict, path: Path):
             ax.set_title("depth sweep", fontsize=9)
         ax.set_yscale("log")
         ax.legend(fontsize=7, handlelength=4)  # long enough to tell init (dashed) from trained
-    fig.savefig(path, dpi=110, metadata={"Software": None})
-    plt.close(fig)
+    save(fig, path)
 
 
 def render(runs: list[RunRecord], fig_dir: Path) -> str | None:

@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from experiments.on_text import CONF, has_text_version, on_text  # noqa: E402
 from experiments.records import RunRecord  # noqa: E402
 from experiments.report.seeds import MIN_SEEDS, Rate  # noqa: E402
+from experiments.report.figures import save
 
 NAME = "text"
 TEXT = True  # build.render_blocks: this section sees the runs on text as well
@@ -83,8 +84,7 @@ def _figure(pairs, path: Path):
         ax.legend(fontsize=7)
     for row in axes:
         row[0].set_ylabel("training loss (nats/char)")
-    fig.savefig(path, dpi=110, metadata={"Software": None})
-    plt.close(fig)
+    save(fig, path)
 
 
 def render(runs: list[RunRecord], fig_dir: Path) -> str | None:
