@@ -236,6 +236,11 @@ TASK_KEYS = {
     "shakespeare_lines": {"data.path": Key("str", null=True), "data.vocab_size": Key("int", lo=2, null=True),
                           "data.train_fraction": Key("float", lo=0, hi=1, lo_open=True, hi_open=True),
                           "data.pad_side": Key("str", choices=_pad_sides)},
+    "python_source_char": {"data.vocab_size": Key("int", lo=2, null=True),
+                           "data.train_fraction": Key("float", lo=0, hi=1, lo_open=True, hi_open=True)},
+    "python_source_lines": {"data.vocab_size": Key("int", lo=2, null=True),
+                            "data.train_fraction": Key("float", lo=0, hi=1, lo_open=True, hi_open=True),
+                            "data.pad_side": Key("str", choices=_pad_sides)},
 }
 
 EXP_KEYS = {"exp.name": Key("str"), "exp.claim": Key("str", null=True),

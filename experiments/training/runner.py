@@ -3,7 +3,9 @@
 Run dir: metrics.csv, perf.csv, summary.json, curves.png, attn_weights.npz, wandb/.
 Controls live under <results_dir>/controls/<name>-<hash>/, keyed by the hash of everything that
 shapes training, so every experiment with the same control config reuses one run (a file lock
-keeps two parallel jobs from training it twice).
+keeps two parallel jobs from training it twice). A control keeps its final weights (model.pt), so
+an experiment that reuses it measures on it what that experiment measures (exp.measures), which
+the experiment that trained it may not have.
 """
 import copy
 import fcntl
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from experiments.io import save_attn_weights, write_json
+from experiments.io import save_attn_weights, save_torch, write_json
 from experiments.judging.checks import signature
 from experiments.judging.verdict import RunView, evaluate
 from experiments.records import RunRecord, config_hash, read_attn_weights, rows_frame
@@ -29,6 +31,7 @@ from experiments.training.loop import Trainer, write_metrics
 from experiments.training.preemption import Preempted
 
 MEASURES = "experiments.training.measures"  # "catalogue:row_sums" is experiments/training/measures/catalogue.py
+WEIGHTS = "model.pt"  # a control's final weights, beside its summary.json
 
 
 def measure_fn(ref: str):
@@ -108,7 +111,7 @@ def checkpoint_path(cfg: dict) -> Path:
     return Path(cfg["results_dir"]) / "checkpoints" / f"{cfg['exp']['name']}-{config_hash(cfg)}" / "ckpt.pt"
 
 
-def train_run(cfg: dict, run_dir: Path, role: str, progress_factory=None):
+def train_run(cfg: dict, run_dir: Path, role: str, progress_factory=None, keep_weights: bool = False):
     """Train one config into run_dir; returns (its RunRecord, no verdict yet; its logger, still
     open). Two jobs of one sweep with the same config (a baseline and another job's control)
     would share a checkpoint: the second waits for the first, then trains afresh, so no file has
@@ -117,10 +120,10 @@ def train_run(cfg: dict, run_dir: Path, role: str, progress_factory=None):
     ckpt.parent.mkdir(parents=True, exist_ok=True)
     with open(ckpt.parent / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        return _train_run(cfg, Path(run_dir), role, ckpt, progress_factory)
+        return _train_run(cfg, Path(run_dir), role, ckpt, progress_factory, keep_weights)
 
 
-def _train_run(cfg: dict, run_dir: Path, role: str, ckpt: Path, progress_factory=None):
+def _train_run(cfg: dict, run_dir: Path, role: str, ckpt: Path, progress_factory=None, keep_weights=False):
     progress = progress_factory(cfg) if progress_factory else None
     trainer = Trainer(cfg, run_dir, ckpt_path=ckpt, progress=progress and progress.update)
     name = cfg["exp"]["name"]
@@ -148,6 +151,8 @@ def _train_run(cfg: dict, run_dir: Path, role: str, ckpt: Path, progress_factory
     if res.status == "completed":
         for ref in cfg["exp"]["measures"]:
             res.final.update(measure_fn(ref)(trainer, cfg))
+        if keep_weights:
+            save_torch(run_dir / WEIGHTS, trainer.model.state_dict())
     tps = [p["perf/tokens_per_s"] for p in res.perf[1:]] or [p["perf/tokens_per_s"] for p in res.perf]
     record = RunRecord(
         exp=name, role=role, claim=cfg["exp"]["claim"], status=res.status, seed=cfg["seed"],
@@ -172,11 +177,29 @@ def find_or_train_control(cfg: dict, progress_factory=None, make=control_config)
     with open(cdir / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a parallel job waits here, then reuses the result
         if (cdir / "summary.json").exists():
-            return RunRecord.read(cdir)
-        record, logger = train_run(ccfg, cdir, role="control", progress_factory=progress_factory)
+            return measure_cached(RunRecord.read(cdir), ccfg)
+        record, logger = train_run(ccfg, cdir, role="control", progress_factory=progress_factory,
+                                   keep_weights=make is control_config)  # a floor measures nothing
         _finish_logger(logger, record)
         write_json(cdir / "summary.json", record.to_summary())
         return record
+
+
+def measure_cached(record: RunRecord, ccfg: dict) -> RunRecord:
+    """A cached control, with what this experiment measures and the experiment that trained it did
+    not: measured on its saved weights, added to its summary.json (called under its lock)."""
+    done = record.config.get("exp", {}).get("measures") or []
+    missing = [m for m in ccfg["exp"]["measures"] if m not in done]
+    weights = record.dir / WEIGHTS
+    if not missing or record.status != "completed" or not weights.exists():
+        return record  # nothing to add, or nothing to measure on: its checks are not measurable
+    trainer = Trainer(ccfg, record.dir)
+    trainer.model.load_state_dict(torch.load(weights, map_location=trainer.device, weights_only=True))
+    for ref in missing:
+        record.final.update(measure_fn(ref)(trainer, ccfg))
+    record.config["exp"]["measures"] = [*done, *missing]
+    write_json(record.dir / "summary.json", record.to_summary())
+    return record
 
 
 def run_experiment(cfg: dict, run_dir: Path, progress_factory=None) -> RunRecord:
@@ -194,6 +217,10 @@ def run_experiment(cfg: dict, run_dir: Path, progress_factory=None) -> RunRecord
         record.control = {"name": control.exp, "dir": str(control.dir), "status": control.status,
                           "final": control.final, "config_hash": control.config_hash,
                           "nonfinite": control.nonfinite, "error": control.error}
+    loss = exp["loss_metric"]
+    if control is not None and control.status == "completed" and loss in control.final:
+        for r in (record, control):  # `control` in check expressions, for run and control alike
+            r.context = {**r.context, "control": control.final[loss]}
     if exp["floor"]:  # its final loss is `floor` in check expressions, for run and control alike
         floor = find_or_train_control(cfg, progress_factory, make=floor_config)
         record.floor = {"name": floor.exp, "dir": str(floor.dir), "status": floor.status, "final": floor.final,
