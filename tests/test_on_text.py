@@ -14,6 +14,8 @@ from experiments.judging.verdict import RunView, evaluate
 from test_bad_input import assert_rejected
 
 needs_corpus = pytest.mark.skipif(not SHAKESPEARE.is_file(), reason=f"no corpus at {SHAKESPEARE}")
+LINES = ("fully_masked_rows", "left_padding_positions", "mask_broadcast", "mask_broadcast_shape_error",
+         "mask_min_overflow")  # the padded-lines versions
 
 
 @needs_corpus
@@ -21,7 +23,8 @@ def test_overlay_applies_on_text_only_and_the_command_line_wins(compose_cfg):
     text = compose_cfg(["+exp=no_scaling", "data=shakespeare_char", f"data.path={SHAKESPEARE}",
                         "train.steps=123", "++exp.checks.floor_plateau.value=7"])
     assert "floor_plateau" in text["exp"]["expect"] and "plateau" not in text["exp"]["expect"]
-    assert text["exp"]["floor"]["overrides"] == {"model.attention.reach": "self"}
+    assert text["exp"]["floor"]["overrides"]["model.attention.reach"] == "self"  # declared once, in conf/text_lm
+    assert (text["model"]["n_heads"], text["model"]["attention"]["d_k"]) == (1, 256)  # its own heads, on the text model
     assert text["train"]["steps"] == 123 and text["exp"]["checks"]["floor_plateau"]["value"] == 7
     assert text["model"]["attention"]["scale"] == "none"  # the experiment itself still applies
     copy = compose_cfg(["+exp=no_scaling"])
@@ -29,10 +32,10 @@ def test_overlay_applies_on_text_only_and_the_command_line_wins(compose_cfg):
 
 
 @needs_corpus
-def test_an_experiment_without_a_text_version_exits_2_in_one_line(tmp_path):
-    line = assert_rejected(["+exp=causal_kv_cache", "data=shakespeare_char", f"data.path={SHAKESPEARE}"],
-                           tmp_path, "causal_kv_cache has no text version")
-    assert "data=copy" in line
+def test_an_experiment_without_a_text_version_exits_2_in_one_line_saying_why(tmp_path):
+    line = assert_rejected(["+exp=rank_collapse_depth", "data=python_source_char"],
+                           tmp_path, "rank_collapse_depth has no text version")
+    assert "data=copy" in line and "the depth sweep of rank_collapse" in line
 
 
 def test_a_metric_the_task_never_logs_is_not_measurable_not_a_fail():
@@ -101,7 +104,7 @@ def test_a_text_run_trains_its_floor_once_and_the_report_puts_it_beside_the_synt
     want = rec.final["loss/train"] - rec.control["final"]["loss/train"]
     assert cells[3] == f"{want:+.2f}"
     assert (tmp_path / "report" / "figures" / "text_floor.png").exists()
-    assert "| baseline | – | – | – | – | text version not run |" in text
+    assert "| baseline | – | – | – | – | – | text version not run |" in text
     # the synthetic catalogue does not mix in the text runs
     catalogue = report.split("## Catalogue")[1].split("\n## ")[0]
     assert catalogue.count("sum_normalize") >= 1 and "shakespeare" not in catalogue
@@ -118,3 +121,78 @@ def test_a_skipped_text_cell_is_not_a_crash_of_the_sweep(tmp_path, capsys):
     (tmp_path / "1_bad_seed0" / SKIPPED).write_text("x\n")
     assert finish_multirun(tmp_path) == 0
     assert "skipped: 0_causal_kv_cache_seed0: the one line" in capsys.readouterr().out
+
+
+# -- every text version: the shared text model, one floor, one step on text --------------------
+
+@pytest.fixture(scope="module")
+def text_versions():
+    """Every text version composed on its Python-source task (the corpus that needs no file), in
+    one Hydra session: {name: config}; and the text model itself on each task."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+    from experiments.on_text import CONF, GROUP, overlay_overrides
+    GlobalHydra.instance().clear()
+    out = {}
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF)):
+        for p in sorted((CONF / GROUP).glob("*.yaml")):
+            data = "python_source_lines" if p.stem in LINES else "python_source_char"
+            out[p.stem] = OmegaConf.to_container(
+                compose("config", overrides=overlay_overrides(p.stem, data, [f"+exp={p.stem}", f"data={data}"])),
+                resolve=True)
+        lines = ["+exp=fully_masked_rows", "data=python_source_lines"]  # the text model, on lines
+        out["text model on lines"] = OmegaConf.to_container(compose("config", overrides=[
+            *overlay_overrides("fully_masked_rows", "python_source_lines", lines), "model.attention.mask_fill=finite",
+            "model.attention.backend=auto"]), resolve=True)
+    GlobalHydra.instance().clear()
+    return out
+
+
+def test_every_text_version_is_judged_against_one_floor_and_most_share_one_control(text_versions):
+    """The floor is the text model without attention, trained once per corpus and seed: every
+    version's floor config is the same. A version whose control is the text model with its bug
+    fixed trains no control of its own; the others say why in their overlay."""
+    from experiments.records import config_hash
+    from experiments.training.runner import control_config, floor_config
+    own_control = {"additive_scores", "cosine_learned_temperature", "cosine_no_temperature", "entropy_collapse",
+                   "finite_mask_leak", "logit_growth", "naive_softmax", "no_scaling", "output_logit_divergence",
+                   "qk_fp16_overflow", "rank_collapse", "rope_low_precision", "left_padding_positions", "mask_broadcast"}
+    versions = dict(text_versions)
+    models = {"python_source_char": versions.pop("baseline"), "python_source_lines": versions.pop("text model on lines")}
+    hashes = {d: (config_hash(m), config_hash(floor_config(m))) for d, m in models.items()}
+    for exp, cfg in versions.items():
+        model, floor = hashes[cfg["data"]["name"]]
+        assert config_hash(floor_config(cfg)) == floor, exp
+        assert (config_hash(control_config(cfg)) == model) == (exp not in own_control), exp
+
+
+def test_each_text_version_runs_a_tiny_step_on_text_and_measures_it(text_versions, tmp_path):
+    """Every text version's configs pass preflight (failure, control, floor), and its failure
+    trains one tiny step on text and takes its measures there (none reads the copy task)."""
+    import copy
+    from experiments.training.loop import Trainer
+    from experiments.training.runner import measure_fn, preflight
+    tiny = {"model": {"d_model": 16, "n_layers": 1, "n_heads": 2},
+            "train": {"steps": 1, "batch_size": 4, "log_every": 1, "diag_every": 1, "eval_batches": 1}}
+    for exp, cfg in text_versions.items():
+        if exp == "text model on lines":
+            continue
+        cfg = copy.deepcopy(cfg)
+        for section, keys in tiny.items():
+            cfg[section].update(keys)
+        cfg["model"]["attention"]["d_k"] = None
+        seq = 4 if exp == "mask_broadcast" else 8  # mask_broadcast: every batch as long as the batch size
+        cfg["data"]["seq_len"] = cfg["model"]["block_size"] = seq
+        preflight(cfg)
+        trainer = Trainer(cfg, tmp_path / exp)
+        if exp == "mask_broadcast_shape_error":  # a batch of 4 lines is 8 long
+            with pytest.raises(RuntimeError, match="must match the size of tensor"):
+                trainer.run()
+            continue
+        res = trainer.run()
+        assert res.status == "completed" or exp in ("naive_softmax", "fully_masked_rows"), exp
+        if res.status == "completed":
+            for ref in cfg["exp"]["measures"]:
+                out = measure_fn(ref)(trainer, cfg)
+                assert out and all(isinstance(v, (int, float, str)) for v in out.values()), (exp, ref)
