@@ -11,7 +11,7 @@ exp.checks, exp.claim). When data.name is a text task (TEXT_TASKS), run.py and
 experiments.config.compose compose the config again with `+text_lm=char +on_text=NAME` after the
 command line's choices: the text model beats conf/exp/NAME.yaml, the overlay beats both, and the
 command line's key=value overrides still beat the overlay (Hydra applies them after the defaults
-list). Every text version whose control is the text model with its bug fixed shares one control
+list); `+text_lm=none` keeps the command line's model (conf/text_lm/none.yaml: the floor alone). Every text version whose control is the text model with its bug fixed shares one control
 and one floor per seed and corpus (cached by config). An overlay that runs on some text tasks only
 (the mask bugs need padded batches) lists them in `exp.text_data`. An experiment with no text
 version says why in `exp.no_text_version` (conf/exp/NAME.yaml; the report's text table shows it).
@@ -32,7 +32,8 @@ CORPUS = {"shakespeare_char": "shakespeare", "shakespeare_lines": "shakespeare",
 TEXT_TASKS = tuple(CORPUS)
 REFERENCE_CORPUS = "shakespeare"
 GROUP = "on_text"
-TEXT_LM = "+text_lm=char"  # the shared text model (conf/text_lm/char.yaml), composed before the overlay
+TEXT_LM = "text_lm"  # the shared text model: conf/text_lm/char.yaml, composed before the overlay;
+# `+text_lm=none` on the command line keeps the command line's model (a preset such as nanogpt_cpu)
 SKIPPED = "skipped.txt"  # a cell of a multirun on text with no text version: its one line (not a crash)
 
 
@@ -84,14 +85,16 @@ def overlay_overrides(exp_name: str, data_name: str, overrides: list[str]) -> li
     """The overrides that compose experiment `exp_name`'s text version, or None when the data is
     not text (or the command line chose an overlay itself). ValueError (one line) when the
     experiment has no text version."""
-    if not is_text(data_name) or any(o.lstrip("+~").split("=")[0] in (GROUP, "text_lm") for o in overrides):
+    groups = {o.lstrip("+~").split("=")[0] for o in overrides}
+    if not is_text(data_name) or GROUP in groups:
         return None
     if not (CONF / GROUP / f"{exp_name}.yaml").exists():
         why = no_text_reason(exp_name)
         raise NoTextVersion(f"{exp_name} has no text version (conf/{GROUP}/{exp_name}.yaml)"
                             f"{': ' + why if why else ''}; it runs on data={synthetic_data(exp_name)}, "
                             f"not on {data_name}")
-    return [*overrides, TEXT_LM, f"+{GROUP}={exp_name}"]
+    text_lm = [] if TEXT_LM in groups else [f"+{TEXT_LM}=char"]
+    return [*overrides, *text_lm, f"+{GROUP}={exp_name}"]
 
 
 def check_text_data(cfg: dict) -> None:

@@ -31,9 +31,9 @@ def test_overlay_applies_on_text_only_and_the_command_line_wins(compose_cfg):
     assert "plateau" in copy["exp"]["expect"] and copy["exp"]["floor"] is None
 
 
-@needs_corpus
 def test_an_experiment_without_a_text_version_exits_2_in_one_line_saying_why(tmp_path):
-    line = assert_rejected(["+exp=rank_collapse_depth", "data=python_source_char"],
+    line = assert_rejected(["+exp=rank_collapse_depth", "model.residual=false", "model.n_layers=2",
+                            "data=python_source_char"],
                            tmp_path, "rank_collapse_depth has no text version")
     assert "data=copy" in line and "the depth sweep of rank_collapse" in line
 

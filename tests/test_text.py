@@ -70,7 +70,7 @@ def test_download_writes_the_cache_once(tmp_path, monkeypatch):
 def test_nanogpt_presets_compose_and_build(compose_cfg):
     from experiments.training.loop import Trainer
     cfg = compose_cfg(["data=shakespeare_char", f"data.path={SHAKESPEARE}", "model=nanogpt_cpu",
-                       "optim=nanogpt_cpu", "train=nanogpt_cpu", "logger=none"])
+                       "optim=nanogpt_cpu", "train=nanogpt_cpu", "+text_lm=none", "logger=none"])
     assert (cfg["model"]["n_layers"], cfg["model"]["n_heads"], cfg["model"]["d_model"]) == (4, 4, 128)
     assert (cfg["train"]["batch_size"], cfg["train"]["steps"], cfg["model"]["block_size"]) == (12, 2000, 64)
     assert cfg["optim"]["betas"] == [0.9, 0.99] and cfg["optim"]["min_lr"] == 1e-4
