@@ -196,3 +196,22 @@ def test_each_text_version_runs_a_tiny_step_on_text_and_measures_it(text_version
             for ref in cfg["exp"]["measures"]:
                 out = measure_fn(ref)(trainer, cfg)
                 assert out and all(isinstance(v, (int, float, str)) for v in out.values()), (exp, ref)
+
+
+def test_the_text_table_shows_the_second_corpus_and_why_an_experiment_has_no_text_version(tmp_path):
+    from experiments.records import RunRecord
+    from experiments.report.sections import text
+
+    def run(exp, data, seed, ok, loss=None):
+        return RunRecord(exp=exp, status="completed", role="failure", seed=seed, config={"data": {"name": data}},
+                         final={"loss/train": loss} if loss else {}, verdict={"reproduced": ok, "checks": []})
+    runs = [run("no_scaling", "copy", s, True) for s in (0, 1, 2)]
+    runs += [run("no_scaling", "shakespeare_char", s, True, 2.4) for s in (0, 1, 2)]
+    runs += [run("no_scaling", "python_source_char", 0, False, 2.3), run("heads", "two_facts", 0, False)]
+    md = text.render(runs, tmp_path)
+    row = next(line for line in md.splitlines() if line.startswith("| no_scaling |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1:3] == ["3 of 3", "3 of 3"] and cells[5] == "0 of 1 (n < 3)"  # Shakespeare, then Python source
+    assert "reproduces on shakespeare_char (3 of 3) but not on python_source_char (0 of 1)" in cells[6]
+    heads = next(line for line in md.splitlines() if line.startswith("| heads |"))
+    assert "no text version: its signature is the two-facts task's" in heads
