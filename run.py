@@ -5,25 +5,29 @@
     python run.py -m '+exp=glob(*)'    # the catalogue, one report at the end
     python run.py +exp=no_scaling data=shakespeare_char   # its text version (experiments/on_text.py)
 """
+import json
 import os
 import shutil
 import sys
+import time
 import traceback
 from pathlib import Path
 
 import hydra
 from hydra import compose
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
 from experiments.callbacks import REJECTED
 from experiments.io import write_json, write_text
 from experiments.on_text import SKIPPED, NoTextVersion, check_text_data, overlay_overrides
-from experiments.preflight import check_argv, exclude_sweep_presets
-from experiments.records import RunRecord
+from experiments.preflight import check_argv, exclude_sweep_presets, hydra_error_line, remove_empty_sweeps
+from experiments.records import TRACEBACK, RunRecord, error_message
 from experiments.training.preemption import Preempted
 from experiments.training.progress import progress_factory
-from experiments.training.runner import exit_code, fail, run_experiment, verdict_line
+from experiments.judging.verdict import verdict_line
+from experiments.training.runner import exit_code, fail, preflight, run_experiment
 
 os.environ.setdefault("WANDB_SILENT", "true")
 
@@ -34,14 +38,10 @@ def main(cfg: DictConfig) -> int:
     run_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode.name == "MULTIRUN"
     container = OmegaConf.to_container(cfg, resolve=True)
-    try:
+    try:  # a bad config: one line, exit 2, nothing recorded as run
         cfg, container = text_version(cfg, list(hc.overrides.task))
-        record = run_experiment(container, run_dir, progress_factory)
-    except Preempted as e:  # SIGTERM/USR2: the checkpoint is written; a rerun resumes from it
-        print(f"preempted: {e}; rerun the same command to resume", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        os._exit(143)  # at once, leaving no job result behind (a requeued job writes it)
-    except ValueError as e:  # a bad config: one line, exit 2, nothing recorded as run
+        preflight(container)
+    except ValueError as e:
         if multirun:  # the sweep goes on; the job dir keeps the line for the sweep's summary
             skip = isinstance(e, NoTextVersion)  # a cell of a text sweep with no text version
             print(f"{'skipped' if skip else 'error'}: [{cfg.exp.name}] {e}", file=sys.stderr)
@@ -49,21 +49,50 @@ def main(cfg: DictConfig) -> int:
             return 2
         remove_if_only_hydra(run_dir)
         fail(str(e))
-    except Exception as e:  # an unexpected crash: recorded as status error, the sweep goes on
-        traceback.print_exc()
-        msg = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
-        if not (run_dir / "summary.json").exists():
-            write_json(run_dir / "summary.json", RunRecord(exp=cfg.exp.name, status="error", error=msg,
-                                                           seed=cfg.seed, config=container).to_summary())
-        print(f"error: [{cfg.exp.name}] {msg}", file=sys.stderr)
-        if multirun:
-            return 1
-        sys.exit(1)
+    except Exception as e:
+        return crashed(e, run_dir, cfg, container, multirun)
+    try:
+        record = run_experiment(container, run_dir, progress_factory, checked=True)
+    except Preempted as e:  # SIGTERM/USR2: the checkpoint is written; a rerun resumes from it
+        print(f"preempted: {e}; rerun the same command to resume", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(143)  # at once, leaving no job result behind (a requeued job writes it)
+    except Exception as e:
+        return crashed(e, run_dir, cfg, container, multirun)
     print(verdict_line(record, run_dir), flush=True)
     code = exit_code(record)
     if code and not multirun:
         sys.exit(code)
     return code
+
+
+def crashed(e: Exception, run_dir: Path, cfg: DictConfig, container: dict, multirun: bool) -> int:
+    """An unexpected crash: recorded as status error; exit 1 (in a multirun the sweep goes on and
+    its end exits 1)."""
+    record_crash(e, run_dir, cfg.exp.name, cfg.seed, container)
+    if not multirun:
+        sys.exit(1)
+    return 1
+
+
+def record_crash(e: Exception, run_dir: Path, name: str, seed: int, container: dict) -> None:
+    """The traceback on stderr and in the run dir (traceback.txt), summary.json's status `error`
+    with the message (whatever the runner wrote before), and one line naming both."""
+    tb = traceback.format_exc()
+    sys.stderr.write(tb)
+    msg = error_message(e)
+    if not (run_dir / TRACEBACK).exists():  # the runner writes it where it caught the exception
+        write_text(run_dir / TRACEBACK, tb)
+    summary = run_dir / "summary.json"
+    try:
+        s = json.loads(summary.read_text())
+    except (OSError, ValueError):
+        s = RunRecord(exp=name, seed=seed, status="error", config=container).to_summary()
+    if s.get("status") != "error":
+        s.update(status="error", error=msg)
+    write_json(summary, s)
+    print(verdict_line(RunRecord.from_summary(s), run_dir), flush=True)
+    print(f"error: [{name}] {msg} (traceback: {run_dir / TRACEBACK})", file=sys.stderr, flush=True)
 
 
 def text_version(cfg: DictConfig, overrides: list[str]):
@@ -86,7 +115,12 @@ def remove_if_only_hydra(run_dir: Path):
 
 
 if __name__ == "__main__":
-    conf = Path(__file__).parent / "conf"
-    check_argv(sys.argv[1:], conf)
+    conf, started = Path(__file__).parent / "conf", time.time()
+    results_dir = check_argv(sys.argv[1:], conf)
     sys.argv[1:] = exclude_sweep_presets(sys.argv[1:], conf)  # glob(*) is the catalogue, not the sweeps
-    main()
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra's errors reach us whole, to be said in one line
+    try:
+        main()
+    except CompactHydraException as e:  # a bad override or a config that does not compose
+        remove_empty_sweeps(results_dir, started)
+        fail(hydra_error_line(e, conf))

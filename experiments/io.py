@@ -1,8 +1,11 @@
-"""Atomic file writes: a reader never sees half a file, a crash never leaves one."""
+"""Atomic file writes: a reader never sees half a file, a crash never leaves one; and a lock on a
+directory that leaves nothing behind."""
 import csv
+import fcntl
 import json
 import os
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +26,36 @@ def atomic_write(path: Path, write, mode="w"):
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+@contextmanager
+def dir_lock(d: Path):
+    """Hold d/.lock exclusively (across processes) while the block runs; d is made if missing. On
+    leaving, if d holds nothing but the lock, both go, so a finished run leaves no empty dir. A
+    process that waited on a lock file removed meanwhile takes the lock again on a fresh one."""
+    d = Path(d)
+    while True:
+        d.mkdir(parents=True, exist_ok=True)
+        try:
+            f = open(d / ".lock", "a")
+        except FileNotFoundError:  # d was removed between the two calls
+            continue
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            if os.fstat(f.fileno()).st_ino == os.stat(d / ".lock").st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        f.close()  # the lock's file was removed while we waited: its holder is done with d
+    try:
+        yield
+    finally:
+        try:
+            if [p.name for p in d.iterdir()] == [".lock"]:
+                (d / ".lock").unlink()
+                d.rmdir()
+        finally:
+            f.close()
 
 
 def write_text(path, text: str):

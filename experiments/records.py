@@ -11,6 +11,14 @@ from pathlib import Path
 
 from experiments.io import load_attn_weights
 
+TRACEBACK = "traceback.txt"  # in a run dir whose training or job raised: the whole traceback
+
+
+def error_message(e: BaseException) -> str:
+    """One line for summary.json's `error`: the exception's type and the first line of its text."""
+    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+
+
 # keys that do not change what is trained: two configs differing only here share a control
 NOT_HASHED = ("exp", "logger", "results_dir")
 NOT_HASHED_TRAIN = ("progress", "ckpt_every")

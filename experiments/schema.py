@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from experiments.suggest import did_you_mean
+
 
 class ConfigError(ValueError):
     """A bad config value: one line, exit 2, nothing trained or recorded."""
@@ -247,6 +249,52 @@ EXP_KEYS = {"exp.name": Key("str"), "exp.claim": Key("str", null=True),
             "exp.figure_metric": Key("str", null=True)}
 
 
+# the exp node (conf/config.yaml's `exp`): its fields, and those of its control and floor; the
+# fields of a check are judging.checks.FIELDS
+EXP_FIELDS = ("name", "broken", "claim", "control", "loss_metric", "figure_metric", "group", "measures",
+              "expect", "checks", "text_data", "floor")
+CONTROL_FIELDS = ("name", "overrides", "measures")
+
+
+def every_key() -> set[str]:
+    """Every key the schema knows, whatever the task, optimizer and logger."""
+    out = {*SCHEMA, *EXP_KEYS}
+    for table in (TASK_KEYS, OPTIM_KEYS, LOGGER_KEYS):
+        for keys in table.values():
+            out.update(keys)
+    return out
+
+
+def unknown_key(key: str, known, cfg: dict | None = None) -> ConfigError:
+    """`key` is nobody's; or, a key of another task / optimizer / logger, not of this one's."""
+    for section, table in (("data", TASK_KEYS), ("optim", OPTIM_KEYS), ("logger", LOGGER_KEYS)):
+        if cfg and key.startswith(f"{section}.") and any(key in keys for keys in table.values()):
+            return ConfigError(f"{key} is not a key of {section}={cfg[section]['name']}")
+    return ConfigError(f"{key} is not a config key{did_you_mean(key, known)}")
+
+
+def leaves(d: dict, prefix: str = "") -> list[str]:
+    out = []
+    for k, v in d.items():
+        out += leaves(v, f"{prefix}{k}.") if isinstance(v, dict) and v else [f"{prefix}{k}"]
+    return out
+
+
+def check_known(cfg: dict, keys: dict) -> None:
+    """A key nobody reads (`+train.step=100`) is an error, not a silent no-op."""
+    for key in leaves({k: v for k, v in cfg.items() if k not in ("exp", "hydra")}):
+        if key not in keys:
+            raise unknown_key(key, keys, cfg)
+    exp = cfg.get("exp") or {}
+    for f in exp:
+        if f not in EXP_FIELDS:
+            raise unknown_key(f"exp.{f}", [f"exp.{x}" for x in EXP_FIELDS])
+    for node in ("control", "floor"):
+        for f in exp.get(node) or {}:
+            if f not in CONTROL_FIELDS:
+                raise unknown_key(f"exp.{node}.{f}", [f"exp.{node}.{x}" for x in CONTROL_FIELDS])
+
+
 def get(cfg: dict, key: str):
     d = cfg
     for part in key.split("."):
@@ -318,7 +366,9 @@ def _cross(cfg: dict):
 
 def validate(cfg: dict) -> None:
     """Raise ConfigError (one line) for the first value the schema does not allow."""
-    for key, spec in keys_for(cfg).items():
+    keys = keys_for(cfg)
+    check_known(cfg, keys)
+    for key, spec in keys.items():
         check_value(key, get(cfg, key), spec)
     _cross(cfg)
 

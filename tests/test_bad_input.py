@@ -87,6 +87,12 @@ CASES = {
     "cross_min_lr": (["optim.min_lr=0.5"], "optim.min_lr=0.5 is above optim.lr=0.001"),
     "cross_copy_length": (["data.seq_len=2", "model.block_size=2"], "data.seq_len=2 is not allowed for the copy task"),
     "cross_backend": (["model.attention.backend=sdpa", "model.attention.softmax=naive"], "backend='sdpa' cannot express"),
+    # issue 23: a key nobody reads, added or overridden; a misspelt experiment or check (more in test_schema.py)
+    "unknown_key_added": (["+train.step=100"], "error: train.step is not a config key (did you mean train.steps?)"),
+    "unknown_key": (["train.step=100"], "error: train.step is not a config key (did you mean train.steps?)"),
+    "exp_typo": (["+exp=no_scalng"], "error: unknown exp 'no_scalng': did you mean no_scaling?"),
+    "check_typo": (["+exp=no_scaling", "exp.checks.platau.value=30"],
+                   "exp.checks.platau.value is not a config key (did you mean exp.checks.plateau.value?)"),
 }
 
 
@@ -94,6 +100,12 @@ CASES = {
 def test_bad_config_exits_2_with_one_line(name, tmp_path):
     args, must_name = CASES[name]
     assert_rejected(args, tmp_path, must_name)
+
+
+def test_an_unknown_key_in_a_multirun_exits_2_and_leaves_no_sweep_dir(tmp_path):
+    code, err = run_forked(["-m", *TINY, "train.step=1,2", f"results_dir={tmp_path / 'results'}"], tmp_path)
+    assert code == 2 and err.strip() == "error: train.step is not a config key (did you mean train.steps?)", err
+    assert not (tmp_path / "results" / "multirun").exists()
 
 
 def test_cuda_without_a_gpu(tmp_path):

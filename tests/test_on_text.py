@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from attention.mha import AttentionConfig, MultiHeadAttention
-from conftest import SHAKESPEARE
+from conftest import ROOT, SHAKESPEARE
 from experiments.judging.checks import signature
 from experiments.judging.verdict import RunView, evaluate
 from test_bad_input import assert_rejected
@@ -86,7 +86,7 @@ def test_a_text_run_trains_its_floor_once_and_the_report_puts_it_beside_the_synt
                       results_dir=tmp_path)
     rec = run_experiment(cfg, tmp_path / "runs" / "sum_normalize" / "a")
     floor_dir = Path(rec.floor["dir"])
-    assert floor_dir.parent.name == "controls" and floor_dir.name.startswith("no_attention_floor-")
+    assert floor_dir.parent.name == "controls" and floor_dir.name == rec.floor["config_hash"]
     assert rec.context["floor"] == rec.floor["final"]["loss/train"]
     floor = json.loads((floor_dir / "summary.json").read_text())
     assert floor["config"]["model"]["attention"]["reach"] == "self"
@@ -215,3 +215,17 @@ def test_the_text_table_shows_the_second_corpus_and_why_an_experiment_has_no_tex
     assert "reproduces on shakespeare_char (3 of 3) but not on python_source_char (0 of 1)" in cells[6]
     heads = next(line for line in md.splitlines() if line.startswith("| heads |"))
     assert "no text version: its signature is the two-facts task's" in heads
+
+
+def test_every_text_version_plots_the_text_loss_and_pairs_the_heatmaps_by_layer(text_versions):
+    """Issue 23: five text versions plotted loss/copy (never logged on text: an empty panel), and
+    the heatmaps put the failure's layer 0 beside the control's layer 1."""
+    import numpy as np
+    from experiments.report.figures import shown_heads
+    for exp, cfg in text_versions.items():
+        assert cfg["exp"]["loss_metric"] == "loss/train", exp  # text batches have no loss groups
+    sharp, flat = np.eye(4)[None], np.full((1, 4, 4), 0.25)
+    failure = {0: {"L0": flat, "L1": sharp}}   # its most focused head: L1 H0
+    control = {0: {"L0": sharp, "L1": flat}}   # its own would be L0 H0
+    assert shown_heads([failure, control]) == [("L1", 0), ("L1", 0)]
+    assert shown_heads([failure, {0: {"L0": sharp}}]) == [("L1", 0), ("L0", 0)]  # no L1: its own

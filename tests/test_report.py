@@ -143,6 +143,22 @@ def test_variants_of_one_experiment_are_labelled_by_what_differs(tmp_path):
     assert "| phase (sweep of 4 configs) |  | 0 | completed ×4 | 4 of 4 runs | – | – | see its section |  |" in md
 
 
+def test_a_sweep_names_what_it_varied(tmp_path, capsys):
+    """Issue 23: `-m +exp=no_scaling model.attention.d_k=16 seed=0,1` reported '0 of 2 reproduced'
+    under the bare name, as if the tool had failed: the label names the command line's overrides."""
+    sweep = tmp_path / "multirun" / "2026-01-01_00-00-00"
+    for seed in (0, 1):
+        d = fake_run(sweep / f"{seed}_no_scaling_seed{seed}", seed=seed, measured=1.0)
+        (d / ".hydra").mkdir()
+        (d / ".hydra" / "overrides.yaml").write_text(
+            f"- +exp=no_scaling\n- model.attention.d_k=16\n- seed={seed}\n- logger=none\n- hydra/launcher=parallel\n")
+    md = report.build([sweep], sweep).read_text()
+    assert "| [no_scaling [model.attention.d_k=16]](#no_scaling-modelattentiond_k16) |" in md
+    assert "### no_scaling [model.attention.d_k=16]" in md
+    finish_multirun(sweep)
+    assert "verdict: no_scaling [model.attention.d_k=16]: 0 of 2 seeds reproduced" in capsys.readouterr().out
+
+
 def test_readme_blocks_are_replaced_with_links_relative_to_the_readme(results, tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text("intro\n<!-- BEGIN report:catalogue -->\nstale text\n<!-- END report:catalogue -->\n"
@@ -221,11 +237,15 @@ def test_multirun_ends_with_a_report_in_the_sweep_dir(tiny, tmp_path):
                        env={**os.environ, "WANDB_MODE": "disabled"})
     assert r.returncode == 0, r.stderr[-2000:]
     md = (sweep / "REPORT.md").read_text()
-    assert re.search(r"\| \[baseline\]\(#baseline\) \| nothing \(the healthy baseline\) \| 0, 1 \| completed ×2 \| [012] of 2 \|", md)
+    # the row names the sizes the command line gave (what this sweep changed against the catalogue)
+    assert re.search(r"\| \[baseline \[model.d_model=32, [^\]]*train.steps=6[^\]]*\]\]\(#baseline-[^)]*\) \| "
+                     r"nothing \(the healthy baseline\) \| 0, 1 \| completed ×2 \| [012] of 2 \|", md)
     assert re.search(r"\| copy task solved \| [012] of 2 \| \S+ ± \S+ \| \S+\.\.\S+ \| <= 0.05 \|", md)
     # the last lines: each experiment's rate (six steps do not solve the copy: a finding, exit 0)
-    assert re.search(r"^verdict: baseline: [012] of 2 seeds reproduced \(95% interval ", r.stdout, re.M), r.stdout
-    assert (sweep / "figures" / "baseline.png").stat().st_size > 10_000
+    assert re.search(r"^verdict: baseline \[[^\]]*train.steps=6[^\]]*\]: [012] of 2 seeds reproduced \(95% interval ",
+                     r.stdout, re.M), r.stdout
+    (fig,) = (sweep / "figures").glob("baseline_model.d_model=32*.png")
+    assert fig.stat().st_size > 10_000
     assert len(pd.read_csv(sweep / "runs.csv")) == 2 * 5  # steps 0, 2, 3, 4, 5 (log or diagnostic) per run
 
 

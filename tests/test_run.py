@@ -40,6 +40,8 @@ def test_tiny_run_writes_metrics_summary_figure_and_offline_wandb(tmp_path):
 
 
 def test_experiment_with_control_trains_the_control_once_and_reuses_it(compose_cfg, tmp_path):
+    """The control is cached by its config alone: another experiment whose control equals it (under
+    another name) reuses it (issue 23); a completed run leaves no checkpoint dir holding a .lock."""
     from experiments.training.runner import run_experiment
     cfg = compose_cfg(TINY, results_dir=tmp_path)
     cfg["exp"].update(name="unscaled_tiny", claim="test", control={
@@ -47,9 +49,12 @@ def test_experiment_with_control_trains_the_control_once_and_reuses_it(compose_c
         checks={"std": {"kind": "threshold", "metric": "attn/score_std/L0", "at": 0, "op": ">", "value": 0}})
     cfg["model"]["attention"]["scale"] = "none"
     s1 = run_experiment(cfg, tmp_path / "a")
+    cfg["exp"].update(name="renamed", control={**cfg["exp"]["control"], "name": "healthy"})
     s2 = run_experiment(cfg, tmp_path / "b")
-    assert s1.control["dir"] == s2.control["dir"]
-    assert len(list((tmp_path / "controls").iterdir())) == 1
+    assert s1.control["dir"] == s2.control["dir"] and s2.control["name"] == "healthy"
+    (cdir,) = (tmp_path / "controls").iterdir()
+    assert cdir.name == s1.control["config_hash"]
+    assert not list(tmp_path.glob("checkpoints/*"))
     # the signature (score std > 0) also holds on the control: a broken signature, not a reproduction
     assert s1.verdict["signature_broken"] and not s1.verdict["reproduced"]
     ctrl = json.loads((Path(s1.control["dir"]) / "summary.json").read_text())
@@ -98,3 +103,4 @@ def test_the_report_package_loads_neither_torch_nor_wandb():
             "print(sorted(m for m in ('torch', 'wandb') if m in sys.modules))")
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and p.stdout.strip() == "[]", p.stderr[-2000:] + p.stdout
+

@@ -59,3 +59,25 @@ def test_docs_config_page_is_the_schema():
     page = (Path(__file__).resolve().parents[1] / "docs" / "config.md").read_text()
     block = page.split(schema.BEGIN, 1)[1].split(schema.END, 1)[0]
     assert block == "\n" + schema.markdown(), "run: python -m experiments.schema --write docs/config.md"
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["+train.step=100"], "train.step is not a config key (did you mean train.steps?)"),
+    (["+trian.steps=3"], "trian.steps is not a config key (did you mean train.steps?)"),
+    (["+data.pad_side=left"], "data.pad_side is not a key of data=copy"),
+    (["+exp.contrl=3"], "exp.contrl is not a config key (did you mean exp.control?)"),
+    (["+exp=no_scaling", "+exp.checks.platau.value=30"], "exp.checks.platau is not a check of no_scaling (did you mean plateau?)"),
+    (["+exp=no_scaling", "+exp.checks.plateau.valu=30"], "exp.checks.plateau.valu is not a check field (did you mean value?)"),
+])
+def test_a_key_nobody_reads_is_an_error_naming_the_closest_key(compose_cfg, overrides, message):
+    """Issue 23: `+train.step=100` trained 600 steps with a key nobody read."""
+    from experiments.training.runner import preflight
+    with pytest.raises(ValueError) as e:
+        preflight(compose_cfg(overrides))
+    assert str(e.value) == message
+
+
+def test_the_closest_name_comes_first():
+    from experiments.suggest import closest
+    assert closest("no_scalng", ["baseline", "phase_no_scaling", "no_scaling"])[0] == "no_scaling"
+    assert closest("zzz", ["baseline", "no_scaling"]) == []

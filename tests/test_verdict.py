@@ -1,5 +1,6 @@
 """Verdicts: reproduced only when the signature holds on the run and not on its control."""
 import math
+from pathlib import Path
 
 import pytest
 
@@ -87,3 +88,47 @@ def test_anything_else_is_a_one_line_error_at_parse_time(text):
     with pytest.raises(ValueError) as e:
         signature({"expect": ["c"], "checks": {"c": {"kind": "threshold", "metric": "m", "value": text}}})
     assert "\n" not in str(e.value) and "exp.checks.c.value" in str(e.value)
+
+
+def test_no_check_name_carries_its_threshold():
+    """The verdict renders each threshold from the config; a name holding one goes stale after
+    `exp.checks.NAME.value=...` (issue 23)."""
+    import glob
+    import yaml
+    from tests.conftest import ROOT
+    stale = []
+    for f in [ROOT / "conf" / "config.yaml", *sorted(glob.glob(str(ROOT / "conf" / "*" / "*.yaml")))]:
+        for key, c in (((yaml.safe_load(open(f)) or {}).get("exp") or {}).get("checks") or {}).items():
+            name = str(c.get("name", ""))
+            numbers = [str(c[k]) for k in ("value", "level", "tol") if c.get("kind") != "status" and c.get(k) is not None
+                       and any(ch.isdigit() for ch in str(c[k])) and str(c[k]) not in ("0", "1")]
+            if any(op in name for op in ("<", ">")) or any(n in name for n in numbers):
+                stale.append(f"{Path(f).parent.name}/{Path(f).stem}: {key}: {name}")
+    assert not stale, stale
+
+
+def test_the_verdict_line_shows_each_check_measured_against_the_threshold_from_the_config():
+    from experiments.judging.verdict import verdict_line
+    from experiments.records import RunRecord
+    slow = run([(s, 4.1 if s < 600 else 0.1) for s in range(0, 1000, 10)])
+    fast = run([(s, 4.1 if s < 100 else 0.1) for s in range(0, 1000, 10)])
+    checks = [{**PLATEAU[0], "key": "plateau", "value": 30}]  # as after exp.checks.plateau.value=30
+    rec = RunRecord(exp="no_scaling", status="completed", wall_s=1.0, verdict=evaluate(checks, slow, fast))
+    line = verdict_line(rec, "DIR")
+    assert line == (f"[no_scaling] reproduced: false | status completed | plateau=6 (>= 30; plateau: loss/copy >= "
+                    f"{0.9 * LN:.3g}) FAIL | 1.0s | DIR")
+
+
+def test_a_run_that_raised_says_so_never_not_measurable():
+    """Issue 26's falsehood: a run that crashed before logging read 'not measurable on this data'."""
+    from experiments.judging.verdict import verdict_line
+    from experiments.records import RunRecord
+    checks = [{"name": "copy task solved", "key": "copy_solved", "kind": "threshold", "metric": "loss/copy",
+               "op": "<=", "value": 0.05}]
+    crashed = RunView(status="error", error="OSError: [Errno 22] Invalid argument")
+    v = evaluate(checks, crashed, None)
+    assert not v["reproduced"] and not v["not_measurable"] and v["error"].startswith("OSError")
+    rec = RunRecord(exp="baseline", status="error", error=crashed.error, verdict=v)
+    line = verdict_line(rec, "DIR")
+    assert "not measurable" not in line
+    assert line == "[baseline] reproduced: false | status error | not judged: the run raised OSError: [Errno 22] Invalid argument | DIR"

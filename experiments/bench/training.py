@@ -17,6 +17,14 @@ TINY_MODEL = ["model.n_layers=1", "model.d_model=32", "model.n_heads=2", "data.s
               "train.batch_size=4"]
 
 
+def checked(cfg: dict) -> dict:
+    """The schema's check, as run.py's preflight does: `device=cuda` without a GPU, a bad value,
+    is one line and exit 2 (experiments.bench.main), not a traceback."""
+    from experiments.schema import validate
+    validate(cfg)
+    return cfg
+
+
 def sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -30,7 +38,7 @@ def bench_shakespeare(tiny=False, overrides=(), reference=False) -> dict:
     from experiments.bench import nanogpt_reference
     from experiments.training.loop import Trainer
     over = NANOGPT + (TINY_MODEL + ["train.steps=20", "train.eval_batches=2"] if tiny else []) + list(overrides)
-    cfg = compose(over)
+    cfg = checked(compose(over))
     n_eval = cfg["train"]["eval_batches"]
     cfg["train"]["eval_batches"] = 0  # evaluated below, outside the timed loop
     with tempfile.TemporaryDirectory() as tmp:
@@ -110,9 +118,10 @@ def bench_throughput(tiny=False, rounds=None, chunk=None, overrides=()) -> dict:
     time counts what this process spent) and on wall time on a GPU."""
     from experiments.training.build import build_model, build_optimizer, lr_lambda
     from experiments.training.loop import Trainer
-    over = NANOGPT + ["model.attention.backend=sdpa", "train.eval_batches=0"]
+    over = NANOGPT + ["model.attention.backend=sdpa"]
     over += (TINY_MODEL + ["train.diag_every=5", "train.ckpt_every=10"] if tiny else []) + list(overrides)
-    cfg = compose(over)
+    cfg = checked(compose(over))
+    cfg["train"]["eval_batches"] = 0  # nothing is evaluated: only the loops are timed
     every = cfg["train"]["diag_every"] or 50
     chunk = chunk or every
     rounds = rounds or (2 if tiny else 8)

@@ -15,23 +15,35 @@ the last row when diverged) | first | last | min | max | a step; `op` is >= unle
 A check with `report_only: true` is measured and shown but is not part of the signature.
 """
 from experiments.judging.expressions import parse
+from experiments.suggest import did_you_mean
 
 OPS = ("<=", "<", ">=", ">")
 KINDS = ("threshold", "ratio", "delta", "near", "plateau", "status")
 NEEDS = {"threshold": ("metric",), "ratio": ("metric",), "delta": ("metric",),
          "near": ("metric", "ref", "tol"), "plateau": ("metric", "level"), "status": ("value",)}
 STATUSES = ("completed", "diverged", "error")
+FIELDS = ("name", "kind", "metric", "at", "op", "value", "level", "tol", "ref", "control_at", "report_only",
+          "message_contains", "module_contains")
 
 
 def signature(exp: dict) -> list[dict]:
-    """The checks `exp.expect` names, in its order, each with its `name` (the label the verdict
-    and the report show; the key when it has none)."""
+    """The checks `exp.expect` names, in its order, each with its `key` (its name in exp.checks:
+    what `exp.checks.KEY.value=...` overrides; the verdict line shows it) and its `name` (the
+    report's label, the key when it has none; it says what is measured, never the threshold,
+    which the verdict renders from the config)."""
     checks = exp["checks"] or {}
+    for key, c in checks.items():  # a misspelt field or check name is an error, not a no-op
+        for f in c or {}:
+            if f not in FIELDS:
+                raise ValueError(f"exp.checks.{key}.{f} is not a check field{did_you_mean(f, FIELDS)}")
+        if not (c or {}).get("kind"):
+            raise ValueError(f"exp.checks.{key} is not a check of {exp['name']}"
+                             f"{did_you_mean(key, [k for k in checks if k != key])}")
     out = []
     for key in exp["expect"] or []:
         if key not in checks:
-            raise ValueError(f"exp.expect: no check named {key!r} in exp.checks (known: {', '.join(checks)})")
-        c = {"name": key, **checks[key]}
+            raise ValueError(f"exp.expect: no check named {key!r} in exp.checks{did_you_mean(key, checks)}")
+        c = {"name": key, **checks[key], "key": key}
         validate(key, c)
         out.append(c)
     return out

@@ -7,6 +7,9 @@ A check whose metric neither the run nor its reference ever logged (loss/copy on
 measurable on this data": shown, never gated, never a FAIL (`not_measurable` lists them).
 A check compared with "the control" evaluates the control against itself on the control side,
 so ratio and plateau checks give 1 there and deltas 0.
+A run that raised where its signature expects none is not reproduced and says so (`error`); its
+checks are never "not measurable on this data" (nothing was measured because the run failed). A
+control that raised voids the comparison (`control_error`): not reproduced either.
 """
 import math
 import operator
@@ -87,26 +90,35 @@ def _measure(c: dict, run: RunView, ref: RunView):
 
 
 def check(c: dict, run: RunView, ref: RunView) -> dict:
+    """One check measured on `run`: its measured value, the threshold it is held to (op and
+    threshold as numbers, evaluated from the config for this run; `expected` as text) and whether
+    it passed."""
     measured = _measure(c, run, ref)
+    op, target = None, None
     if c["kind"] == "status":
         passed = measured == c["value"]
         if passed and c.get("message_contains"):
             passed = c["message_contains"] in (run.error or "")
         if passed and c.get("module_contains"):
             passed = c["module_contains"] in ((run.nonfinite or {}).get("module") or "")
+        op, target = "==", c["value"]
         expected = f"== {c['value']}"
     elif c["kind"] == "near":
-        tol = expr(c["tol"], run.context)
-        passed = measured is not None and measured <= tol
-        expected = f"rel. error to {c['ref']} <= {tol:g}"
+        op, target = "<=", expr(c["tol"], run.context)
+        passed = measured is not None and measured <= target
+        expected = f"rel. error to {c['ref']} <= {target:g}"
     elif c.get("value") is not None:
-        target = expr(c["value"], run.context)
-        passed = measured is not None and math.isfinite(measured) and OPS[c.get("op", ">=")](measured, target)
-        expected = f"{c.get('op', '>=')} {target:g}"
+        op, target = c.get("op", ">="), expr(c["value"], run.context)
+        passed = measured is not None and math.isfinite(measured) and OPS[op](measured, target)
+        expected = f"{op} {target:g}"
     else:  # report_only without a threshold: a measurement, not a claim
         passed, expected = measured is not None, "reported"
-    return {"name": c.get("name", c["kind"]), "kind": c["kind"], "metric": c.get("metric"),
-            "passed": bool(passed), "measured": measured, "expected": expected}
+    out = {"name": c.get("name", c["kind"]), "key": c.get("key", c.get("name", c["kind"])), "kind": c["kind"],
+           "metric": c.get("metric"), "passed": bool(passed), "measured": measured, "expected": expected,
+           "op": op, "threshold": target}
+    if c["kind"] == "plateau":  # the level that defines the plateau is a threshold too
+        out["level"] = expr(c["level"], run.context)
+    return out
 
 
 def measurable(c: dict, run: RunView, ref: RunView) -> bool:
@@ -122,13 +134,16 @@ def evaluate(expect: list[dict], run: RunView, control: RunView | None) -> dict:
     ok = [measurable(c, run, control or run) for c in expect]
     gates = [not c.get("report_only", False) and m for c, m in zip(expect, ok)]
     run_checks = [check(c, run, control or run) for c in expect]
+    errored = run.status == "error" and not any(c["kind"] == "status" and c["value"] == "error" for c in expect)
     for rc, gate, m in zip(run_checks, gates, ok):
         rc["report_only"] = not gate
-        if not m:
+        if not m and not errored:  # a run that crashed measured nothing: that is no property of the data
             rc.update(passed=False, not_measurable=True, expected="not measurable on this data")
     signature = [rc["passed"] for rc, gate in zip(run_checks, gates) if gate]
-    out = {"reproduced": bool(signature) and all(signature), "checks": run_checks,
-           "not_measurable": [rc["name"] for rc, m in zip(run_checks, ok) if not m]}
+    out = {"reproduced": bool(signature) and all(signature) and not errored, "checks": run_checks,
+           "not_measurable": [rc["name"] for rc in run_checks if rc.get("not_measurable")]}
+    if errored:
+        out["error"] = run.error or "the run raised"
     if control is not None:
         ctrl_checks = [check(c, control, control) for c in expect]
         for rc, cc in zip(run_checks, ctrl_checks):
@@ -136,4 +151,40 @@ def evaluate(expect: list[dict], run: RunView, control: RunView | None) -> dict:
         out["signature_broken"] = all(cc["passed"] for cc, gate in zip(ctrl_checks, gates) if gate)
         out["reproduced"] = out["reproduced"] and not out["signature_broken"]
         out["control_status"] = control.status
+        if control.status == "error":
+            out["control_error"] = control.error or "the control raised"
+            out["reproduced"] = False
     return out
+
+
+def _num(x) -> str:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return "–" if x is None else str(x)
+    return f"{x:.3g}" if math.isfinite(x) else str(x)
+
+
+def check_text(c: dict) -> str:
+    """One check as the verdict line shows it: its key (what `exp.checks.KEY.value=...` sets), the
+    measured value, the threshold it was held to, and the outcome."""
+    if c.get("not_measurable"):
+        return f"{c['key']}: not measurable on this data"
+    held = "" if c.get("op") is None else f" ({c['op']} {_num(c['threshold'])}" + (
+        f"; plateau: {c['metric']} >= {_num(c['level'])}" if c.get("level") is not None else "") + ")"
+    outcome = "reported" if c.get("report_only") else "ok" if c["passed"] else "FAIL"
+    return f"{c.get('key', c['name'])}={_num(c['measured'])}{held} {outcome}"
+
+
+def verdict_line(record, run_dir) -> str:
+    """`[exp] reproduced: ... | status ... | each check | time | run dir`; a run or a control that
+    raised says so in place of the checks."""
+    v = record.verdict or {}
+    broken = " (signature also holds on the control: broken)" if v.get("signature_broken") else ""
+    if record.status == "error" and not record.expected_error:
+        checks = f"not judged: the run raised {record.error or v.get('error')}"
+    elif v.get("control_error"):
+        checks = f"not judged: the control raised {v['control_error']}"
+    else:
+        checks = ", ".join(check_text(c) for c in v.get("checks", []))
+    wall = f"{record.wall_s:.1f}s | " if record.wall_s is not None else ""
+    return (f"[{record.exp}] reproduced: {str(bool(v.get('reproduced'))).lower()}{broken} | "
+            f"status {record.status} | {checks} | {wall}{run_dir}")

@@ -41,6 +41,18 @@ def pick_head(attn_weights: dict) -> tuple[str, int] | None:
     return (best[1], best[2]) if best else (sorted(last)[0], 0)
 
 
+def has_head(attn_weights: dict, layer: str, head: int) -> bool:
+    """Whether every recorded step has this layer and head."""
+    return all(layer in w and head < len(w[layer]) for w in attn_weights.values())
+
+
+def shown_heads(weights: list) -> list:
+    """The (layer, head) whose heatmaps each run shows: the first run's most focused head, and the
+    same layer and head for the others (the control beside the failure) wherever they have it."""
+    first = pick_head(weights[0]) if weights and weights[0] else None
+    return [None if not w else first if first and has_head(w, *first) else pick_head(w) for w in weights]
+
+
 def _heatmap(ax, w, title):
     im = ax.imshow(np.asarray(w, dtype=np.float32), cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
     ax.set_title(title, fontsize=9)
@@ -57,7 +69,8 @@ def plot_experiment(path: Path, name: str, runs: list, controls: list, control_n
     gradient mean |dL/dscores| (both averaged over layers; `third` names another metric for that
     panel, the one an experiment's signature is about); log scale where a panel spans
     decades; one legend for the three, beside them, so it covers no curve. Bottom: one head's
-    weights at step 0 and at the end, for the first run of each, on one colour scale."""
+    weights at step 0 and at the end, for the first run of each, on one colour scale: the
+    failure's most focused head, and the same layer and head of the control."""
     n_heat = 2 * (1 + bool(controls))
     fig = plt.figure(figsize=(14, 8.2), layout="constrained")
     fig.suptitle(name)
@@ -96,11 +109,9 @@ def plot_experiment(path: Path, name: str, runs: list, controls: list, control_n
         legend_ax.legend(handles, labels, loc="center left", fontsize=8, frameon=False)
     heat_grid = rows[1].subgridspec(1, n_heat)
     col, im, heat_axes = 0, None, []
-    for group in (runs, controls):
-        if not group:
-            continue
+    groups = [g for g in (runs, controls) if g]
+    for group, picked in zip(groups, shown_heads([g[0][2] for g in groups])):
         label, _, weights = group[0]
-        picked = pick_head(weights) if weights else None
         for which in ("first", "last"):
             ax = fig.add_subplot(heat_grid[0, col])
             heat_axes.append(ax)

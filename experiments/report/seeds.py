@@ -46,6 +46,19 @@ def threshold(expected: str) -> tuple[str, float] | None:
         return None
 
 
+def held_to(c: dict) -> tuple[str, float] | None:
+    """(op, threshold) of a verdict's check: its own fields, or parsed from `expected` (records
+    written before the verdict had them)."""
+    if c.get("op") in ("<=", ">=", "<", ">") and _number(c.get("threshold")) is not None:
+        return c["op"], float(c["threshold"])
+    return threshold(c.get("expected"))
+
+
+def same_check(a: dict, b: dict) -> bool:
+    """One check in two runs' verdicts: by key where both have one, else by name."""
+    return a["key"] == b["key"] if "key" in a and "key" in b else a["name"] == b["name"]
+
+
 def _number(v) -> float | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
@@ -101,13 +114,13 @@ def checks_over_seeds(runs: list[RunRecord]) -> list[CheckOverSeeds]:
     first = next((r.verdict["checks"] for r in runs if (r.verdict or {}).get("checks")), [])
     out = []
     for c in first:
-        per_run = [next((x for x in (r.verdict or {}).get("checks", []) if x["name"] == c["name"]), None)
+        per_run = [next((x for x in (r.verdict or {}).get("checks", []) if same_check(x, c)), None)
                    for r in runs]
         per_run = [x for x in per_run if x is not None]
         gate = not c.get("report_only", False)
         passed = [bool(x.get("passed")) for x in per_run]
         measured = [x.get("measured") for x in per_run]
-        t = threshold(c.get("expected")) if gate and c.get("kind") != "status" else None
+        t = held_to(c) if gate and c.get("kind") != "status" else None
         m = margin(measured, t[0], t[1], all(passed)) if t else None
         out.append(CheckOverSeeds(c["name"], gate, measured, [x["control"] for x in per_run if "control" in x],
                                   passed, c.get("expected", ""), m))

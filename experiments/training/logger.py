@@ -17,7 +17,7 @@ N_IMAGES = 5  # attention heatmaps logged per run: step 0, the last step, and ev
 class NullLogger:
     def log(self, metrics: dict, step: int, attn=None): ...
     def summary(self, d: dict): ...
-    def finish(self): ...
+    def finish(self, exit_code: int = 0): ...
 
 
 def image_steps(steps: int, diag_every: int, n: int = N_IMAGES) -> set[int]:
@@ -69,7 +69,12 @@ def payload(metrics: dict, step: int, attn, log_images: bool) -> dict:
 
 class WandbLogger:
     """One W&B run per training run, grouped by experiment (the control in the same group),
-    tagged (failure mode, role, seed), with the whole resolved config."""
+    tagged (failure mode, role, seed), with the whole resolved config.
+
+    Each run is its own (`reinit="create_new"`): the failure's run stays open while its control
+    and floor train in runs of their own, and only its owner finishes it, after the verdict is in
+    its summary. ("finish_previous" closed the failure's run when the control's opened, and the
+    verdict was then written into a finished run.)"""
 
     def __init__(self, logger_cfg: dict, run_dir: Path, config: dict, name: str, group: str,
                  tags: list[str]):
@@ -79,7 +84,7 @@ class WandbLogger:
         self.wandb = wandb
         self.run = wandb.init(project=need(logger_cfg, "logger.project"), entity=need(logger_cfg, "logger.entity"),
                               mode=mode, dir=str(run_dir), config=config, name=name, group=group,
-                              tags=tags, reinit="finish_previous")
+                              tags=tags, reinit="create_new")
         self.run.define_metric("step")
         self.run.define_metric("*", step_metric="step")  # every panel's x axis is the training step
         for key in ("loss/*", "attn/entropy/*"):
@@ -93,8 +98,11 @@ class WandbLogger:
     def summary(self, d: dict):
         self.run.summary.update(d)
 
-    def finish(self):
-        self.run.finish()
+    def finish(self, exit_code: int = 0):
+        """Once; a second call (an error path after a normal finish) does nothing."""
+        if self.run is not None:
+            self.run.finish(exit_code=exit_code)
+            self.run = None
 
 
 LOGGERS = ("wandb", "none")

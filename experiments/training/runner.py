@@ -1,27 +1,27 @@
 """One experiment: train the failure run, find or train its control, judge, write the run dir.
 
 Run dir: metrics.csv, perf.csv, summary.json, curves.png, attn_weights.npz, wandb/.
-Controls live under <results_dir>/controls/<name>-<hash>/, keyed by the hash of everything that
-shapes training, so every experiment with the same control config reuses one run (a file lock
-keeps two parallel jobs from training it twice). A control keeps its final weights (model.pt), so
-an experiment that reuses it measures on it what that experiment measures (exp.measures), which
-the experiment that trained it may not have.
+Controls live under <results_dir>/controls/<hash>/, keyed by the hash of everything that shapes
+training, not by its name, so every experiment with the same control config reuses one run (a file
+lock keeps two parallel jobs from training it twice). A control keeps its final weights (model.pt):
+an experiment that reuses it measures on them what it measures (exp.measures) and the experiment
+that trained the control did not.
 """
 import copy
-import fcntl
 import importlib
 import math
 import platform
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
 
-from experiments.io import save_attn_weights, save_torch, write_json
+from experiments.io import dir_lock, save_attn_weights, save_torch, write_json, write_text
 from experiments.judging.checks import signature
 from experiments.judging.verdict import RunView, evaluate
-from experiments.records import RunRecord, config_hash, read_attn_weights, rows_frame
+from experiments.records import TRACEBACK, RunRecord, config_hash, error_message, read_attn_weights, rows_frame
 from experiments.report.figures import plot_experiment
 from experiments.schema import validate
 from experiments.training.build import check
@@ -117,9 +117,7 @@ def train_run(cfg: dict, run_dir: Path, role: str, progress_factory=None, keep_w
     would share a checkpoint: the second waits for the first, then trains afresh, so no file has
     two writers."""
     ckpt = checkpoint_path(cfg)
-    ckpt.parent.mkdir(parents=True, exist_ok=True)
-    with open(ckpt.parent / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with dir_lock(ckpt.parent):  # removed with its dir once the checkpoint is (the run completed)
         return _train_run(cfg, Path(run_dir), role, ckpt, progress_factory, keep_weights)
 
 
@@ -130,17 +128,25 @@ def _train_run(cfg: dict, run_dir: Path, role: str, ckpt: Path, progress_factory
     logger = make_logger(cfg["logger"], run_dir, cfg, name=f"{name}-seed{cfg['seed']}",
                          group=cfg["exp"]["group"] or name, tags=[name, role, f"seed{cfg['seed']}"])
     trainer.log_fn = logger.log
+    try:
+        return _train(cfg, run_dir, role, ckpt, trainer, progress, keep_weights), logger
+    except BaseException:  # preempted, or a crash outside the training loop: the W&B run is closed here
+        logger.finish(exit_code=1)
+        raise
+
+
+def _train(cfg: dict, run_dir: Path, role: str, ckpt: Path, trainer: Trainer, progress, keep_weights=False) -> RunRecord:
     t0, c0 = time.perf_counter(), time.process_time()
     error = None
     try:
         res = trainer.run()
     except Preempted:
         write_metrics(run_dir, trainer.res)
-        logger.finish()
         raise
     except Exception as e:  # a crash is a recorded outcome (status error), not a lost run
         res = trainer.res
-        res.status, error = "error", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        res.status, error = "error", error_message(e)
+        write_text(run_dir / TRACEBACK, traceback.format_exc())
     finally:
         if progress:
             progress.close()
@@ -155,32 +161,37 @@ def _train_run(cfg: dict, run_dir: Path, role: str, ckpt: Path, progress_factory
             save_torch(run_dir / WEIGHTS, trainer.model.state_dict())
     tps = [p["perf/tokens_per_s"] for p in res.perf[1:]] or [p["perf/tokens_per_s"] for p in res.perf]
     record = RunRecord(
-        exp=name, role=role, claim=cfg["exp"]["claim"], status=res.status, seed=cfg["seed"],
+        exp=cfg["exp"]["name"], role=role, claim=cfg["exp"]["claim"], status=res.status, seed=cfg["seed"],
         steps_done=res.steps_done, final=res.final or (res.rows[-1] if res.rows else {}),
         nonfinite=res.nonfinite, error=error, params=res.params, config_hash=config_hash(cfg),
         device=str(trainer.device), env=run_env(trainer.device), wall_s=wall, cpu_s=cpu,
         perf={"tokens_per_s": sum(tps) / len(tps) if tps else None},
         context=_context(cfg, trainer, res), config=cfg, dir=run_dir)
     remove_checkpoint(ckpt)  # finished: a rerun starts afresh; only an interrupted run resumes
-    return record, logger
+    return record
 
 
-def _finish_logger(logger, record: RunRecord, **extra):
-    logger.summary({"status": record.status, **extra, **{f"final/{k}": v for k, v in record.final.items()}})
-    logger.finish()
+def control_dir(ccfg: dict) -> Path:
+    """A control (or floor) is cached by what it trains, not by its name nor by what its experiment
+    measures: a new experiment whose control equals a cached one reuses it, and measures on its
+    saved weights what the first one did not (measure_cached)."""
+    return Path(ccfg["results_dir"]) / "controls" / config_hash(ccfg)
 
 
 def find_or_train_control(cfg: dict, progress_factory=None, make=control_config) -> RunRecord:
     ccfg = make(cfg)
-    cdir = Path(cfg["results_dir"]) / "controls" / f"{ccfg['exp']['name']}-{config_hash(ccfg)}"
-    cdir.mkdir(parents=True, exist_ok=True)
-    with open(cdir / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # a parallel job waits here, then reuses the result
-        if (cdir / "summary.json").exists():
-            return measure_cached(RunRecord.read(cdir), ccfg)
+    cdir = control_dir(ccfg)
+    with dir_lock(cdir):  # a parallel job waits here, then reuses the result
+        if (cdir / "summary.json").exists():  # maybe trained for another experiment: named as this one names it
+            cached = measure_cached(RunRecord.read(cdir), ccfg)
+            cached.exp, cached.claim = ccfg["exp"]["name"], ccfg["exp"]["claim"]
+            return cached
         record, logger = train_run(ccfg, cdir, role="control", progress_factory=progress_factory,
                                    keep_weights=make is control_config)  # a floor measures nothing
-        _finish_logger(logger, record)
+        try:
+            logger.summary({"status": record.status, **{f"final/{k}": v for k, v in record.final.items()}})
+        finally:
+            logger.finish()
         write_json(cdir / "summary.json", record.to_summary())
         return record
 
@@ -195,6 +206,8 @@ def measure_cached(record: RunRecord, ccfg: dict) -> RunRecord:
         return record  # nothing to add, or nothing to measure on: its checks are not measurable
     trainer = Trainer(ccfg, record.dir)
     trainer.model.load_state_dict(torch.load(weights, map_location=trainer.device, weights_only=True))
+    trainer.res.rows, trainer.res.final = record.metrics(), dict(record.final)  # what a measure may read
+    trainer.res.steps_done = trainer.step = record.steps_done
     for ref in missing:
         record.final.update(measure_fn(ref)(trainer, ccfg))
     record.config["exp"]["measures"] = [*done, *missing]
@@ -202,13 +215,39 @@ def measure_cached(record: RunRecord, ccfg: dict) -> RunRecord:
     return record
 
 
-def run_experiment(cfg: dict, run_dir: Path, progress_factory=None) -> RunRecord:
-    """Train, judge against the control, write summary.json and curves.png; returns the record."""
+def run_experiment(cfg: dict, run_dir: Path, progress_factory=None, checked: bool = False) -> RunRecord:
+    """Train, judge against the control, write summary.json and curves.png; returns the record.
+    The run's W&B run stays open while its control and floor train (in runs of their own) and is
+    closed here, on every path, after the verdict is in its summary."""
     run_dir = Path(run_dir)
-    preflight(cfg)
-    exp = cfg["exp"]
-    record, logger = train_run(cfg, run_dir, role="failure" if exp["control"] else "baseline",
+    if not checked:  # run.py preflights first, so that a bad config (exit 2) is never taken for a crash
+        preflight(cfg)
+    record, logger = train_run(cfg, run_dir, role="failure" if cfg["exp"]["control"] else "baseline",
                                progress_factory=progress_factory)
+    try:
+        judge(cfg, record, run_dir, progress_factory)
+        write_json(run_dir / "summary.json", record.to_summary())
+        logger.summary({"status": record.status, "reproduced": record.verdict["reproduced"],
+                        "verdict": record.verdict, **{f"final/{k}": v for k, v in record.final.items()}})
+    except Exception as e:  # judging, the control or W&B raised: the run is an error, never `completed`
+        record.status, record.error = "error", error_message(e)
+        if record.verdict is not None:  # judged before the crash: a run that raised reproduces nothing
+            record.verdict = {**record.verdict, "reproduced": False, "error": record.error}
+        earlier = (run_dir / TRACEBACK).read_text() + "\n" if (run_dir / TRACEBACK).exists() else ""
+        write_text(run_dir / TRACEBACK, earlier + traceback.format_exc())  # the training's own, if any, first
+        write_json(run_dir / "summary.json", record.to_summary())
+        try:
+            logger.summary({"status": "error", "error": record.error})
+        finally:
+            logger.finish(exit_code=1)
+        raise
+    logger.finish()
+    return record
+
+
+def judge(cfg: dict, record: RunRecord, run_dir: Path, progress_factory=None) -> None:
+    """Find or train the control (and the floor), set record.verdict, draw curves.png."""
+    exp = cfg["exp"]
     rows = record.metrics()
     control, crows = None, []
     if exp["control"]:
@@ -236,18 +275,6 @@ def run_experiment(cfg: dict, run_dir: Path, progress_factory=None) -> RunRecord
     plot_experiment(run_dir / "curves.png", exp["name"], [(exp["name"], rows_frame(rows), read_attn_weights(run_dir))],
                     controls, control_name=controls[0][0] if controls else "control",
                     loss_metric=exp["loss_metric"], chance=record.context["ln_V"], third=exp.get("figure_metric"))
-    write_json(run_dir / "summary.json", record.to_summary())
-    _finish_logger(logger, record, reproduced=record.verdict["reproduced"], verdict=record.verdict)
-    return record
-
-
-def verdict_line(record: RunRecord, run_dir) -> str:
-    v = record.verdict
-    checks = ", ".join(f"{c['name']}={'not measurable on this data' if c.get('not_measurable') else 'ok' if c['passed'] else 'FAIL'}"
-                       for c in v["checks"])
-    broken = " (signature also holds on the control: broken)" if v.get("signature_broken") else ""
-    return (f"[{record.exp}] reproduced: {str(v['reproduced']).lower()}{broken} | "
-            f"status {record.status} | {checks} | {record.wall_s:.1f}s | {run_dir}")
 
 
 def exit_code(record: RunRecord) -> int:

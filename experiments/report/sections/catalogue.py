@@ -90,16 +90,46 @@ def groups(runs: list[RunRecord]) -> list[Group]:
         if len(variants) == 1 or len(variants) > MAX_VARIANTS:
             members = [r for v in sorted(variants) for r in variants[v]]
             sweep = len(variants) > 1
-            out.append(Group(exp, f"{exp} (sweep of {len(variants)} configs)" if sweep else exp, members, sweep))
+            given = ", ".join(common_overrides(members))
+            label = f"{exp} (sweep of {len(variants)} configs)" if sweep else f"{exp} [{given}]" if given else exp
+            out.append(Group(exp, label, members, sweep))
             continue
         flat = {v: flatten({k: c for k, c in members[0].config.items() if k != "seed"})
                 for v, members in variants.items()}
         keys = sorted(k for k in set().union(*flat.values())
                       if len({repr(f.get(k)) for f in flat.values()}) > 1)
         for v in sorted(variants, key=lambda v: [repr(flat[v].get(k)) for k in keys]):
-            label = ", ".join(f"{k}={flat[v].get(k)}" for k in keys)
-            out.append(Group(exp, f"{exp} [{label}]", variants[v]))
+            named = [f"{k}={flat[v].get(k)}" for k in keys]
+            given = [o for o in common_overrides(variants[v]) if o.split("=")[0] not in keys]
+            out.append(Group(exp, f"{exp} [{', '.join(named + given)}]", variants[v]))
     return out
+
+
+# command-line overrides that say nothing about what a run trained or how it was judged
+NOT_VARIED = ("exp", "seed", "results_dir", "logger", "data", "hydra", "train.progress", "train.ckpt_every")
+
+
+def overrides(run: RunRecord) -> list[str]:
+    """The command line's overrides of a run (Hydra's .hydra/overrides.yaml in its dir) that change
+    what it trained or the thresholds it was judged by: a sweep's report names what it varied
+    (`model.attention.d_k=16`). The data is left out: text runs have their own section."""
+    p = Path(run.dir or ".") / ".hydra" / "overrides.yaml"
+    if not p.exists():
+        return []
+    import yaml
+    out = []
+    for o in yaml.safe_load(p.read_text()) or []:
+        key = str(o).lstrip("+~").split("=", 1)[0]
+        if not any(key == k or key.startswith((k + ".", k + "/")) for k in NOT_VARIED) \
+                or key.startswith("exp.checks."):
+            out.append(str(o).lstrip("+"))
+    return out
+
+
+def common_overrides(runs: list[RunRecord]) -> list[str]:
+    """The overrides every one of these runs was given, in the first one's order."""
+    sets = [overrides(r) for r in runs]
+    return [o for o in sets[0] if all(o in s for s in sets[1:])] if sets else []
 
 
 def _status(runs: list[RunRecord]) -> str:
