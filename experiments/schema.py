@@ -252,7 +252,7 @@ EXP_KEYS = {"exp.name": Key("str"), "exp.claim": Key("str", null=True),
 # the exp node (conf/config.yaml's `exp`): its fields, and those of its control and floor; the
 # fields of a check are judging.checks.FIELDS
 EXP_FIELDS = ("name", "broken", "claim", "control", "loss_metric", "figure_metric", "group", "measures",
-              "expect", "checks", "text_data", "floor")
+              "expect", "checks", "text_data", "floor", "no_text_version")
 CONTROL_FIELDS = ("name", "overrides", "measures")
 
 
