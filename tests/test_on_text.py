@@ -229,3 +229,21 @@ def test_every_text_version_plots_the_text_loss_and_pairs_the_heatmaps_by_layer(
     control = {0: {"L0": sharp, "L1": flat}}   # its own would be L0 H0
     assert shown_heads([failure, control]) == [("L1", 0), ("L1", 0)]
     assert shown_heads([failure, {0: {"L0": sharp}}]) == [("L1", 0), ("L0", 0)]  # no L1: its own
+
+
+def test_a_shared_control_is_trained_once_and_measured_for_each_experiment_that_reuses_it(
+        compose_cfg, tiny, tmp_path):
+    """sum_normalize's control (the softmax) and bilinear_scores' (dot-product scores) are the same
+    config: one control dir. bilinear_scores measures cost_vs_dot, which sum_normalize does not:
+    measured on the control's saved weights when bilinear_scores reuses it, not trained again."""
+    from experiments.training.runner import run_experiment
+    a = run_experiment(compose_cfg(["+exp=sum_normalize", *tiny], results_dir=tmp_path), tmp_path / "a")
+    cdir = Path(a.control["dir"])
+    trained = (cdir / "metrics.csv").read_bytes()
+    assert (cdir / "model.pt").exists() and "params/extra_vs_dot" not in a.control["final"]
+    b = run_experiment(compose_cfg(["+exp=bilinear_scores", *tiny], results_dir=tmp_path), tmp_path / "b")
+    assert Path(b.control["dir"]) == cdir and (cdir / "metrics.csv").read_bytes() == trained
+    assert b.control["final"]["params/extra_vs_dot"] == 0  # the control's scores are dot-product
+    saved = json.loads((cdir / "summary.json").read_text())
+    assert saved["final"]["params/extra_vs_dot"] == 0 and saved["config"]["exp"]["measures"] == ["catalogue:cost_vs_dot"]
+    assert [c["passed"] for c in b.verdict["checks"] if c["name"] == "extra parameters"] == [True]
