@@ -1,11 +1,17 @@
-"""Char-level text (tiny Shakespeare): nanoGPT's shakespeare_char, as a Task.
+"""Char-level text as Tasks: tiny Shakespeare (nanoGPT's shakespeare_char) and Python source.
 
-The corpus comes from data.path, else data/cache/, else the project's shared copy, else it is
-downloaded once into data/cache/. Vocabulary: the sorted distinct characters of the whole text
-(65 for tiny Shakespeare); first 90% train, last 10% val. Batch `step` is a pure function of
-(seed, split, step) like every Task: random windows drawn from a per-step generator.
+Tiny Shakespeare comes from data.path, else data/cache/, else the project's shared copy, else it is
+downloaded once into data/cache/. Python source (python_source_char) is a second corpus of another
+kind that needs no download: a fixed list of this interpreter's standard-library modules (below).
+Vocabulary: the sorted distinct characters of the whole text (65 for tiny Shakespeare, 96 for the
+Python source); first 90% train, last 10% val. Batch `step` is a pure function of (seed, split,
+step) like every Task: random windows drawn from a per-step generator.
 """
 import functools
+import hashlib
+import platform
+import sys
+import sysconfig
 import urllib.request
 from pathlib import Path
 
@@ -47,13 +53,61 @@ def corpus_path(path: str | None, url: str = URL) -> Path:
     return _download(CACHE, url)
 
 
-@functools.lru_cache(maxsize=4)
-def load_corpus(path: Path) -> tuple[list[str], torch.Tensor]:
-    """(sorted distinct characters, the text as ids); cached: preflight and the run share it."""
-    text = path.read_text(encoding="utf-8")
+def encode_corpus(text: str) -> tuple[list[str], torch.Tensor]:
+    """(sorted distinct characters, the text as ids)."""
     chars = sorted(set(text))
     stoi = {c: i for i, c in enumerate(chars)}
     return chars, torch.tensor([stoi[c] for c in text], dtype=torch.long)
+
+
+@functools.lru_cache(maxsize=4)
+def load_corpus(path: Path) -> tuple[list[str], torch.Tensor]:
+    """(sorted distinct characters, the text as ids); cached: preflight and the run share it."""
+    return encode_corpus(path.read_text(encoding="utf-8"))
+
+
+# The second corpus: source code rather than a play (indentation to count, names to copy from far
+# back, brackets to close), shipped with every Python. Whole modules, in this order; all pure ASCII
+# on CPython 3.11 and none deprecated there, so the selection exists on 3.8-3.13. Alphabetical: the
+# last 10% (val) are modules the model never trained on (the end of traceback, uuid, weakref).
+PY_MODULES = ("argparse", "ast", "base64", "bisect", "calendar", "configparser", "contextlib", "copy",
+              "csv", "dataclasses", "difflib", "enum", "gettext", "glob", "hmac", "inspect", "ipaddress",
+              "numbers", "operator", "optparse", "pickle", "pprint", "queue", "random", "shutil", "string",
+              "textwrap", "threading", "tokenize", "traceback", "uuid", "weakref")
+# sha256 of the assembled text (1,250,377 characters, 96 distinct) on the Python that set every
+# threshold; another Python's stdlib differs, and a run on it says so (python_source_text)
+PY_SHA256 = "356d9a2da75d9636a5e1e1aa81957f052ea6292c98e6d44216bbd937cb7f2fce"
+PY_VERSION = "3.11.7"
+
+
+def python_source_text(root: Path | None = None) -> str:
+    """The Python-source corpus: PY_MODULES' files from the standard library, concatenated."""
+    root = Path(root or sysconfig.get_paths()["stdlib"])
+    parts = []
+    for m in PY_MODULES:
+        f = root / f"{m}.py"
+        if not f.is_file():
+            raise ValueError(f"data=python_source_*: {f} is missing from this Python's standard library "
+                             f"(the corpus is {len(PY_MODULES)} modules of CPython {PY_VERSION}'s)")
+        parts.append(f.read_text(encoding="utf-8"))
+    return "".join(parts)
+
+
+def text_sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def load_python_source() -> tuple[list[str], torch.Tensor, str]:
+    """(characters, ids, sha256) of the Python-source corpus. A text that differs from the one the
+    thresholds were set on (another Python) is said once on stderr: its runs are not comparable."""
+    text = python_source_text()
+    digest = text_sha256(text)
+    if digest != PY_SHA256:
+        print(f"warning: data=python_source_*: the corpus from Python {platform.python_version()}'s standard "
+              f"library has sha256 {digest[:12]}, not {PY_SHA256[:12]} (CPython {PY_VERSION}, where its "
+              f"thresholds were checked): results are not comparable with the reference", file=sys.stderr)
+    return (*encode_corpus(text), digest)
 
 
 class CharText(Task):
@@ -67,10 +121,9 @@ class CharText(Task):
             raise ValueError(f"data.seq_len={seq_len} must be positive")
         if not 0.0 < train_fraction < 1.0:
             raise ValueError(f"data.train_fraction={train_fraction} must be in (0, 1)")
-        self.path = corpus_path(path, url)
-        self.chars, ids = load_corpus(self.path.resolve())
+        self.chars, ids = self.load(path, url)
         if vocab_size is not None and vocab_size != len(self.chars):
-            raise ValueError(f"data.vocab_size={vocab_size} but {self.path.name} has "
+            raise ValueError(f"data.vocab_size={vocab_size} but {self.source} has "
                              f"{len(self.chars)} distinct characters; leave it null")
         self.vocab_size, self.input_len = len(self.chars), seq_len
         self.stoi = {c: i for i, c in enumerate(self.chars)}
@@ -80,6 +133,12 @@ class CharText(Task):
             if len(d) <= seq_len + 1:
                 raise ValueError(f"data.seq_len={seq_len} is longer than the {split} split ({len(d)} chars)")
         self._window = torch.arange(seq_len + 1)
+
+    def load(self, path, url) -> tuple[list[str], torch.Tensor]:
+        """(characters, ids) of the corpus; sets self.source, the corpus as messages name it."""
+        self.path = corpus_path(path, url)
+        self.source = self.path.name
+        return load_corpus(self.path.resolve())
 
     def encode(self, s: str) -> torch.Tensor:
         return torch.tensor([self.stoi[c] for c in s], dtype=torch.long)
@@ -141,3 +200,31 @@ class CharLines(CharText):
         x = torch.where(real, data[src], pad)
         y = torch.where(real, data[src + 1], torch.full_like(pad, IGNORE))
         return Batch(x, y, key_padding_mask=real)
+
+
+class _PythonSource:
+    """The Python-source corpus in place of a file (mixed into CharText and CharLines): no path,
+    no download; the text's sha256 is kept (self.sha256) and recorded with each run."""
+
+    def load(self, path, url) -> tuple[list[str], torch.Tensor]:
+        self.path, self.source = None, f"the Python-source corpus ({len(PY_MODULES)} stdlib modules)"
+        chars, ids, self.sha256 = load_python_source()
+        return chars, ids
+
+
+class PythonSourceChar(_PythonSource, CharText):
+    """Next-character prediction on windows of Python source."""
+    name = "python_source_char"
+
+    def __init__(self, seq_len: int = 64, vocab_size: int | None = None, train_fraction: float = 0.9, seed: int = 0):
+        super().__init__(None, seq_len, vocab_size, train_fraction, seed=seed)
+
+
+class PythonSourceLines(_PythonSource, CharLines):
+    """One line of Python source per example, padded as CharLines pads lines of the play (lines
+    are 1-137 characters, median 38 with their indentation; the 21% longer than seq_len are cut)."""
+    name = "python_source_lines"
+
+    def __init__(self, seq_len: int = 64, vocab_size: int | None = None, train_fraction: float = 0.9,
+                 pad_side: str = "left", seed: int = 0):
+        super().__init__(None, seq_len, vocab_size, train_fraction, pad_side, seed=seed)

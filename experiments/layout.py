@@ -16,6 +16,7 @@ SKIPPED = "skipped.txt"           # a cell of a text sweep with no text version:
 TRACEBACK = "traceback.txt"       # in a run dir whose training or job raised: the whole traceback
 LOCK = ".lock"                    # held while a control or checkpoint dir is being trained into
 CHECKPOINT = "ckpt.pt"
+WEIGHTS = "model.pt"              # a control's final weights: an experiment reusing it measures on them
 
 # the results dir
 RUNS, MULTIRUN, CONTROLS, CHECKPOINTS, FIGURES = "runs", "multirun", "controls", "checkpoints", "figures"

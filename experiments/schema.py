@@ -97,6 +97,11 @@ TASK_KEYS = {
     "shakespeare_lines": {"data.path": Allowed("str", null=True), "data.vocab_size": Allowed("int", lo=2, null=True),
                           "data.train_fraction": Allowed("float", lo=0, hi=1, lo_open=True, hi_open=True),
                           "data.pad_side": Allowed("str", choices=_pad_sides)},
+    "python_source_char": {"data.vocab_size": Allowed("int", lo=2, null=True),
+                           "data.train_fraction": Allowed("float", lo=0, hi=1, lo_open=True, hi_open=True)},
+    "python_source_lines": {"data.vocab_size": Allowed("int", lo=2, null=True),
+                            "data.train_fraction": Allowed("float", lo=0, hi=1, lo_open=True, hi_open=True),
+                            "data.pad_side": Allowed("str", choices=_pad_sides)},
 }
 
 EXP_KEYS = {"exp.name": Allowed("str"), "exp.claim": Allowed("str", null=True),
@@ -106,7 +111,7 @@ EXP_KEYS = {"exp.name": Allowed("str"), "exp.claim": Allowed("str", null=True),
 # the exp node (conf/config.yaml's `exp`): its fields, and those of its control and floor; the
 # fields of a check are judging.checks.FIELDS
 EXP_FIELDS = ("name", "broken", "claim", "control", "loss_metric", "figure_metric", "group", "measures",
-              "expect", "checks", "text_data", "floor")
+              "expect", "checks", "text_data", "floor", "no_text_version")
 CONTROL_FIELDS = ("name", "overrides", "measures")
 
 

@@ -70,7 +70,7 @@ def test_download_writes_the_cache_once(tmp_path, monkeypatch):
 def test_nanogpt_presets_compose_and_build(compose_cfg):
     from experiments.training.loop import Trainer
     cfg = compose_cfg(["data=shakespeare_char", f"data.path={SHAKESPEARE}", "model=nanogpt_cpu",
-                       "optim=nanogpt_cpu", "train=nanogpt_cpu", "logger=none"])
+                       "optim=nanogpt_cpu", "train=nanogpt_cpu", "text_lm=none", "logger=none"])
     assert (cfg["model"]["n_layers"], cfg["model"]["n_heads"], cfg["model"]["d_model"]) == (4, 4, 128)
     assert (cfg["train"]["batch_size"], cfg["train"]["steps"], cfg["model"]["block_size"]) == (12, 2000, 64)
     assert cfg["optim"]["betas"] == [0.9, 0.99] and cfg["optim"]["min_lr"] == 1e-4
@@ -172,3 +172,40 @@ def test_report_shows_the_greedy_samples_of_the_failure_and_its_control(tmp_path
     assert "| 0 | head_merge_no_transpose | 1.250 | 4.500 | 3.250 |" in md
     assert "| 0 | merge_transposed | 2.250 | 2.250 | 0.000 |" in md
     assert text_samples.render([ctrl], tmp_path) is None
+
+
+# -- python_source: the second corpus, shipped with Python (no download, no ../shared) ----------
+
+def test_python_source_is_assembled_deterministically_with_its_hash():
+    import platform
+    text = text_mod.python_source_text()
+    assert text == text_mod.python_source_text() and len(text) > 10 ** 6
+    if platform.python_version() == text_mod.PY_VERSION:  # the Python that set the thresholds
+        assert text_mod.text_sha256(text) == text_mod.PY_SHA256 and len(set(text)) == 96
+    t = build_task({"name": "python_source_char", "seq_len": 16}, seed=0)
+    assert t.sha256 == text_mod.text_sha256(text) and t.vocab_size == len(set(text)) and t.path is None
+    n = int(0.9 * len(text))
+    assert len(t.splits["train"]) == n and t.decode(t.splits["val"][:200]) == text[n:n + 200]
+    b = t.batch(2, 4)
+    assert torch.equal(b.x, build_task({"name": "python_source_char", "seq_len": 16}, seed=0).batch(2, 4).x)
+    assert torch.equal(b.x[:, 1:], b.y[:, :-1]) and t.decode(b.x[0]) in text
+    lines = build_task({"name": "python_source_lines", "seq_len": 64, "pad_side": "left"}, seed=0)
+    m = lines.batch(0, 8)
+    for i in range(8):  # each example is a line of the source after its newline (cut at 64)
+        real = lines.decode(m.x[i][m.key_padding_mask[i]]) + lines.decode(m.y[i][m.key_padding_mask[i]][-1:])
+        assert real[0] == "\n" and len(real) > 1 and real in text
+
+
+def test_another_python_is_said_in_one_line_and_a_missing_module_is_an_error(monkeypatch, capsys, tmp_path):
+    with pytest.raises(ValueError, match=r"argparse.py is missing from this Python's standard library") as e:
+        text_mod.python_source_text(root=tmp_path)
+    assert "\n" not in str(e.value)
+    text_mod.load_python_source.cache_clear()
+    monkeypatch.setattr(text_mod, "python_source_text", lambda: "def f():\n    return 1\n" * 100)
+    try:
+        chars, ids, digest = text_mod.load_python_source()
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "warning: data=python_source_*" in err and digest[:12] in err
+        assert text_mod.PY_SHA256[:12] in err and len(chars) == len(set("def f():\n    return 1\n"))
+    finally:
+        text_mod.load_python_source.cache_clear()  # the next caller assembles the real corpus again

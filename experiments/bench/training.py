@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from experiments.config import compose
 
 NANOGPT = ["data=shakespeare_char", "model=nanogpt_cpu", "optim=nanogpt_cpu", "train=nanogpt_cpu",
-           "logger=none", "train.progress=false"]
+           "text_lm=none", "logger=none", "train.progress=false"]  # the presets, not the text model
 TINY_MODEL = ["model.n_layers=1", "model.d_model=32", "model.n_heads=2", "data.seq_len=16",
               "train.batch_size=4"]
 

@@ -83,6 +83,8 @@ def rejudge(run_dir: Path, record: RunRecord, spec: dict) -> RunRecord:
             raise ValueError(f"its control {cdir} is not there (judge from the dir the run was trained in)")
         control = RunRecord.read(cdir)
         crows = control.metrics()
+        if "control" in record.context:  # `control` in check expressions: the control's final loss
+            control.context = {**control.context, "control": record.context["control"]}
         if record.floor and record.floor.get("status") == "completed":  # `floor` in check expressions
             control.context = {**control.context, "floor": record.floor["final"]["loss/train"]}
     record.verdict = evaluate(checks, RunView.of(record, record.metrics()),

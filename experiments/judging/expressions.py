@@ -8,7 +8,8 @@ import operator
 
 # the names a check may use; judging.verdict's context gives their values for a run
 NAMES = ("ln_V", "V", "d_k", "steps", "steps_done", "log_every",
-         "floor")  # floor: the no-attention floor's final loss (exp.floor; text versions)
+         "floor",    # the no-attention floor's final loss (exp.floor; text versions)
+         "control")  # the control's final loss (exp.loss_metric): `floor - control` is what attention gains
 FUNCTIONS = {"log": math.log, "sqrt": math.sqrt, "min": min, "max": max}
 BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
           ast.Pow: operator.pow}

@@ -22,7 +22,8 @@ def display(path: Path) -> str:
 
 
 @functools.cache
-def _own_data(exp_name: str) -> str | None:
+def own_data(exp_name: str) -> str | None:
+    """The data experiment exp_name is defined on (its conf/exp file's); None for no experiment."""
     try:
         return experiment_data(exp_name)
     except Exception:  # no conf/exp file of that name (a control's own name): not an experiment
@@ -34,7 +35,7 @@ def text_version(run: RunRecord) -> bool:
     defined on. attention_sink, defined on lines of text, is a catalogue run; a control counts as
     its experiment's (exp.group)."""
     exp = ((run.config or {}).get("exp") or {}).get("group") or run.exp
-    return on_text(run) and run_data(run) != _own_data(exp)
+    return on_text(run) and run_data(run) != own_data(exp)
 
 
 def _summary_files(d: Path):

@@ -3,11 +3,12 @@ floor), judge; returns the run's record. It writes the run dir's records (metric
 summary.json, attn_weights.npz, wandb/: experiments.layout) and nothing else: the entry point draws
 curves.png (experiments.report.figures) and sets the process's exit code.
 Controls live under <results_dir>/controls/<hash>/, keyed by the hash of everything that shapes
-training (and the control's measures, if any), not by its name, so every experiment with the same
-control config reuses one run (a file lock keeps two parallel jobs from training it twice).
+training, not by its name, so every experiment with the same control config reuses one run (a file
+lock keeps two parallel jobs from training it twice). A control keeps its final weights (model.pt):
+an experiment that reuses it measures on them what it measures (exp.measures) and the experiment
+that trained the control did not.
 """
 import copy
-import hashlib
 import json
 import math
 import platform
@@ -17,10 +18,10 @@ from pathlib import Path
 
 import torch
 
-from experiments.io import dir_lock, save_attn_weights, write_json, write_text
+from experiments.io import dir_lock, save_attn_weights, save_torch, write_json, write_text
 from experiments.judging.checks import signature
 from experiments.judging.verdict import RunView, evaluate
-from experiments.layout import ATTN_WEIGHTS, SUMMARY, TRACEBACK, checkpoint_path, control_dir
+from experiments.layout import ATTN_WEIGHTS, SUMMARY, TRACEBACK, WEIGHTS, checkpoint_path, control_dir
 from experiments.records import RunRecord, config_hash, error_message
 from experiments.schema import validate
 from experiments.training.build import reject_unbuildable
@@ -102,17 +103,17 @@ def run_env(device) -> dict:
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
 
 
-def train_run(cfg: dict, run_dir: Path, role: str, progress_factory=None):
+def train_run(cfg: dict, run_dir: Path, role: str, progress_factory=None, keep_weights: bool = False):
     """Train one config into run_dir; returns (its RunRecord, no verdict yet; its logger, still
     open). Two jobs of one sweep with the same config (a baseline and another job's control)
     would share a checkpoint: the second waits for the first, then trains afresh, so no file has
     two writers."""
     ckpt = checkpoint_path(cfg["results_dir"], cfg["exp"]["name"], config_hash(cfg))
     with dir_lock(ckpt.parent):  # removed with its dir once the checkpoint is (the run completed)
-        return _train_run(cfg, Path(run_dir), role, ckpt, progress_factory)
+        return _train_run(cfg, Path(run_dir), role, ckpt, progress_factory, keep_weights)
 
 
-def _train_run(cfg: dict, run_dir: Path, role: str, ckpt: Path, progress_factory=None):
+def _train_run(cfg: dict, run_dir: Path, role: str, ckpt: Path, progress_factory=None, keep_weights=False):
     progress = progress_factory(cfg) if progress_factory else None
     trainer = Trainer(cfg, run_dir, ckpt_path=ckpt, progress=progress and progress.update)
     name = cfg["exp"]["name"]
@@ -120,13 +121,13 @@ def _train_run(cfg: dict, run_dir: Path, role: str, ckpt: Path, progress_factory
                          group=cfg["exp"]["group"] or name, tags=[name, role, f"seed{cfg['seed']}"])
     trainer.log_fn = logger.log
     try:
-        return _train(cfg, run_dir, role, ckpt, trainer, progress), logger
+        return _train(cfg, run_dir, role, ckpt, trainer, progress, keep_weights), logger
     except BaseException:  # preempted, or a crash outside the training loop: the W&B run is closed here
         logger.finish(exit_code=1)
         raise
 
 
-def _train(cfg: dict, run_dir: Path, role: str, ckpt: Path, trainer: Trainer, progress) -> RunRecord:
+def _train(cfg: dict, run_dir: Path, role: str, ckpt: Path, trainer: Trainer, progress, keep_weights=False) -> RunRecord:
     t0, c0 = time.perf_counter(), time.process_time()
     error = None
     try:
@@ -148,6 +149,8 @@ def _train(cfg: dict, run_dir: Path, role: str, ckpt: Path, trainer: Trainer, pr
     if res.status == "completed":
         for ref in cfg["exp"]["measures"]:
             res.final.update(measure_fn(ref)(trainer, cfg))
+        if keep_weights:
+            save_torch(run_dir / WEIGHTS, trainer.model.state_dict())
     tps = [p["perf/tokens_per_s"] for p in res.perf[1:]] or [p["perf/tokens_per_s"] for p in res.perf]
     record = RunRecord(
         exp=cfg["exp"]["name"], role=role, claim=cfg["exp"]["claim"], status=res.status, seed=cfg["seed"],
@@ -161,13 +164,10 @@ def _train(cfg: dict, run_dir: Path, role: str, ckpt: Path, trainer: Trainer, pr
 
 
 def control_key(ccfg: dict) -> str:
-    """A control (or floor) is cached by what it trains and measures, not by its name: a new
-    experiment whose control equals a cached one reuses it. The measures are part of the key
-    (they add final metrics the checks read), where there are any."""
-    key = config_hash(ccfg)
-    if ccfg["exp"]["measures"]:
-        key += "-" + hashlib.sha256(json.dumps(sorted(ccfg["exp"]["measures"])).encode()).hexdigest()[:6]
-    return key
+    """A control (or floor) is cached by what it trains, not by its name nor by what its experiment
+    measures: a new experiment whose control equals a cached one reuses it, and measures on its
+    saved weights what the first one did not (measure_cached)."""
+    return config_hash(ccfg)
 
 
 def find_or_train_control(cfg: dict, progress_factory=None, make=control_config) -> RunRecord:
@@ -175,10 +175,11 @@ def find_or_train_control(cfg: dict, progress_factory=None, make=control_config)
     cdir = control_dir(ccfg["results_dir"], control_key(ccfg))
     with dir_lock(cdir):  # a parallel job waits here, then reuses the result
         if (cdir / SUMMARY).exists():  # maybe trained for another experiment: named as this one names it
-            cached = RunRecord.read(cdir)
+            cached = measure_cached(RunRecord.read(cdir), ccfg)
             cached.exp, cached.claim = ccfg["exp"]["name"], ccfg["exp"]["claim"]
             return cached
-        record, logger = train_run(ccfg, cdir, role="control", progress_factory=progress_factory)
+        record, logger = train_run(ccfg, cdir, role="control", progress_factory=progress_factory,
+                                   keep_weights=make is control_config)  # a floor measures nothing
         try:
             logger.summary({"status": record.status, **{f"final/{k}": v for k, v in record.final.items()}})
         finally:
@@ -198,6 +199,25 @@ def finished_record(cfg: dict, run_dir: Path) -> RunRecord | None:
         return None
     done = record.status in ("completed", "diverged") or (record.status == "error" and record.expected_error)
     return record if done and record.config == json.loads(json.dumps(cfg, default=str)) else None
+
+
+def measure_cached(record: RunRecord, ccfg: dict) -> RunRecord:
+    """A cached control, with what this experiment measures and the experiment that trained it did
+    not: measured on its saved weights, added to its summary.json (called under its lock)."""
+    done = record.config.get("exp", {}).get("measures") or []
+    missing = [m for m in ccfg["exp"]["measures"] if m not in done]
+    weights = record.dir / WEIGHTS
+    if not missing or record.status != "completed" or not weights.exists():
+        return record  # nothing to add, or nothing to measure on: its checks are not measurable
+    trainer = Trainer(ccfg, record.dir)
+    trainer.model.load_state_dict(torch.load(weights, map_location=trainer.device, weights_only=True))
+    trainer.res.rows, trainer.res.final = record.metrics(), dict(record.final)  # what a measure may read
+    trainer.res.steps_done = trainer.step = record.steps_done
+    for ref in missing:
+        record.final.update(measure_fn(ref)(trainer, ccfg))
+    record.config["exp"]["measures"] = [*done, *missing]
+    write_json(record.dir / SUMMARY, record.to_summary())
+    return record
 
 
 def run_experiment(cfg: dict, run_dir: Path, progress_factory=None, checked: bool = False) -> RunRecord:
@@ -243,6 +263,10 @@ def judge(cfg: dict, record: RunRecord, progress_factory=None) -> None:
         record.control = {"name": control.exp, "dir": str(control.dir), "status": control.status,
                           "final": control.final, "config_hash": control.config_hash,
                           "nonfinite": control.nonfinite, "error": control.error}
+    loss = spec["loss_metric"]
+    if control is not None and control.status == "completed" and loss in control.final:
+        for r in (record, control):  # `control` in check expressions, for run and control alike
+            r.context = {**r.context, "control": control.final[loss]}
     if spec["floor"]:  # its final loss is `floor` in check expressions, for run and control alike
         floor = find_or_train_control(cfg, progress_factory, make=floor_config)
         record.floor = {"name": floor.exp, "dir": str(floor.dir), "status": floor.status, "final": floor.final,

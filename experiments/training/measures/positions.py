@@ -10,7 +10,8 @@ import torch.nn.functional as F
 
 from attention.mha import KVCache
 from attention.rotary import apply_rope, rope_phases
-from data.synthetic import IGNORE, PaddedCopyTask
+from data import build_task
+from data.synthetic import IGNORE
 
 
 @contextlib.contextmanager
@@ -59,7 +60,8 @@ LATE = 4096
 def rope_precision(trainer, cfg) -> dict:
     """The same validation windows placed at positions start..start+T-1 of a long context: the
     phase error of this run's rope_dtype there, the relative-position property's error there, and
-    the copy loss there with this run's phases and with the other precision's, on the same weights.
+    the loss there (`loss/window@S`, every scored token; on the copy task also `loss/copy@S`, its
+    copied half) with this run's phases and with the other precision's, on the same weights.
     In float32 the placement changes nothing (the scores depend on offsets only); in bfloat16 the
     positions themselves round (spacing 2 above 256, 32 above 4096)."""
     a = trainer.model.cfg.attn                 # the AttentionConfig every layer holds
@@ -73,37 +75,44 @@ def rope_precision(trainer, cfg) -> dict:
         a.rope_dtype = dtype  # one config object shared by every layer: swapped, then restored
         try:
             for s in (0, LATE):
-                out[f"loss/copy@{s}_{dtype}_phases"] = _copy_loss(trainer, s)
+                for group, loss in _window_losses(trainer, s).items():
+                    out[f"loss/{group}@{s}_{dtype}_phases"] = loss
         finally:
             a.rope_dtype = own
     for s in WINDOW_STARTS:
-        out[f"loss/copy@{s}"] = _copy_loss(trainer, s)
-    out["loss/copy_late"] = out[f"loss/copy@{LATE}"]
+        for group, loss in _window_losses(trainer, s).items():
+            out[f"loss/{group}@{s}"] = loss
+    out["loss/window_late"] = out[f"loss/window@{LATE}"]
+    if f"loss/copy@{LATE}" in out:
+        out["loss/copy_late"] = out[f"loss/copy@{LATE}"]
     return out
 
 
-def _copy_loss(trainer, start: int) -> float:
-    """Mean copy loss on the eval batches with the window's first token at position `start`."""
-    tot, n = 0.0, 0
+def _window_losses(trainer, start: int) -> dict:
+    """Mean loss on the eval batches with the window's first token at position `start`: over every
+    scored token ("window") and over the copy task's copied half ("copy", where the task has one)."""
+    tot, n = {}, {}
     with _eval(trainer.model) as model:
         for i in range(trainer.tc["eval_batches"]):
             b = trainer.task.batch(i, trainer.tc["batch_size"], "val").to(trainer.device)
             logits = model(b.x, key_padding_mask=b.key_padding_mask, start=start).float()
             lt = F.cross_entropy(logits.transpose(1, 2), b.y.clamp(min=0), reduction="none")
-            tot += float(lt[b.groups["copy"]].sum())
-            n += int(b.groups["copy"].sum())
-    return tot / max(n, 1)
+            groups = {"window": b.y != IGNORE, **({"copy": b.groups["copy"]} if "copy" in b.groups else {})}
+            for g, m in groups.items():
+                tot[g] = tot.get(g, 0.0) + float(lt[m].sum())
+                n[g] = n.get(g, 0) + int(m.sum())
+    return {g: tot[g] / max(n[g], 1) for g in tot}
 
 
 # -- left_padding_positions ------------------------------------------------------------------------
 @torch.no_grad()
 def padding_sides(trainer, cfg) -> dict:
-    """The same validation rows, left-padded and right-padded, scored by this run's weights and
-    position rule: scored-token loss and copy loss of each, and their differences."""
-    d = {k: v for k, v in cfg["data"].items() if k not in ("name", "pad_side")}
+    """The same validation rows, left-padded and right-padded (padded_copy, or padded lines of text),
+    scored by this run's weights and position rule: scored-token loss of each (and, on the copy
+    task, the copied half's), and their differences."""
     out = {}
     for side in ("left", "right"):
-        task = PaddedCopyTask(seed=cfg["seed"], pad_side=side, **d)
+        task = build_task({**cfg["data"], "pad_side": side}, seed=cfg["seed"])
         tot = copy = n = nc = 0.0
         with _eval(trainer.model) as model:
             for i in range(trainer.tc["eval_batches"]):
@@ -111,11 +120,15 @@ def padding_sides(trainer, cfg) -> dict:
                 lt = _token_losses(model, b)
                 scored = b.y != IGNORE
                 tot, n = tot + float(lt[scored].sum()), n + int(scored.sum())
-                copy, nc = copy + float(lt[b.groups["copy"]].sum()), nc + int(b.groups["copy"].sum())
-        out[f"pad/{side}/loss"], out[f"pad/{side}/loss_copy"] = tot / n, copy / nc
+                if "copy" in b.groups:
+                    copy, nc = copy + float(lt[b.groups["copy"]].sum()), nc + int(b.groups["copy"].sum())
+        out[f"pad/{side}/loss"] = tot / n
+        if nc:
+            out[f"pad/{side}/loss_copy"] = copy / nc
     out["pad/left_minus_right"] = out["pad/left/loss"] - out["pad/right/loss"]
     out["pad/abs_left_minus_right"] = abs(out["pad/left_minus_right"])
-    out["pad/copy_left_minus_right"] = out["pad/left/loss_copy"] - out["pad/right/loss_copy"]
+    if "pad/left/loss_copy" in out:
+        out["pad/copy_left_minus_right"] = out["pad/left/loss_copy"] - out["pad/right/loss_copy"]
     return out
 
 
