@@ -199,6 +199,17 @@ def set_aside(results: Path, name: str):
         print(f"reference: {name}: the runs of its earlier command moved to {dest}", flush=True)
 
 
+def drop_stale(results: Path, state: State):
+    """Parts of an earlier list that this list no longer has: their runs set aside, their cost
+    dropped from reference.json (the report would otherwise show runs and minutes nothing reruns)."""
+    names = {n for n, _ in PARTS}
+    for name in [n for n in state.data["parts"] if n not in names]:
+        set_aside(results, name)
+        del state.data["parts"][name]
+        print(f"reference: {name}: no longer a part, dropped", flush=True)
+    state.save()
+
+
 def run_part(name: str, command: str, env: dict, argv: list[str], results: Path, state: State, stop,
              redo: bool = False) -> str:
     e = state.entry(name, command, argv, fresh=redo)
@@ -349,6 +360,8 @@ def main(argv=None) -> int:
         os.environ.setdefault(k, v)
     state, stop = State(results / STATE), Stop()
     end_leftovers(state)
+    if not a.parts:
+        drop_stale(results, state)
     if not a.fresh and all(state.done(n, args) for n, _, _, args in planned):
         print(f"reference: all {len(planned)} parts are done ({results / STATE}); --fresh runs them again",
               flush=True)

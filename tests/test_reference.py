@@ -84,6 +84,16 @@ def test_parts_list_and_command_line(tmp_path, capsys):
         assert code == 2 and err and err[-1].startswith(("error:", "usage:", "python -m")), (bad, err)
 
 
+def test_a_part_no_longer_in_the_list_is_set_aside_and_dropped_from_the_cost(tmp_path):
+    (tmp_path / "reference" / "old_part" / "0_x").mkdir(parents=True)
+    state = reference.State(tmp_path / reference.STATE)
+    state.data["parts"] = {"old_part": {"wall_s": 60.0}, "catalogue": {"wall_s": 1.0}}
+    reference.drop_stale(tmp_path, state)
+    assert list(json.loads((tmp_path / reference.STATE).read_text())["parts"]) == ["catalogue"]
+    assert not (tmp_path / "reference" / "old_part").exists()
+    assert (tmp_path / "reference" / ".previous" / "old_part" / "0_x").is_dir()  # the report skips dot dirs
+
+
 def test_killed_reference_ends_with_the_same_metrics(tmp_path):
     ref, res = tmp_path / "ref", tmp_path / "killed"
     t0 = time.perf_counter()

@@ -10,7 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from experiments.on_text import CONF, REFERENCE_CORPUS, corpus, has_text_version, no_text_reason  # noqa: E402
+from experiments.on_text import CONF, REFERENCE_CORPUS, corpus, has_text_version, is_text, no_text_reason  # noqa: E402
 from experiments.records import RunRecord  # noqa: E402
 from experiments.report.figures import save  # noqa: E402
 from experiments.report.runs import own_data, text_version  # noqa: E402
@@ -64,8 +64,10 @@ def finding(exp: str, synth: list[RunRecord], text: list[RunRecord]) -> str:
 
 
 def _no_text_version(exp: str) -> str:
-    why = no_text_reason(exp)
-    return f"no text version: {why}" if why else f"no text version: runs on data={own_data(exp)}"
+    why, data = no_text_reason(exp), own_data(exp)
+    if why:
+        return f"no text version: {why}"
+    return f"defined on text: its catalogue run is on data={data}" if is_text(data) else f"no text version: runs on data={data}"
 
 
 def _figure(pairs, path: Path):
