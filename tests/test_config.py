@@ -76,3 +76,28 @@ def test_a_field_without_a_key_is_not_a_config_key():
     assert "model.vocab_size" not in config_fields()      # from the task
     names = {f.name for f in dataclasses.fields(ModelConfig)}
     assert {k.split(".")[-1] for k in config_fields() if k.count(".") == 1} <= names
+
+
+def test_no_config_file_sets_a_key_twice():
+    """YAML keeps the last of two equal keys without a word: a threshold edited in one copy of a
+    check would silently lose to the other (it happened in conf/on_text/ once)."""
+    import yaml
+    from conftest import ROOT
+
+    class Strict(yaml.SafeLoader):
+        pass
+
+    def mapping(loader, node, deep=False):
+        keys = [loader.construct_object(k, deep=True) for k, _ in node.value]
+        twice = sorted({k for k in keys if keys.count(k) > 1}, key=str)
+        assert not twice, f"{node.start_mark.name}:{node.start_mark.line + 1}: {twice} set twice"
+        return yaml.SafeLoader.construct_mapping(loader, node, deep)
+
+    Strict.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    files = sorted((ROOT / "conf").rglob("*.yaml"))
+    assert len(files) > 50
+    for f in files:
+        with open(f) as stream:
+            yaml.load(stream, Loader=Strict)
+    with pytest.raises(AssertionError, match="set twice"):  # the check itself sees a duplicate
+        yaml.load("a: 1\nb: {c: 1, c: 2}\n", Loader=Strict)

@@ -126,8 +126,10 @@ def test_a_text_run_trains_its_floor_once_and_the_report_puts_it_beside_the_synt
     assert cells[1].endswith("(n < 3)") and cells[2].endswith("(n < 3)")  # one synthetic, one text variant each
     want = rec.final["loss/train"] - rec.control["final"]["loss/train"]
     assert cells[3] == f"{want:+.2f}"
+    gain = rec.control["final"]["loss/train"] - rec.floor["final"]["loss/train"]
+    assert cells[5] == f"{gain:+.2f}"  # control − floor: what attention buys the control
     assert (tmp_path / "report" / "figures" / "text_floor.png").exists()
-    assert "| baseline | – | – | – | – | – | text version not run |" in text
+    assert "| baseline | – | – | – | – | – | – | text version not run |" in text
     # the synthetic catalogue does not mix in the text runs
     catalogue = report.split("## Catalogue")[1].split("\n## ")[0]
     assert catalogue.count("sum_normalize") >= 1 and "shakespeare" not in catalogue
@@ -225,8 +227,8 @@ def test_the_text_table_shows_the_second_corpus_and_why_an_experiment_has_no_tex
     md = text.render(runs, tmp_path)
     row = next(line for line in md.splitlines() if line.startswith("| no_scaling |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[1:3] == ["3 of 3", "3 of 3"] and cells[5] == "0 of 1 (n < 3)"  # Shakespeare, then Python source
-    assert "reproduces on shakespeare_char (3 of 3) but not on python_source_char (0 of 1)" in cells[6]
+    assert cells[1:3] == ["3 of 3", "3 of 3"] and cells[6] == "0 of 1 (n < 3)"  # Shakespeare, then Python source
+    assert "reproduces on shakespeare_char (3 of 3) but not on python_source_char (0 of 1)" in cells[7]
     heads = next(line for line in md.splitlines() if line.startswith("| heads |"))
     assert "no text version: its signature is the two-facts task's" in heads
 
