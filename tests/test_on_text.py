@@ -173,7 +173,8 @@ def test_every_text_version_is_judged_against_one_floor_and_most_share_one_contr
     from experiments.training.runner import control_config, floor_config
     own_control = {"additive_scores", "cosine_learned_temperature", "cosine_no_temperature", "entropy_collapse",
                    "finite_mask_leak", "logit_growth", "naive_softmax", "no_scaling", "output_logit_divergence",
-                   "qk_fp16_overflow", "rank_collapse", "rope_low_precision", "left_padding_positions", "mask_broadcast"}
+                   "qk_fp16_overflow", "rank_collapse", "rope_low_precision", "left_padding_positions", "mask_broadcast",
+                   "mask_min_overflow"}
     versions = dict(text_versions)
     models = {"python_source_char": versions.pop("baseline"), "python_source_lines": versions.pop("text model on lines")}
     hashes = {d: (config_hash(m), config_hash(floor_config(m))) for d, m in models.items()}

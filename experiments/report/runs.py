@@ -38,6 +38,12 @@ def text_version(run: RunRecord) -> bool:
     return on_text(run) and run_data(run) != own_data(exp)
 
 
+def control_name(run: RunRecord) -> str:
+    """The name `run`'s experiment gives its control. A control shared by several experiments is
+    one run dir whose summary.json holds the name of the experiment that trained it first."""
+    return (run.control or {}).get("name") or (run.control_run.exp if run.control_run else "control")
+
+
 def _summary_files(d: Path):
     for p in sorted(Path(d).rglob(SUMMARY)):
         rel = p.relative_to(d).parts[:-1]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from experiments.records import RunRecord, flatten
 from experiments.report.figures import look_at, plot_experiment
+from experiments.report.runs import control_name
 from experiments.report.seeds import (MIN_SEEDS, RULE, SMALL_MARGIN, CheckOverSeeds, Rate, checks_over_seeds,
                                       fmt_margin)
 
@@ -274,7 +275,7 @@ def figure(label: str, runs: list[RunRecord], fig_dir: Path) -> str:
         c = r.control_run
         if c is not None and str(c.dir) not in seen:
             seen.add(str(c.dir))
-            controls.append((c.exp + (f" seed {c.seed}" if len(runs) > 1 else ""),
+            controls.append((control_name(r) + (f" seed {c.seed}" if len(runs) > 1 else ""),
                              c.metrics_frame(), c.attn_weights() if not controls else None))
     file = f"{slug(label)}.png"
     plot_experiment(fig_dir / file, label, curves, controls,

@@ -13,12 +13,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 from experiments.on_text import CONF, REFERENCE_CORPUS, corpus, has_text_version, is_text, no_text_reason  # noqa: E402
 from experiments.records import RunRecord  # noqa: E402
 from experiments.report.figures import save  # noqa: E402
-from experiments.report.runs import own_data, text_version  # noqa: E402
+from experiments.report.runs import control_name, own_data, text_version  # noqa: E402
 from experiments.report.seeds import MIN_SEEDS, Rate  # noqa: E402
 
 NAME = "text"
 TEXT = True  # build.render_blocks: this section sees the runs on text as well
 LOSS = "loss/train"  # on text the primary loss; its final value is the validation loss
+YMAX = 5.0  # nats/char: above chance (ln 65 = 4.17); a loss that spikes past it leaves the panel
 
 
 def _mean(xs):
@@ -80,7 +81,7 @@ def _figure(pairs, path: Path):
         ax.set_visible(False)
     for ax, (run, ctrl, floor) in zip(axes.flat, pairs):
         for r, label, style in ((floor, "no-attention floor", dict(color="grey", ls="--")),
-                                (ctrl, f"control ({ctrl.exp})" if ctrl else "", dict(color="tab:blue")),
+                                (ctrl, f"control ({control_name(run)})", dict(color="tab:blue")),
                                 (run, run.exp, dict(color="tab:red"))):
             if r is None:
                 continue
@@ -88,6 +89,7 @@ def _figure(pairs, path: Path):
             if LOSS in df:
                 d = df.dropna(subset=[LOSS])
                 ax.plot(d["step"], d[LOSS], lw=1.1, label=label, **style)
+        ax.set_ylim(1.0, YMAX)
         ax.set_title(f"{run.exp} (seed {run.seed})", fontsize=9)
         ax.set_xlabel("step")
         ax.legend(fontsize=7)

@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 from experiments.records import RunRecord
+from experiments.report.runs import control_name
 
 NAME = "text_samples"
 TEXT = True  # build.render_blocks: text runs reach this section
@@ -53,6 +54,6 @@ def render(runs: list[RunRecord], fig_dir: Path) -> str | None:
                   f"{exp}'s greedy continuation:", *_sample(first.final["sample/greedy"])]
         ctrl = first.control_run
         if ctrl is not None and "sample/greedy" in (ctrl.final or {}):
-            lines += [f"its control's ({ctrl.exp}):", *_sample(ctrl.final["sample/greedy"])]
+            lines += [f"its control's ({control_name(first)}):", *_sample(ctrl.final["sample/greedy"])]
         lines.append("")
     return "\n".join(lines).rstrip()
