@@ -121,6 +121,9 @@ class RunRecord:
     verdict: dict | None = None     # failures and baselines: judging.verdict.evaluate's result
     expected_error: bool | None = None
     floor: dict | None = None       # text versions: the no-attention floor's {name, dir, status, final, config_hash}
+    # a shared control: the final metrics measured after its W&B run closed, on its saved weights,
+    # for a later experiment that reuses it (runner.measure_cached); only summary.json has them
+    measured_later: list | None = None
     # where it was read from (not in summary.json)
     dir: Path | None = field(default=None, compare=False)
     id: str = field(default="", compare=False)     # the run dir as the report shows it
@@ -131,7 +134,7 @@ class RunRecord:
     def to_summary(self) -> dict:
         """summary.json's content; control, verdict, expected_error and floor only where set."""
         out = {k: getattr(self, k) for k in self.SUMMARY_FIELDS}
-        for k in ("control", "verdict", "expected_error", "floor"):
+        for k in ("control", "verdict", "expected_error", "floor", "measured_later"):
             if out[k] is None:
                 del out[k]
         return out

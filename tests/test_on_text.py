@@ -263,4 +263,5 @@ def test_a_shared_control_is_trained_once_and_measured_for_each_experiment_that_
     assert b.control["final"]["params/extra_vs_dot"] == 0  # the control's scores are dot-product
     saved = json.loads((cdir / "summary.json").read_text())
     assert saved["final"]["params/extra_vs_dot"] == 0 and saved["config"]["exp"]["measures"] == ["cost_vs_dot"]
+    assert "params/extra_vs_dot" in saved["measured_later"] and "loss/train" not in saved["measured_later"]
     assert [c["passed"] for c in b.verdict["checks"] if c["name"] == "extra parameters"] == [True]

@@ -213,8 +213,10 @@ def measure_cached(record: RunRecord, ccfg: dict) -> RunRecord:
     trainer.model.load_state_dict(torch.load(weights, map_location=trainer.device, weights_only=True))
     trainer.res.rows, trainer.res.final = record.metrics(), dict(record.final)  # what a measure may read
     trainer.res.steps_done = trainer.step = record.steps_done
+    before = set(record.final)
     for ref in missing:
         record.final.update(measure_fn(ref)(trainer, ccfg))
+    record.measured_later = sorted({*(record.measured_later or ()), *(set(record.final) - before)})
     record.config["exp"]["measures"] = [*done, *missing]
     write_json(record.dir / SUMMARY, record.to_summary())
     return record
