@@ -1,7 +1,8 @@
 """Text versions of experiments. On text data (TEXT_TASKS) conf/config.yaml's defaults list adds,
-after the experiment, `text: DATA`: conf/text/DATA.yaml, what every text version shares (the
-no-attention floor), followed by the experiment's own text version conf/on_text/EXP.yaml (an
-optional config: the settings and the signature the experiment has on text). One composition gives
+after the experiment, `text: DATA`: conf/text/DATA.yaml, what every text version shares (the text
+model conf/text_lm/char.yaml, whose keys beat the experiment's; the no-attention floor), followed
+by the experiment's own text version conf/on_text/EXP.yaml (an optional config: the settings its bug
+needs beyond the text model, and the signature the experiment has on text). One composition gives
 the config that trains, and the run dir's .hydra/config.yaml records exactly that; key=value on
 the command line still wins.
 
