@@ -36,6 +36,17 @@ def _child(m, name):
     return c if isinstance(c, nn.Module) else None
 
 
+@contextmanager
+def _hooks(*pairs):
+    """Forward hooks, (module, fn) each, held for the with block and removed on the way out."""
+    handles = [m.register_forward_hook(fn) for m, fn in pairs]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
 class Site:
     """q and k of one attention module. `scaled(fq, fk)`: a context in which q is multiplied by fq
     and k by fk; `measuring(out)`: a context that appends (rms q, rms k) of each call to out."""
@@ -51,13 +62,8 @@ class PairSite(Site):
 
     @contextmanager
     def scaled(self, fq, fk):
-        hs = [self.q.register_forward_hook(lambda m, i, o: _mul(o, fq)),
-              self.k.register_forward_hook(lambda m, i, o: _mul(o, fk))]
-        try:
+        with _hooks((self.q, lambda m, i, o: _mul(o, fq)), (self.k, lambda m, i, o: _mul(o, fk))):
             yield
-        finally:
-            for h in hs:
-                h.remove()
 
     @contextmanager
     def measuring(self, out):
@@ -66,12 +72,8 @@ class PairSite(Site):
             got["q"] = _rms(o)
         def hk(m, i, o):
             out.append((got.pop("q", float("nan")), _rms(o)))
-        hs = [self.q.register_forward_hook(hq), self.k.register_forward_hook(hk)]
-        try:
+        with _hooks((self.q, hq), (self.k, hk)):
             yield
-        finally:
-            for h in hs:
-                h.remove()
 
 
 class FusedSite(Site):
@@ -91,22 +93,16 @@ class FusedSite(Site):
             q, k, rest = self._split(t)
             t = torch.cat([q * fq, k * fk, rest], dim=-1)
             return (t,) + tuple(o[1:]) if isinstance(o, tuple) else t
-        h = self.proj.register_forward_hook(hook)
-        try:
+        with _hooks((self.proj, hook)):
             yield
-        finally:
-            h.remove()
 
     @contextmanager
     def measuring(self, out):
         def hook(m, i, o):
             q, k, _ = self._split(o[0] if isinstance(o, tuple) else o)
             out.append((_rms(q), _rms(k)))
-        h = self.proj.register_forward_hook(hook)
-        try:
+        with _hooks((self.proj, hook)):
             yield
-        finally:
-            h.remove()
 
 
 class MLASite(Site):
@@ -128,13 +124,8 @@ class MLASite(Site):
             return torch.cat([n * fk, v], -1).flatten(-2)
         def kv_a(m, i, o):
             return torch.cat([o[..., :self.lora], o[..., self.lora:] * fk], -1)
-        hs = [self.q.register_forward_hook(lambda m, i, o: _mul(o, fq)),
-              self.kv_a.register_forward_hook(kv_a), self.kv_b.register_forward_hook(kv_b)]
-        try:
+        with _hooks((self.q, lambda m, i, o: _mul(o, fq)), (self.kv_a, kv_a), (self.kv_b, kv_b)):
             yield
-        finally:
-            for h in hs:
-                h.remove()
 
     @contextmanager
     def measuring(self, out):
@@ -152,13 +143,8 @@ class MLASite(Site):
         def hb(m, i, o):
             got["nope"] = _rms(self._nope_v(o)[0]) ** 2
             done()
-        hs = [self.q.register_forward_hook(hq), self.kv_a.register_forward_hook(ha),
-              self.kv_b.register_forward_hook(hb)]
-        try:
+        with _hooks((self.q, hq), (self.kv_a, ha), (self.kv_b, hb)):
             yield
-        finally:
-            for h in hs:
-                h.remove()
 
 
 def _mla(name, m):
