@@ -68,7 +68,7 @@ def catalogue() -> list[dict]:
 
 def targeted() -> dict[str, list[str]]:
     """experiment -> the checks that target its failure value."""
-    from attention.doctor.catalogue import ENTRIES
+    from attention_doctor.catalogue import ENTRIES
     t: dict[str, list[str]] = {}
     for e in ENTRIES:
         for x in e.targets:
@@ -94,8 +94,8 @@ def _env():
 # -- sensitivity -----------------------------------------------------------------------------
 
 def sensitivity(out: Path):
-    from attention.doctor import examine
-    from attention.doctor.project import build_self
+    from attention_doctor import examine
+    from attention_doctor.project import build_self
     t = targeted()
     rows = [{"exp": "baseline", "broken": "nothing (the healthy baseline)", "target": "self:", "targets": [],
              "result": _rows(examine(build_self([]), name="self:"))}]
@@ -137,8 +137,8 @@ FINDINGS = {
 def specificity(out: Path):
     import torch
     import torch.nn as nn
-    from attention.doctor import TorchMHA, examine
-    from attention.doctor.hf import build
+    from attention_doctor import TorchMHA, examine
+    from attention_doctor.hf import build
     from experiments.bench.nanogpt_reference import GPT, CausalSelfAttention
     import transformers
     targets = []
@@ -236,7 +236,7 @@ def build_case(spec):
     """The module a SHIPPED case examines, built with whatever release is importable."""
     kind, name, impl, kw = spec
     if kind == "hf":
-        from attention.doctor.hf import build
+        from attention_doctor.hf import build
         return build(name, impl, **kw)
     if kind == "torchtune":  # a small model from torchtune's own builder, random weights
         import importlib
@@ -251,7 +251,7 @@ def build_case(spec):
 def one(case_name: str) -> int:
     """Run one shipped case in this interpreter (PYTHONPATH chooses the release); JSON on stdout."""
     import importlib
-    from attention.doctor import examine
+    from attention_doctor import examine
     case = next(c for c in SHIPPED if c["name"] == case_name)
     pkg = importlib.import_module(case["package"])
     r = examine(build_case(case["build"]), name=f"{case['package']} {pkg.__version__}: {case['name']}")
@@ -316,12 +316,12 @@ def benchmark(out: Path):
     installed), timed on 2 torch threads: wall and process CPU seconds."""
     import torch
     torch.set_num_threads(2)
-    from attention.doctor import examine
-    from attention.doctor.project import build_self
+    from attention_doctor import examine
+    from attention_doctor.project import build_self
     rows, load = [], os.getloadavg()[0]
     targets = [("self: (d_model 64, 2 layers, 4 heads, T 16)", lambda: build_self([]))]
     try:
-        from attention.doctor.hf import build
+        from attention_doctor.hf import build
         targets.append(("hf:llama sdpa (hidden 32, 2 layers)", lambda: build("llama", "sdpa")))
     except ImportError:
         pass
@@ -343,9 +343,9 @@ EXAMPLE = "self:model.attention.merge=no_transpose"
 def example(out: Path):
     """A real CLI run on a buggy target: its stdout and exit code, as the README shows it."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    p = subprocess.run([sys.executable, "-m", "attention.doctor", EXAMPLE], cwd=ROOT, env=env,
+    p = subprocess.run([sys.executable, "-m", "attention_doctor", EXAMPLE], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=600)
-    _write(out, "example", {"command": f"python -m attention.doctor {EXAMPLE}", "stdout": p.stdout,
+    _write(out, "example", {"command": f"python -m attention_doctor {EXAMPLE}", "stdout": p.stdout,
                             "exit_code": p.returncode})
 
 

@@ -10,7 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from conftest import ROOT
-from attention.doctor import DoctorResult, examine
+from attention_doctor import DoctorResult, examine
 from attention.lm import ModelConfig, TransformerLM
 from experiments.doctor_validation import catalogue, targeted
 
@@ -112,7 +112,7 @@ def test_result_json_rows_and_assertion_helper(tmp_path):
 
 
 def test_doctor_imports_torch_only():
-    code = ("import sys, attention.doctor; from attention.doctor import examine; "
+    code = ("import sys, attention_doctor; from attention_doctor import examine; "
             "from attention.lm import ModelConfig, TransformerLM; import torch; torch.manual_seed(0); "
             "examine(TransformerLM(ModelConfig(vocab_size=16, block_size=32, d_model=32, n_layers=1, n_heads=2)), "
             "checks=['eval_dropout']); "

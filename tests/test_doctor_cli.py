@@ -1,4 +1,4 @@
-"""`python -m attention.doctor`: exit codes 0 / 1 / 2, one-line errors, nothing written on exit 2,
+"""`python -m attention_doctor`: exit codes 0 / 1 / 2, one-line errors, nothing written on exit 2,
 and the --json rows."""
 import json
 import subprocess
@@ -8,7 +8,7 @@ import pytest
 import torch.nn as nn
 
 from conftest import ROOT
-from attention.doctor.cli import main
+from attention_doctor.cli import main
 
 
 def healthy():
@@ -78,8 +78,8 @@ def test_exit_2_one_line_nothing_written(args, says, tmp_path, capsys):
 
 
 def test_the_real_command_line(tmp_path):
-    """`python -m attention.doctor` in a process of its own: exit 2 with one line, no traceback."""
-    p = subprocess.run([sys.executable, "-m", "attention.doctor", "no_such_pkg:thing"], cwd=ROOT,
+    """`python -m attention_doctor` in a process of its own: exit 2 with one line, no traceback."""
+    p = subprocess.run([sys.executable, "-m", "attention_doctor", "no_such_pkg:thing"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and p.stdout == ""
     assert p.stderr.strip().startswith("attention-doctor: no_such_pkg:thing: cannot import")
@@ -89,5 +89,5 @@ def test_the_real_command_line(tmp_path):
 def test_pyproject_names_the_command():
     import tomllib
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    assert meta["project"]["scripts"]["attention-doctor"] == "attention.doctor.cli:main"
-    assert meta["tool"]["setuptools"]["packages"]["find"]["include"] == ["attention", "attention.*"]
+    assert meta["project"]["scripts"]["attention-doctor"] == "attention_doctor.cli:main"
+    assert meta["tool"]["setuptools"]["packages"]["find"]["include"] == ["attention", "attention.*", "attention_doctor", "attention_doctor.*"]

@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from attention.doctor import examine
+from attention_doctor import examine
 
 
 class OpaqueAttention(nn.Module):
@@ -163,7 +163,7 @@ class CompositeLM(nn.Module):
 
 
 def test_hf_adapter_reads_a_composite_config():
-    from attention.doctor.hf import HFCausalLM
+    from attention_doctor.hf import HFCausalLM
     a = HFCausalLM(CompositeLM())
     assert a.vocab_size == 16 and a.forward(torch.zeros(2, 4, dtype=torch.long)).shape == (2, 4, 16)
 
@@ -228,7 +228,7 @@ class IdPositionLM(nn.Module):
 
 
 def test_padding_uses_the_pad_token_where_the_model_has_one():
-    from attention.doctor.hf import HFCausalLM
+    from attention_doctor.hf import HFCausalLM
     torch.manual_seed(0)
     a = HFCausalLM(IdPositionLM())
     assert a.pad_id == 1

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from attention.doctor import TorchMHA, examine
+from attention_doctor import TorchMHA, examine
 from experiments.bench.nanogpt_reference import GPT, CausalSelfAttention
 
 NOT_APPLICABLE = ("skip: needs", "skip: not causal", "skip: no switch")
@@ -42,7 +42,7 @@ def test_nanogpt_attention_and_lm():
 @pytest.fixture(scope="module")
 def hf():
     pytest.importorskip("transformers")
-    from attention.doctor.hf import build
+    from attention_doctor.hf import build
     return build
 
 
@@ -65,6 +65,6 @@ def test_hf_builder_makes_encoder_style_lms_decoders():
     encoder it reads the future (future_leak failed), the builder's fault, not BERT's. The config
     alone is checked: importing BERT's modeling code costs seconds."""
     pytest.importorskip("transformers")
-    from attention.doctor.hf import small_config
+    from attention_doctor.hf import small_config
     assert small_config("bert").is_decoder
     assert not small_config("bert", is_decoder=False).is_decoder

@@ -15,7 +15,7 @@ LAYERS = [
     ("experiments.judging", "experiments.schema"),                   # rules: what a config may be, how a run is judged
     ("experiments.records", "experiments.config", "experiments.command_line"),
     ("experiments.training", "experiments.report",                   # training never draws; the report never trains
-     "attention.doctor"),  # the library's client: `self:` composes this project's config (experiments.config)
+     "attention_doctor"),  # the library's client: `self:` composes this project's config (experiments.config)
     ("experiments.bench", "experiments.callbacks", "experiments.zoo"),
     ("experiments.doctor_validation", "experiments.reference"),     # runs the doctor on nanoGPT's attention (bench)
 ]
@@ -25,7 +25,7 @@ TOP = len(LAYERS)
 @functools.cache
 def modules() -> dict[str, Path]:
     out = {"run": ROOT / "run.py"}
-    for top in ("attention", "data", "experiments"):
+    for top in ("attention", "attention_doctor", "data", "experiments"):
         for p in sorted((ROOT / top).rglob("*.py")):
             parts = p.relative_to(ROOT).with_suffix("").parts
             out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
@@ -62,7 +62,7 @@ def unit(module: str) -> tuple[int, str]:
         return TOP, module
     matches = [(len(prefix), layer, prefix) for layer, prefixes in enumerate(LAYERS) for prefix in prefixes
                if module == prefix or module.startswith(prefix + ".")]
-    return max(matches)[1:] if matches else (TOP, module)  # the longest prefix: attention.doctor over attention
+    return max(matches)[1:] if matches else (TOP, module)  # the longest prefix: experiments.zoo over experiments
 
 
 def circle(graph: dict[str, set[str]]) -> list[str] | None:

@@ -30,7 +30,7 @@ def test_three_architectures_through_the_doctor_and_a_resume(tmp_path, capsys):
     p = zoo("--arch", *ARCHS, out=tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
     rows = list(csv.DictReader(open(tmp_path / "zoo.csv")))
-    from attention.doctor.catalogue import ORDER
+    from attention_doctor.catalogue import ORDER
     for arch in ARCHS:
         for impl in ("eager", "sdpa"):
             mine = [r for r in rows if r["arch"] == arch and r["impl"] == impl]

@@ -44,8 +44,8 @@ def doctor_hash() -> str:
     """Changes when the doctor's code does: a result of another doctor is stale (one table, one doctor)."""
     import hashlib
 
-    import attention.doctor
-    root = Path(attention.doctor.__file__).parent
+    import attention_doctor
+    root = Path(attention_doctor.__file__).parent
     h = hashlib.sha1()
     for p in sorted(root.rglob("*.py")):
         h.update(p.relative_to(root).as_posix().encode() + p.read_bytes())
@@ -73,7 +73,7 @@ def main(argv=None):
         fail(f"--impl {a.impl!r}: give names like eager,sdpa")
     checks = None if a.checks == "all" else [] if a.checks == "none" else a.checks.split(",")
     if checks:
-        from attention.doctor.catalogue import ORDER
+        from attention_doctor.catalogue import ORDER
         bad = [c for c in checks if c not in ORDER]
         if bad:
             fail(f"unknown check(s) {', '.join(bad)}; known: {', '.join(ORDER)}")

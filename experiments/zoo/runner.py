@@ -75,7 +75,7 @@ def run(tasks: dict[str, list[str]], out: Path, *, checks, table: dict, hashes: 
     import torch  # noqa: F401  imported before the fork so every child inherits it
     import transformers  # noqa: F401
 
-    import attention.doctor  # noqa: F401
+    import attention_doctor  # noqa: F401
     limits = {"timeout_s": timeout_s, "cpu_s": cpu_s}
     ctx = mp.get_context("fork")
     queue = list(tasks.items())

@@ -129,7 +129,7 @@ def examine_one(arch: str, impl: str, table: dict, checks) -> dict:
                 "trace": traceback.format_exc(limit=-4)}
     if checks == []:  # a build-and-forward run only
         return {**res, "status": "ran"}
-    from attention.doctor import TargetError, examine
+    from attention_doctor import TargetError, examine
     try:
         r = examine(model, name=f"hf:{arch} {impl}", checks=checks, seed=0)
     except TargetError as e:

@@ -42,7 +42,7 @@ def sensitivity(s: dict) -> str:
         if not t and r["exp"] != "baseline":
             untargeted.append(r)
     out = [f"Each row is this project's LM with one catalogue experiment's failure value "
-           f"(`python -m attention.doctor self:+exp=NAME`), the healthy baseline first; bold: the checks "
+           f"(`python -m attention_doctor self:+exp=NAME`), the healthy baseline first; bold: the checks "
            f"that target that value; the last column: the same checks on the experiment's control (the "
            f"value fixed). Targeted checks that did not flag their failure value: "
            f"{', '.join(missed) if missed else 'none'}.", "", *lines, ""]
@@ -111,7 +111,7 @@ def blocks(runs, fig_dir: Path) -> dict[str, str]:
     if not d:
         return {}
     intro = ["## The attention doctor\n",
-             "`python -m attention.doctor TARGET` looks for the catalogue's bugs in any attention: a module, "
+             "`python -m attention_doctor TARGET` looks for the catalogue's bugs in any attention: a module, "
              "a transformers model (`hf:llama`), this project's LM (`self:`); twelve checks, each against a "
              "healthy reference (docs/doctor.md). A real run on a buggy target:\n"]
     if "example" in d:

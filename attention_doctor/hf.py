@@ -5,7 +5,7 @@ from contextlib import contextmanager
 
 import torch
 
-from attention.doctor.adapters import Adapter, TargetError, Unsupported, _params
+from attention_doctor.adapters import Adapter, TargetError, Unsupported, _params
 
 # A small model: these attribute names are the common ones of transformers' configs (each
 # config maps its own names onto them through attribute_map, e.g. GPT-2's n_embd).

@@ -1,8 +1,8 @@
 """Dropout off in eval, the future leak, self-visibility, and the KV cache."""
 import torch
 
-from attention.doctor.adapters import Unsupported
-from attention.doctor.checks.common import AGREE_REL, EXACT_REL, TargetRaised, rel, row, skip
+from attention_doctor.adapters import Unsupported
+from attention_doctor.checks.common import AGREE_REL, EXACT_REL, TargetRaised, rel, row, skip
 
 
 def eval_dropout(ctx):

@@ -4,7 +4,7 @@ from contextlib import contextmanager
 
 import torch
 
-from attention.doctor.adapters import Adapter, TargetError, Unsupported
+from attention_doctor.adapters import Adapter, TargetError, Unsupported
 
 
 class ProjectLM(Adapter):

@@ -3,8 +3,8 @@ import math
 
 import torch
 
-from attention.doctor.adapters import Unsupported
-from attention.doctor.checks.common import AGREE_REL, rel, row, skip
+from attention_doctor.adapters import Unsupported
+from attention_doctor.checks.common import AGREE_REL, rel, row, skip
 
 
 def batch_independence(ctx):

@@ -4,9 +4,9 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 
-from attention.doctor.checks.common import (AMP_HI, AMP_LO, AMP_TARGET, EXACT_REL, HULL_REL, ROW_SUM_TOL,
+from attention_doctor.checks.common import (AMP_HI, AMP_LO, AMP_TARGET, EXACT_REL, HULL_REL, ROW_SUM_TOL,
                                             finite_max_abs, rel, row, skip, visible_scores)
-from attention.doctor.layouts import attention_modules, scaled_sites
+from attention_doctor.layouts import attention_modules, scaled_sites
 
 
 class Amplifier:

@@ -6,11 +6,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from attention.doctor.adapters import Adapter, Unsupported
-from attention.doctor.catalogue import CATALOGUE
-from attention.doctor.layouts import attention_modules
-from attention.doctor.probes import MASKED, Probe
-from attention.doctor.result import Row
+from attention_doctor.adapters import Adapter, Unsupported
+from attention_doctor.catalogue import CATALOGUE
+from attention_doctor.layouts import attention_modules
+from attention_doctor.probes import MASKED, Probe
+from attention_doctor.result import Row
 
 # float32 tolerances, relative to the largest |output| of the reference (see docs/doctor.md)
 EXACT_REL = 1e-6       # same computation, other tokens changed: masked keys contribute exactly 0

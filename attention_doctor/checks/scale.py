@@ -4,8 +4,8 @@ from contextlib import contextmanager
 
 import torch
 
-from attention.doctor.checks.common import SCALE_BAND, row, skip, visible_scores
-from attention.doctor.layouts import measured_sites, scaled_sites
+from attention_doctor.checks.common import SCALE_BAND, row, skip, visible_scores
+from attention_doctor.layouts import measured_sites, scaled_sites
 
 
 def unit_factors(ctx):

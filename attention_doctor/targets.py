@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch.nn as nn
 
-from attention.doctor.adapters import TargetError
+from attention_doctor.adapters import TargetError
 
 
 def resolve(target: str, attn_impl: str | None = None):
@@ -17,14 +17,14 @@ def resolve(target: str, attn_impl: str | None = None):
         if not target[3:]:
             raise TargetError("hf: needs a model type, e.g. hf:llama or hf:gpt2")
         try:
-            from attention.doctor.hf import build
+            from attention_doctor.hf import build
         except ImportError as e:
             raise TargetError(f"{target}: needs transformers ({e})") from None
         return build(target[3:], attn_impl)
     if attn_impl:
         raise TargetError("--attn-impl applies to hf: targets only")
     if target.startswith("self:"):
-        from attention.doctor.project import build_self
+        from attention_doctor.project import build_self
         return build_self(shlex.split(target[5:]))
     if ":" not in target:
         raise TargetError(f"{target}: a target is pkg.module:object, hf:NAME or self:[KEY=VAL ...]")

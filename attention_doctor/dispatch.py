@@ -2,7 +2,7 @@
 project import the base protocol, and this chooses among them)."""
 import torch.nn as nn
 
-from attention.doctor.adapters import Adapter, CallableLM, Layer, TargetError, TorchMHA
+from attention_doctor.adapters import Adapter, CallableLM, Layer, TargetError, TorchMHA
 
 
 def adapt(obj, causal=None, **kw) -> Adapter:
@@ -15,10 +15,10 @@ def adapt(obj, causal=None, **kw) -> Adapter:
         raise TargetError(f"{type(obj).__name__} is not a torch.nn.Module")
     mro = {c.__module__.split(".")[0] + "." + c.__name__ for c in type(obj).__mro__}
     if "transformers.PreTrainedModel" in mro:
-        from attention.doctor.hf import HFCausalLM
+        from attention_doctor.hf import HFCausalLM
         return HFCausalLM(obj, **kw)
     if "attention.TransformerLM" in mro or "attention.MultiHeadAttention" in mro:
-        from attention.doctor.project import adapt_project
+        from attention_doctor.project import adapt_project
         return adapt_project(obj, **kw)
     if isinstance(obj, nn.MultiheadAttention):
         return TorchMHA(obj, causal=bool(causal), **kw)

@@ -1,4 +1,4 @@
-"""python -m attention.doctor TARGET [--attn-impl eager|sdpa] [--json F] [--device D] [--dtype T]
+"""python -m attention_doctor TARGET [--attn-impl eager|sdpa] [--json F] [--device D] [--dtype T]
 
 Exit 0: nothing failed; 1: a check failed; 2: a target it cannot use (one line on stderr,
 nothing written)."""
@@ -42,9 +42,9 @@ def main(argv=None) -> int:
         return 2
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     import torch
-    from attention.doctor.adapters import TargetError
-    from attention.doctor.examine import examine
-    from attention.doctor.targets import resolve
+    from attention_doctor.adapters import TargetError
+    from attention_doctor.examine import examine
+    from attention_doctor.targets import resolve
     try:
         if args.device.startswith("cuda") and not torch.cuda.is_available():
             raise TargetError(f"--device {args.device}: no CUDA device here")

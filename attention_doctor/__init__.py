@@ -1,6 +1,6 @@
 """The attention doctor: the catalogue's bugs looked for in anyone's attention.
 
-    from attention.doctor import examine
+    from attention_doctor import examine
     result = examine(model)            # a torch module: an LM, a layer, a transformers causal LM
     print(result.table())
     result.assert_healthy()            # in a test: fails with the table
@@ -8,10 +8,10 @@
 Depends on torch only (transformers and this project's Hydra config are imported only for the
 targets that need them). docs/doctor.md: the checks, their tolerances, the adapter protocol.
 """
-from attention.doctor.adapters import Adapter, CallableLM, Layer, TargetError, TorchMHA, Unsupported
-from attention.doctor.dispatch import adapt
-from attention.doctor.examine import examine
-from attention.doctor.result import DoctorResult, Row
+from attention_doctor.adapters import Adapter, CallableLM, Layer, TargetError, TorchMHA, Unsupported
+from attention_doctor.dispatch import adapt
+from attention_doctor.examine import examine
+from attention_doctor.result import DoctorResult, Row
 
 
 def assert_healthy(model, allow=(), **kw) -> DoctorResult:

@@ -2,8 +2,8 @@
 other and each path's attention calls agree with the textbook attention on their own q, k, v."""
 import torch
 
-from attention.doctor.adapters import Unsupported
-from attention.doctor.checks.common import AGREE_REL, TargetRaised, rel, row, skip
+from attention_doctor.adapters import Unsupported
+from attention_doctor.checks.common import AGREE_REL, TargetRaised, rel, row, skip
 
 
 def _reference_error(calls) -> float | None:

@@ -4,12 +4,12 @@ import traceback
 
 import torch
 
-from attention.doctor.adapters import TargetError
-from attention.doctor.dispatch import adapt
-from attention.doctor.catalogue import ORDER
-from attention.doctor.checks import CHECKS, Context
-from attention.doctor.checks.common import TargetRaised, row
-from attention.doctor.result import DoctorResult
+from attention_doctor.adapters import TargetError
+from attention_doctor.dispatch import adapt
+from attention_doctor.catalogue import ORDER
+from attention_doctor.checks import CHECKS, Context
+from attention_doctor.checks.common import TargetRaised, row
+from attention_doctor.result import DoctorResult
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

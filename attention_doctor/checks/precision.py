@@ -4,12 +4,12 @@ from contextlib import nullcontext
 
 import torch
 
-from attention.doctor.adapters import Unsupported
-from attention.doctor.checks.amplified import amplifier
-from attention.doctor.checks.common import (ABSOLUTE_POS, AMP_MODERATE, LONG_BF16_FLOOR, LONG_BF16_RATIO, LONG_OFFSET, LONG_REL,
+from attention_doctor.adapters import Unsupported
+from attention_doctor.checks.amplified import amplifier
+from attention_doctor.checks.common import (ABSOLUTE_POS, AMP_MODERATE, LONG_BF16_FLOOR, LONG_BF16_RATIO, LONG_OFFSET, LONG_REL,
                                             LOW_PRECISION_RATIO, TargetRaised, rel, row, skip)
-from attention.doctor.checks.scale import unit_qk
-from attention.doctor.layouts import attention_modules
+from attention_doctor.checks.scale import unit_qk
+from attention_doctor.layouts import attention_modules
 
 LOW = (torch.float16, torch.bfloat16)
 

@@ -1,5 +1,0 @@
-import sys
-
-from attention.doctor.cli import main
-
-sys.exit(main())
