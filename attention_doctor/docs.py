@@ -44,10 +44,10 @@ BLOCKS = {"checks": checks_table, "causes": causes_table}
 def render(text: str) -> str:
     """text with every marked block replaced by its table."""
     for name, make in BLOCKS.items():
-        pat = re.compile(rf"(<!-- BEGIN {name} -->\n).*?(\n<!-- END {name} -->)", re.S)
+        pat = re.compile(rf"(<!-- BEGIN {name} -->\n).*?(<!-- END {name} -->)", re.S)
         if not pat.search(text):
             raise ValueError(f"no <!-- BEGIN {name} --> ... <!-- END {name} --> block")
-        text = pat.sub(lambda m: m.group(1) + make() + m.group(2), text)
+        text = pat.sub(lambda m: m.group(1) + make() + "\n" + m.group(2), text)
     return text
 
 

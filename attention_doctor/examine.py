@@ -6,7 +6,7 @@ import torch
 
 from attention_doctor import checks as registry
 from attention_doctor.adapters import TargetError
-from attention_doctor.checks.common import Context, TargetRaised, inconclusive, row
+from attention_doctor.checks.common import COMMON_CAUSES, Context, TargetRaised, inconclusive, row
 from attention_doctor.dispatch import adapt
 from attention_doctor.result import DoctorResult
 
@@ -78,6 +78,10 @@ def examine(target, *, causal=None, device="cpu", dtype=torch.float32, checks=No
             r = inconclusive(n, f"doctor error ({type(e).__name__}: {e})"[:200], "doctor_error",
                              detail=traceback.format_exc(limit=-3))
         r.experiment, r.thread = rec.experiment, rec.thread
+        if r.cause and r.cause not in rec.causes and r.cause not in COMMON_CAUSES:   # a doctor bug: said, kept
+            if strict:
+                raise ValueError(f"{n}: cause {r.cause!r} is not in its record's causes nor COMMON_CAUSES")
+            r.detail += f" (cause {r.cause!r} is not registered: a doctor bug)"
         timings[n] = round(time.perf_counter() - t0, 3)
         result.checks.append(r)
     result.info.update(ctx.info)

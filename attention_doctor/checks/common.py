@@ -172,6 +172,8 @@ COMMON_CAUSES = {
                      "softmax, a fused kernel): the scores, weights or q and k it needs are out of sight",
     "not_amplified": "inconclusive: scaling q and k did not raise the scores (normalised or capped scores, or a "
                      "q/k layout read wrong)",
+    "no_qk_layout": "inconclusive: no verified q/k layout (attention_doctor/layouts.py): q and k cannot be made "
+                    "unit-variance where they are made",
     "unreachable": "inconclusive: the target may have the interface (a cache of its own kind, positions it "
                    "rejects) but the doctor cannot drive it; an Adapter can",
     "part_not_run": "inconclusive: the part that ran held, another part of the check could not run",

@@ -275,7 +275,7 @@ def low_precision(ctx):
         return inconclusive("low_precision", why, "part_not_run", None, tol, "; ".join(parts))
     detail = "; ".join(parts)
     if bad:
-        detail = f"cause {cause}: {CAUSES[cause]}" + (f" ({size})" if size else "") + "; " + detail
+        detail = f"cause {cause}: {CAUSES.get(cause, '')}" + (f" ({size})" if size else "") + "; " + detail
     return row("low_precision", "fail" if bad else "pass", math.inf if nonfinite_any else worst_ratio, tol,
                detail, cause)
 
