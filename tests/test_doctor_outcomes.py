@@ -220,3 +220,28 @@ def test_the_docs_numbers_for_the_scale_after_order_are_measured():
         assert abs(float(doc) / float(now) - 1) < 0.06, (doc, now)
     # what the arithmetic says: d_k = 64, q.k = 8 s passes 65504 at s = 8188; scale first: 65504
     assert 0.9 < float(got[1]) / 8188 < 1.03 and 0.9 < float(got[2]) / 65504 < 1.03
+
+
+def test_the_cause_of_a_low_precision_run_from_its_calls():
+    """_cause reads the first non-finite attention call against the same call in float32: a
+    padded query's row all -inf in float16 where float32 keeps finfo.min + score finite is a mask
+    fill that overflowed; inf scores whose q.k passes 65504 before a scale that would bring them
+    back is q k^T before the scale; finite scores with non-finite weights, the softmax."""
+    from attention_doctor.checks.precision import _cause
+    from attention_doctor.probes import Call
+    f16, f32 = torch.float16, torch.float32
+    vis = torch.tensor([[False, False], [True, False]])   # row 0: a padded query, every key masked
+    s32 = torch.tensor([[3.0, -1.0], [2.0, -1.0]]).masked_fill(~vis, 0) - 100.0 + torch.finfo(f32).min * (~vis)
+    s16 = s32.to(f16)                                      # finfo16.min - 100 rounds to -inf
+    assert (s16[0] == float("-inf")).all() and torch.isfinite(s32).all()
+    mk = lambda s: Call("softmax", "attn", scores=s[None, None], weights=torch.softmax(s.float(), -1).to(s.dtype)[None, None])
+    cause, why = _cause([mk(s16)], [mk(s32)], f16)
+    assert cause == "mask_fill_overflow" and "1 row(s) all -inf in float16" in why, why
+    q = torch.full((1, 1, 2, 4), 200.0, dtype=f16)        # q.k = 160000 > 65504; times 0.125: 20000
+    s = (q @ q.transpose(-2, -1)) * 0.125
+    c = Call("softmax", "attn", q=q, k=q, scores=s, weights=torch.softmax(s.float(), -1).to(f16), scale=0.125)
+    assert _cause([c], None, f16)[0] == "qk_before_scale"
+    s = torch.tensor([[12.0, 1.0], [3.0, 2.0]], dtype=f16)
+    w = s.exp() / s.exp().sum(-1, keepdim=True)            # a softmax without the max subtracted: exp(12) > 65504
+    assert _cause([Call("softmax", "attn", scores=s[None, None], weights=w[None, None])], None, f16)[0] == \
+        "softmax_low_precision"
