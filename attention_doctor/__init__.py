@@ -8,7 +8,8 @@
 Depends on torch only (transformers and this project's Hydra config are imported only for the
 targets that need them). docs/doctor.md: the checks, their tolerances, the adapter protocol.
 """
-from attention_doctor.adapters import Adapter, CallableLM, Layer, TargetError, TorchMHA, Unsupported
+from attention_doctor.adapters import Adapter, Layer, TargetError, TorchMHA, Unsupported
+from attention_doctor.conventions import CallableLM
 from attention_doctor.dispatch import adapt
 from attention_doctor.examine import examine
 from attention_doctor.result import DoctorResult, Row

@@ -4,7 +4,8 @@ A target is driven through an `Adapter`. Inputs are token ids (B, T) for a langu
 (`kind = "lm"`) or vectors (B, T, C) for a layer (`kind = "layer"`); the output is (B, T, D)
 floats (logits, or the layer's output). Masks are (B, T) bool, True on real tokens; positions
 are (B, T) long. A capability the target lacks raises `Unsupported(why)`: the checks that need
-it say `skip: why`, never pass. docs/doctor.md has the protocol and a worked example.
+it say `skip: why`, never pass. Built in: `Layer`, `TorchMHA` here, `CallableLM` (conventions.py),
+`HFCausalLM` (hf.py). docs/doctor.md has the protocol and a worked example.
 """
 import copy
 import inspect
@@ -27,6 +28,7 @@ class Adapter:
     causal: bool | None = True  # a layer may say None: the doctor finds out and reports it
     max_len: int | None = None  # the longest position the target accepts (None: no limit known)
     pad_id: int | None = None   # an LM's padding token: padded positions hold it (RoBERTa counts positions by it)
+    positions_move_cache = False  # positions are a cache's write offset (keys before it: the cache's slots)
 
     def __init__(self, module: nn.Module, name: str = ""):
         self.module = module
@@ -45,6 +47,10 @@ class Adapter:
         return torch.randn(B, T, self.d_model, generator=gen).to(dev, self.dtype)
 
     # -- optional ----------------------------------------------------------------------------
+    def prepare(self, x):
+        """Called once before the checks with a sample input: find what the target's names do not
+        say (conventions.py measures its mask encoding, position table, cache). Nothing by default."""
+
     def prefill(self, x):
         """Run x with a fresh cache: (state, output). A cache the target lacks: Unsupported."""
         raise Unsupported("needs a KV cache (prefill and step)")
@@ -83,8 +89,16 @@ class Adapter:
     def converted(self, dtype=None, device=None) -> "Adapter":
         """A copy of this adapter on a deep copy of the module, moved to dtype / device."""
         new = copy.copy(self)
-        new.module = copy.deepcopy(self.module).to(device=device, dtype=dtype)
+        new.module = copy.deepcopy(self.module, _kept_tensors(self.module)).to(device=device, dtype=dtype)
         return new
+
+
+def _kept_tensors(module) -> dict:
+    """A deepcopy memo for the tensors modules keep as plain attributes (the last attention weights,
+    a KV cache written in a forward): copied detached, since deepcopy refuses a tensor with
+    autograd history (and one made in inference mode)."""
+    return {id(v): v.detach().clone() for m in module.modules() for v in vars(m).values()
+            if isinstance(v, torch.Tensor) and not isinstance(v, nn.Parameter)}
 
 
 def _first_output(out):
@@ -103,30 +117,12 @@ def _params(fn) -> set[str]:
         return set()
 
 
-class CallableLM(Adapter):
-    """A causal LM called as forward(ids) returning logits or (logits, loss) (nanoGPT's
-    convention); `attention_mask` / `position_ids` are passed when its forward names them."""
-    kind = "lm"
-
-    def __init__(self, module, name="", vocab_size=None):
-        super().__init__(module, name)
-        emb = self.embedding()
-        self.vocab_size = vocab_size or (emb.num_embeddings if emb is not None else None)
-        if self.vocab_size is None:
-            raise TargetError(f"{self.name}: no nn.Embedding to take the vocabulary size from")
-        self._accepts = _params(module.forward)
-
-    def forward(self, x, mask=None, positions=None):
-        kw = {}
-        if mask is not None:
-            if "attention_mask" not in self._accepts:
-                raise Unsupported("needs a padding mask (forward takes no attention_mask)")
-            kw["attention_mask"] = mask.long()
-        if positions is not None:
-            if "position_ids" not in self._accepts:
-                raise Unsupported("needs position ids (forward takes no position_ids)")
-            kw["position_ids"] = positions
-        return _first_output(self.module(x, **kw))
+def _var_kwargs(fn) -> bool:
+    """fn takes **kwargs."""
+    try:
+        return any(p.kind is p.VAR_KEYWORD for p in inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
 
 
 class Layer(Adapter):

@@ -50,10 +50,16 @@ def examine(target, *, causal=None, device="cpu", dtype=torch.float32, checks=No
         ctx.causal = True
     elif adapter.causal is not None:
         ctx.causal = adapter.causal
+    try:
+        adapter.prepare(ctx.sample(k=99))
+    except Exception as e:   # a forward that raises is the smoke test's to report
+        ctx.info["conventions_error"] = f"{type(e).__name__}: {str(e)[:160]}"
     _smoke(ctx)
     result = DoctorResult(name or adapter.name, info={
         "kind": adapter.kind, "device": str(adapter.device), "dtype": str(adapter.dtype).replace("torch.", ""),
         "attention_modules": len(ctx.modules), "qk_sites": len(ctx.sites()), "torch": torch.__version__})
+    if getattr(adapter, "conventions", None):
+        result.info["conventions"] = dict(adapter.conventions)
     timings = {}
     for n in ORDER:
         if checks is not None and n not in checks:
@@ -72,6 +78,8 @@ def examine(target, *, causal=None, device="cpu", dtype=torch.float32, checks=No
         result.checks.append(r)
     result.info.update(ctx.info)
     result.info["seconds"] = timings
+    result.info["checks_run"] = sum(not r.skipped for r in result.checks)   # a verdict reached: pass, fail, warn
+    result.info["checks_total"] = len(result.checks)
     return result
 
 

@@ -53,6 +53,10 @@ class Site:
     def __init__(self, name, module):
         self.name, self.module = name, module
 
+    def on(self, root):
+        """The same site in a copy of the target (root: the copy's top module)."""
+        return site_of(self.name, root.get_submodule(self.name) if self.name else root)
+
 
 class PairSite(Site):
     """q and k come out of two child modules."""

@@ -9,7 +9,6 @@ from attention_doctor.checks.amplified import amplifier
 from attention_doctor.checks.common import (ABSOLUTE_POS, AMP_MODERATE, LONG_BF16_FLOOR, LONG_BF16_RATIO, LONG_OFFSET, LONG_REL,
                                             LOW_PRECISION_RATIO, TargetRaised, rel, row, skip)
 from attention_doctor.checks.scale import unit_qk
-from attention_doctor.layouts import attention_modules
 
 LOW = (torch.float16, torch.bfloat16)
 
@@ -21,7 +20,7 @@ def _name(dt):
 def _call_errors(ctx, lp, x):
     """Per attention call of the target in low precision: (its error, the reference attention's
     error in the same dtype), both against float64 on the call's own q, k, v."""
-    _, calls = ctx.probe(x, adapter=lp, modules=attention_modules(lp.module))
+    _, calls = ctx.probe(x, adapter=lp)
     out = []
     for c in calls:
         if not c.complete:
