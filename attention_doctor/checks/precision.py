@@ -6,6 +6,7 @@ import torch
 
 from attention_doctor.adapters import Unsupported
 from attention_doctor.checks.amplified import amplifier
+from attention_doctor.checks.cached_positions import long_positions_through_cache
 from attention_doctor.checks.common import (ABSOLUTE_POS, AMP_MODERATE, LONG_BF16_FLOOR, LONG_BF16_RATIO, LONG_OFFSET, LONG_REL,
                                             LOW_PRECISION_RATIO, TargetRaised, rel, row, skip)
 from attention_doctor.checks.scale import unit_qk
@@ -143,6 +144,8 @@ def long_positions(ctx):
     if a.max_len is not None and a.max_len < LONG_OFFSET + ctx.T:
         return skip("long_positions", f"needs positions up to {LONG_OFFSET + ctx.T} (takes {a.max_len})")
     x = ctx.sample(k=50)
+    if a.positions_move_cache:
+        return long_positions_through_cache(ctx, a, x)
     try:
         y0 = _at(ctx, a, x, 0)
         d_small = rel(_at(ctx, a, x, 16), y0)
