@@ -9,6 +9,7 @@ it say `skip: why`, never pass. Built in: `Layer`, `TorchMHA` here, `CallableLM`
 """
 import copy
 import inspect
+import types
 from contextlib import contextmanager
 
 import torch
@@ -89,16 +90,24 @@ class Adapter:
     def converted(self, dtype=None, device=None) -> "Adapter":
         """A copy of this adapter on a deep copy of the module, moved to dtype / device."""
         new = copy.copy(self)
-        new.module = copy.deepcopy(self.module, _kept_tensors(self.module)).to(device=device, dtype=dtype)
+        new.module = deep_copy(self.module).to(device=device, dtype=dtype)
         return new
 
 
-def _kept_tensors(module) -> dict:
-    """A deepcopy memo for the tensors modules keep as plain attributes (the last attention weights,
-    a KV cache written in a forward): copied detached, since deepcopy refuses a tensor with
-    autograd history (and one made in inference mode)."""
-    return {id(v): v.detach().clone() for m in module.modules() for v in vars(m).values()
+def deep_copy(module: nn.Module) -> nn.Module:
+    """copy.deepcopy, and what it leaves shared: tensors modules keep as plain attributes (the last
+    attention weights, a KV cache written in a forward) are copied detached, since deepcopy refuses
+    a tensor with autograd history (or one made in inference mode); functions kept as attributes
+    that close over the module's own parts (minGPT's `mlpf` lambda) are rebound to the copy's."""
+    memo = {id(v): v.detach().clone() for m in module.modules() for v in vars(m).values()
             if isinstance(v, torch.Tensor) and not isinstance(v, nn.Parameter)}
+    new = copy.deepcopy(module, memo)
+    for old_m, new_m in zip(module.modules(), new.modules()):
+        for k, f in vars(old_m).items():
+            if isinstance(f, types.FunctionType) and f.__closure__:
+                cells = tuple(types.CellType(memo.get(id(c.cell_contents), c.cell_contents)) for c in f.__closure__)
+                setattr(new_m, k, types.FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__, cells))
+    return new
 
 
 def _first_output(out):

@@ -10,7 +10,9 @@ names and by measurement, as people write them:
   any, an nn.Embedding a plain forward feeds 0..T-1 (a learned position table) is fed the ids;
 - a KV cache driven by `start_pos` (a cache kept inside, written at that offset), by `input_pos`
   after `set_kv_cache(batch_size)`, or passed back in (`cache=` with `return_intermediates=True`:
-  the whole sequence in, the last `cache_age` tokens computed, as x-transformers does).
+  the whole sequence in, the last `cache_age` tokens computed, as x-transformers does);
+- attention paths switched by a boolean `flash` on its modules (nanoGPT, x-transformers), where
+  both settings run.
 
 What was found is in `conventions` (the result's info); where nothing is found the check says
 which argument would enable it, and an Adapter remains the way in.
@@ -60,6 +62,7 @@ class CallableLM(Adapter):
         self.targets = False          # the forward returns the last position only unless given targets
         self.mask_encoding = FIRST.get(self.mask_name)
         self.pos_table = None         # the name of a learned position table fed 0..T-1
+        self._paths = []              # "flash=False", "flash=True" where both run
         self.cache = self._cache_kind()
         self.conventions = {}
 
@@ -92,6 +95,7 @@ class CallableLM(Adapter):
                 self.conventions["start_pos"] = "moves the positions only (no cache behind it)"
             if self.mask_name is not None:
                 self._find_mask_encoding(x)
+            self._find_paths(x)
         if self.pos_name:
             self.conventions["positions"] = self.pos_name
         if self.cache:
@@ -117,6 +121,40 @@ class CallableLM(Adapter):
                 self.max_len = m.num_embeddings
                 self.conventions["positions"] = f"the ids fed to {n} (a position table fed 0..T-1)"
                 return
+
+    def _flags(self):
+        return [m for m in self.module.modules() if isinstance(getattr(m, "flash", None), bool)]
+
+    def _find_paths(self, x):
+        """Both settings of the modules' `flash` switch, where both run a forward."""
+        if not self._flags():
+            return
+        runs = []
+        for name in ("flash=False", "flash=True"):
+            try:
+                with self.use_path(name):
+                    self._call(x)
+                runs.append(name)
+            except Exception as e:
+                self.conventions["paths"] = f"{name} raises ({type(e).__name__}: {str(e)[:80]}): one path"
+        if len(runs) == 2:
+            self._paths = runs
+            self.conventions["paths"] = f"flash on {len(self._flags())} module(s), both settings"
+
+    def paths(self):
+        return list(self._paths)
+
+    @contextmanager
+    def use_path(self, name):
+        flags = self._flags()
+        old = [m.flash for m in flags]
+        for m in flags:
+            m.flash = name.endswith("True")
+        try:
+            yield
+        finally:
+            for m, v in zip(flags, old):
+                m.flash = v
 
     def _start_pos_caches(self, x) -> bool:
         """start_pos drives a cache when the tokens after it read what was written before it."""
@@ -170,7 +208,7 @@ class CallableLM(Adapter):
         if self.pos_name in ("position_ids", "pos", "positions"):
             return first_output(self._call(x, **kw, **{self.pos_name: positions}))
         if self.pos_name in ("start_pos", "input_pos"):
-            start = _offset(positions)
+            start = uniform_offset(positions)
             if self.pos_name == "start_pos":
                 return first_output(self._call(x, **kw, start_pos=start))
             with self._input_pos_cache(x.shape[0]):
@@ -238,7 +276,7 @@ class CallableLM(Adapter):
         return token_embedding(self.module)
 
 
-def _offset(positions) -> int:
+def uniform_offset(positions) -> int:
     """The one offset of positions that every row counts on from (start_pos / input_pos)."""
     start = int(positions.reshape(-1, positions.shape[-1])[0, 0])
     ramp = torch.arange(start, start + positions.shape[-1], device=positions.device)

@@ -26,8 +26,11 @@ def new_scores(ctx, adapter, x, offset, autocast=False) -> list[torch.Tensor]:
     for c in calls:
         if (c.scores is None and not c.complete) or c.q is None or c.q.shape[-2] != T:
             continue
-        s = c.seen_scores().double()[..., -T:]
-        vis = torch.isfinite(s) if c.visible is None else c.visible.expand(c.seen_scores().shape)[..., -T:] & torch.isfinite(s)
+        full = c.seen_scores().double()
+        # the new keys: at the offset in a cache of fixed length (LitGPT), else the last T (Meta's)
+        cols = slice(offset, offset + T) if full.shape[-1] >= offset + T and full.shape[-1] > T else slice(-T, None)
+        s = full[..., cols]
+        vis = torch.isfinite(s) if c.visible is None else c.visible.expand(full.shape)[..., cols] & torch.isfinite(s)
         s = s.masked_fill(~vis, float("nan"))
         return [s - s.nanmean(-1, keepdim=True)]
     return []
