@@ -133,3 +133,29 @@ def test_a_copy_rebinds_functions_closing_over_the_module():
     c = deep_copy(m).half()
     assert c.mlpf.__closure__[0].cell_contents is c.mlp
     assert c(torch.zeros(1, 4, dtype=torch.long)).dtype == torch.float16
+
+
+class InputPosLM(S.FunctionalLM):
+    """LitGPT's convention on the functional style: input_pos needs a cache set up first."""
+    cache_on = False
+
+    def set_kv_cache(self, batch_size, device=None, dtype=None):
+        self.cache_on = True
+
+    def clear_kv_cache(self):
+        self.cache_on = False
+
+    def forward(self, idx, input_pos=None):
+        if input_pos is None:
+            return super().forward(idx)
+        assert self.cache_on, "call set_kv_cache() first"
+        return super().forward(idx, start_pos=int(input_pos[0]))
+
+
+@pytest.mark.parametrize("bug", [None, "cache_top_left", "rope_bf16"])
+def test_input_pos_with_a_cache_set_up_first(bug):
+    torch.manual_seed(0)
+    r = examine(InputPosLM(bug).eval(), checks=["eval_dropout", "kv_cache", "long_positions"], strict=True)
+    assert r.info["conventions"]["cache"] == "set_kv_cache(batch_size), then input_pos"
+    want = {None: {}, "cache_top_left": {"kv_cache": "fail"}, "rope_bf16": {"long_positions": "fail"}}[bug]
+    assert {c.name: c.verdict for c in r.checks if c.verdict != "pass"} == want, r.table() + r.details()
