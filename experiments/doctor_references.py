@@ -10,10 +10,9 @@ nature (every check that does not run must be n/a for one of these), and each fa
 """
 import ast
 import copy
-import importlib
-import importlib.util
 import math
 import os
+import runpy
 import subprocess
 from contextlib import contextmanager
 from pathlib import Path
@@ -68,13 +67,11 @@ def llama(src):
         dist.init_process_group("gloo", rank=0, world_size=1)
     if not fs.model_parallel_is_initialized():
         fs.initialize_model_parallel(1)
-    spec = importlib.util.spec_from_file_location("llama_model", Path(src) / "llama" / "model.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = runpy.run_path(str(Path(src) / "llama" / "model.py"))
     torch.manual_seed(0)
     with _cuda_is_here():
-        model = mod.Transformer(mod.ModelArgs(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, multiple_of=16,
-                                              max_batch_size=16, max_seq_len=MAX_POS))
+        model = mod["Transformer"](mod["ModelArgs"](dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64,
+                                                    multiple_of=16, max_batch_size=16, max_seq_len=MAX_POS))
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.02) if p.dim() >= 2 else p.fill_(1.0)
@@ -205,21 +202,23 @@ CLONES = {r["name"]: f"git clone https://github.com/{r['repo']}" for r in REFERE
 
 
 def provenance(ref, source: Path | None) -> dict:
-    """Which code the row came from: the clone's commit (and whether it has local changes), or the release."""
+    """Which code the row came from: the clone's commit (and whether the file built from has local
+    changes), or the release (its dist-info in the directory it was installed in)."""
     if ref["source"] == "pypi":
-        from importlib.metadata import version
-        return {"release": f"{ref['package']}=={version(ref['package'])}"}
+        dist = ref["package"].replace("-", "_")
+        found = sorted(p.name[len(dist) + 1:-len(".dist-info")] for p in Path(source).glob(f"{dist}-*.dist-info"))
+        return {"release": f"{ref['package']}=={found[0] if found else 'unknown'}"}
     git = lambda *a: subprocess.run(["git", "-C", str(source), *a], capture_output=True, text=True).stdout.strip()
     return {"repo": f"github.com/{ref['repo']}", "commit": git("rev-parse", "HEAD") or "unknown (not a git clone)",
             "file_changed": bool(git("status", "--porcelain", "--", ref["file"]))}
 
 
-def examine_one(name: str, source: str | None) -> dict:
-    """Build one reference (its source on sys.path) and examine it: the result, and its provenance."""
+def examine_one(name: str, source: str) -> dict:
+    """Build one reference (its source first on sys.path: a clone, or a release's directory) and
+    examine it: the result, and its provenance."""
     import sys
     from attention_doctor import examine
     ref = BY_NAME[name]
-    if source:
-        sys.path.insert(0, source)
+    sys.path.insert(0, source)
     r = examine(ref["build"](source), name=name)
-    return {"provenance": provenance(ref, Path(source) if source else None), "result": r.to_dict()}
+    return {"provenance": provenance(ref, Path(source)), "result": r.to_dict()}

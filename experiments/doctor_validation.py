@@ -351,18 +351,16 @@ def references(out: Path, pinned: Path, sources: dict):
         row = {k: ref.get(k) for k in ("name", "repo", "package", "version", "source", "file", "by_nature", "findings")}
         if ref["source"] == "clone":
             src = sources.get(ref["name"])
-            where = [Path(src)] if src else []
             missing = [] if src and Path(src).is_dir() else [f"--source {ref['name']}=PATH ({CLONES[ref['name']]})"]
         else:
-            src, where = None, [pinned / ref["pinned"]]
-            missing = [str(d) for d in where if not d.is_dir()]
+            src = str(pinned / ref["pinned"])
+            missing = [] if Path(src).is_dir() else [src]
         deps = [pinned / d for d in ref.get("needs", [])]
         missing += [str(d) for d in deps if not d.is_dir()]
         if missing:
             row["error"] = "not installed: " + ", ".join(missing)
         else:
-            j = _in_subprocess(sys.executable, ["reference", ref["name"]] + (["--ref-source", src] if src else []),
-                               where + deps)
+            j = _in_subprocess(sys.executable, ["reference", ref["name"], "--ref-source", src], [src] + deps)
             row.update(j)
         rows.append(row)
         r = row.get("result")
