@@ -5,9 +5,10 @@ names and by measurement, as people write them:
   position's logits unless given `targets` (nanoGPT) is given targets;
 - a padding mask named `attention_mask` or `mask`, in the encoding that measurably masks: 0/1
   integers, bool keep-masks, or additive floats ((B, T) or (B, 1, 1, T));
-- positions named `position_ids`, `pos`, `positions` ((B, T) ids), `input_pos` ((T,), with a
-  cache set up by `set_kv_cache`, LitGPT) or `start_pos` (an int offset, Meta's Llama); without
-  any, an nn.Embedding a plain forward feeds 0..T-1 (a learned position table) is fed the ids;
+- positions named `position_ids`, `pos`, `positions` ((B, T) ids), `input_pos` ((T,) after a
+  cache set up by `set_kv_cache`, LitGPT; else (B, T) ids, torchtune) or `start_pos` (an int
+  offset, Meta's Llama); without any, an nn.Embedding a plain forward feeds 0..T-1 (a learned
+  position table) is fed the ids;
 - a KV cache driven by `start_pos` (a cache kept inside, written at that offset), by `input_pos`
   after `set_kv_cache(batch_size)`, or passed back in (`cache=` with `return_intermediates=True`:
   the whole sequence in, the last `cache_age` tokens computed, as x-transformers does);
@@ -166,27 +167,32 @@ class CallableLM(Adapter):
         return not torch.equal(outs[0], outs[1])
 
     def _find_mask_encoding(self, x):
-        """The first encoding under which left padding moves the real tokens' outputs (their
-        queries no longer read the padding). One row: an unexpanded (B, T) mask broadcasts right
-        there, so the encoding is found for it too. None moves them: the name's usual encoding,
-        said so (a mask the target ignores fails padding)."""
+        """The first encoding that masks padding: a mask with every token real leaves the outputs
+        as they are without one, and left padding moves the real tokens' outputs (their queries no
+        longer read the padding). One row: an unexpanded (B, T) mask broadcasts right there, so
+        the encoding is found for it too. None does (a mask the target ignores, or one of another
+        shape: torchtune's (B, T, T)): the checks that need a mask say they could not give one."""
         one = x[:1]
         P = x.shape[1] // 4
         keep = torch.ones_like(one, dtype=torch.bool)
-        keep[:, :P] = False
         plain = first_output(self._call(one)).double()
         order = [FIRST[self.mask_name]] + [e for e in ENCODINGS if e != FIRST[self.mask_name]]
+        self.mask_encoding = None
         for enc in order:
+            keep[:, :P] = True
             try:
-                y = first_output(self._call(one, **{self.mask_name: ENCODINGS[enc](keep, self.dtype)})).double()
+                same = _change(first_output(self._call(one, **{self.mask_name: ENCODINGS[enc](keep, self.dtype)})), plain)
+                keep[:, :P] = False
+                moved = _change(first_output(self._call(one, **{self.mask_name: ENCODINGS[enc](keep, self.dtype)}))[:, P:],
+                                plain[:, P:])
             except Exception:
                 continue
-            d = (y[:, P:] - plain[:, P:]).abs().max() / plain[:, P:].abs().max().clamp_min(1e-30)
-            if not bool(torch.isfinite(d)) or float(d) > EFFECT:
+            if same <= EFFECT and moved > EFFECT:
                 self.mask_encoding = enc
                 self.conventions["mask"] = f"{self.mask_name} as {enc} (found by measurement)"
                 return
-        self.conventions["mask"] = f"{self.mask_name}: no encoding tried moved the outputs; given as {self.mask_encoding}"
+        self.conventions["mask"] = (f"{self.mask_name}: no encoding tried ({', '.join(order)}) masks the padding "
+                                    "(all real: outputs unchanged; left padding: real outputs moved)")
 
     # -- the protocol ----------------------------------------------------------------------------
     def _call(self, x, **kw):
@@ -202,10 +208,13 @@ class CallableLM(Adapter):
             if self.mask_name is None:
                 raise Unsupported("needs a padding mask (forward takes neither attention_mask nor mask; "
                                   "an Adapter's forward(x, mask) enables it)")
+            if self.mask_encoding is None:
+                raise Unsupported(f"needs a padding mask the doctor can give: {self.conventions['mask']}; an "
+                                  "Adapter's forward(x, mask) can")
             kw[self.mask_name] = ENCODINGS[self.mask_encoding](mask, self.dtype)
         if positions is None:
             return first_output(self._call(x, **kw))
-        if self.pos_name in ("position_ids", "pos", "positions"):
+        if self.pos_name in ("position_ids", "pos", "positions") or (self.pos_name == "input_pos" and self.cache is None):
             return first_output(self._call(x, **kw, **{self.pos_name: positions}))
         if self.pos_name in ("start_pos", "input_pos"):
             start = uniform_offset(positions)
@@ -232,8 +241,6 @@ class CallableLM(Adapter):
     @contextmanager
     def _input_pos_cache(self, batch):
         """LitGPT: input_pos needs a cache set up first (a fresh one: its slots start empty)."""
-        if not hasattr(self.module, "set_kv_cache"):
-            raise Unsupported("input_pos needs a KV cache and the target has no set_kv_cache")
         self.module.set_kv_cache(batch_size=batch, device=self.device, dtype=self.dtype)
         try:
             yield
@@ -274,6 +281,14 @@ class CallableLM(Adapter):
 
     def embedding(self):
         return token_embedding(self.module)
+
+
+def _change(y, ref) -> float:
+    """max |y - ref| / max |ref|; inf where y is not finite."""
+    y, ref = y.double(), ref.double()
+    if not bool(torch.isfinite(y).all()):
+        return float("inf")
+    return float((y - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
 
 
 def uniform_offset(positions) -> int:
