@@ -44,3 +44,19 @@ def test_the_report_flags_what_is_not_explained():
     ok = render({"rows": [_row({"padding": "fail", "kv_cache": "skip: needs a KV cache"}, {"kv_cache": "no cache"},
                                {"padding": "positions from the first column"})]})
     assert "Unexplained: none." in ok and "**X, padding**: positions from the first column" in ok
+
+
+def test_the_committed_evidence_has_every_reference_and_style_explained():
+    from conftest import ROOT
+    src = ROOT / "results" / "doctor"
+    if not (src / "references.json").exists() or not (src / "styles.json").exists():
+        import pytest
+        pytest.skip("no committed evidence for the styles and references")
+    refs = json.loads((src / "references.json").read_text())
+    assert [r["name"] for r in refs["rows"]] == [r["name"] for r in REFERENCES]
+    for r in refs["rows"]:   # built from a recorded commit or release, examined, nothing refused
+        assert "error" not in r, r["error"]
+        assert r["provenance"].get("release") or len(r["provenance"]["commit"]) == 40
+    assert "Unexplained: none." in render(refs)
+    from experiments.report.sections.doctor import styles
+    assert "missed: none" in styles(json.loads((src / "styles.json").read_text()))
