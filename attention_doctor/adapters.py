@@ -3,9 +3,11 @@
 A target is driven through an `Adapter`. Inputs are token ids (B, T) for a language model
 (`kind = "lm"`) or vectors (B, T, C) for a layer (`kind = "layer"`); the output is (B, T, D)
 floats (logits, or the layer's output). Masks are (B, T) bool, True on real tokens; positions
-are (B, T) long. A capability the target lacks raises `Unsupported(why)`: the checks that need
-it say `skip: why`, never pass. Built in: `Layer`, `TorchMHA` here, `CallableLM` (conventions.py),
-`HFCausalLM` (hf.py). docs/doctor.md has the protocol and a worked example.
+are (B, T) long. A capability the target lacks by nature raises `Unsupported(why)`: the checks
+that need it say `n/a: why`; one it may have but the doctor cannot drive raises
+`Unreachable(why)`: they say `inconclusive: why`. Neither is ever a pass. Built in: `Layer`,
+`TorchMHA` here, `CallableLM` (conventions.py), `HFCausalLM` (hf.py). docs/doctor.md has the
+protocol and a worked example.
 """
 import copy
 import inspect
@@ -17,14 +19,26 @@ import torch.nn as nn
 
 
 class Unsupported(Exception):
-    """The target cannot do what a check needs (the check skips, saying why)."""
+    """The target lacks, by nature, what a check needs (no KV cache, no padding mask): the check
+    says `n/a: why`. Say in `why` what would enable it, e.g. "needs a padding mask (forward takes
+    no attention_mask)"."""
+
+
+class Unreachable(Unsupported):
+    """The target may have what a check needs, but the doctor cannot drive it (a cache of its own
+    kind, positions it rejects): the check says `inconclusive: why` (exit code 3), never n/a."""
 
 
 class TargetError(Exception):
-    """The doctor cannot use the target at all (the CLI exits 2 with this line)."""
+    """The doctor cannot use the target at all, or an optional dependency is missing: one line
+    that names the fix (the CLI exits 2 with it)."""
 
 
 class Adapter:
+    """How the doctor drives a target: subclass it for a target it does not know, set `kind`,
+    `causal`, `vocab_size` (an LM) or `d_model` (a layer), implement `forward`, and the optional
+    members the target has (docs/doctor.md, "The adapter protocol"). `examine(MyAdapter(module))`
+    and `attention-doctor pkg.mod:factory` (a factory returning it) both take one."""
     kind = "lm"                # "lm": ids in, logits out | "layer": (B, T, C) in, (B, T, C) out
     causal: bool | None = True  # a layer may say None: the doctor finds out and reports it
     max_len: int | None = None  # the longest position the target accepts (None: no limit known)
@@ -34,6 +48,12 @@ class Adapter:
     def __init__(self, module: nn.Module, name: str = ""):
         self.module = module
         self.name = name or type(module).__name__
+
+    @property
+    def implementation(self) -> str | None:
+        """The attention implementation the target runs now, as the target names it (transformers'
+        `_attn_implementation`, this project's backend); None when it names none."""
+        return None
 
     # -- required ----------------------------------------------------------------------------
     def forward(self, x, mask=None, positions=None) -> torch.Tensor:
@@ -53,12 +73,16 @@ class Adapter:
         say (conventions.py measures its mask encoding, position table, cache). Nothing by default."""
 
     def prefill(self, x):
-        """Run x with a fresh cache: (state, output). A cache the target lacks: Unsupported."""
-        raise Unsupported("needs a KV cache (prefill and step)")
+        """Run x (B, T) with a fresh cache: (state, output (B, T, D)). A cache the target lacks:
+        Unsupported; one it has but this adapter cannot drive: Unreachable."""
+        raise Unsupported("needs a KV cache (an Adapter with prefill and step)")
 
     def step(self, state, x):
-        """Run the new tokens x after `state`: (state, output for x)."""
-        raise Unsupported("needs a KV cache (prefill and step)")
+        """Run the new tokens x (B, T_new) after `state`: (state, output for the new tokens only,
+        (B, T_new, D)). The doctor steps each state once: `step` may update the state in place
+        (transformers' caches do) and need not accept a state stepped before; every trial starts
+        from a fresh `prefill`."""
+        raise Unsupported("needs a KV cache (an Adapter with prefill and step)")
 
     def paths(self) -> list[str]:
         """Names of the target's switchable attention paths (e.g. eager, sdpa); [] if none."""
@@ -66,6 +90,7 @@ class Adapter:
 
     @contextmanager
     def use_path(self, name: str):
+        """A context in which the target runs attention path `name` (one of paths())."""
         raise Unsupported("no switch between attention paths")
         yield
 
@@ -79,11 +104,13 @@ class Adapter:
     # -- derived -----------------------------------------------------------------------------
     @property
     def device(self):
+        """The device of the module's first parameter (cpu without parameters)."""
         p = next(self.module.parameters(), None)
         return p.device if p is not None else torch.device("cpu")
 
     @property
     def dtype(self):
+        """The dtype of the module's first floating parameter (float32 without one)."""
         p = next((p for p in self.module.parameters() if p.is_floating_point()), None)
         return p.dtype if p is not None else torch.float32
 
@@ -117,6 +144,11 @@ def _first_output(out):
     if isinstance(out, (tuple, list)):
         return out[0]
     return out
+
+
+# forward arguments that carry a cache (transformers' names, nanoGPT forks', recurrent states)
+CACHE_ARGS = {"past_key_values", "past_key_value", "layer_past", "cache", "kv_cache", "use_cache", "cache_params",
+              "state", "mems", "past_buckets_states", "past"}
 
 
 def _params(fn) -> set[str]:
@@ -170,6 +202,10 @@ class TorchMHA(Layer):
     def __init__(self, module: nn.MultiheadAttention, name="", causal=False):
         super().__init__(module, name or "torch.nn.MultiheadAttention", causal=causal, d_model=module.embed_dim)
         self.need_weights = True   # the module's default
+
+    @property
+    def implementation(self):
+        return f"need_weights={self.need_weights}"
 
     def forward(self, x, mask=None, positions=None):
         if positions is not None:

@@ -1,18 +1,33 @@
-"""python -m attention_doctor TARGET [--attn-impl eager|sdpa] [--json F] [--device D] [--dtype T]
+"""attention-doctor TARGET [--attn-impl eager|sdpa] [--checks a,b] [--json F] [--device D] [--dtype T]
+(also `python -m attention_doctor`).
 
-Exit 0: nothing failed; 1: a check failed; 2: a target it cannot use (one line on stderr,
-nothing written)."""
+Exit 0: every applicable check ran and held; 1: a check failed; 2: the target or an optional
+dependency is unusable (one line on stderr naming the fix, nothing written); 3: nothing failed
+but a check was inconclusive."""
 import argparse
 import os
 import sys
 
+from attention_doctor.result import EXIT_UNUSABLE
+
 EPILOG = """targets:
-  pkg.module:obj            a module instance, a class or a zero-argument factory
+  pkg.module:obj            a torch module or an attention_doctor.Adapter: an instance, a class or a
+                            zero-argument factory (pkg.module is imported from the working directory)
   hf:NAME                   a transformers causal LM of model type NAME (llama, gpt2, ...) from a small
-                            config, random weights, no download
-  self:                     this project's LM from conf/ (the healthy baseline)
+                            config, random weights, no download; needs transformers:
+                            pip install 'attention-failure-suite[validation]'
+                            (in a clone: pip install -r requirements-validation.txt)
+  self:                     this project's LM from conf/ (run from inside the clone; needs Hydra)
   'self:KEY=VAL KEY=VAL'    the same with Hydra overrides, e.g. self:model.attention.merge=no_transpose
-exit codes: 0 nothing failed, 1 a check failed, 2 a target the doctor cannot use"""
+outcomes: pass; fail (with its cause); warn (holds only with what the caller must pass, said in the
+  row); n/a: why (the target cannot have the failure, or lacks the interface by nature);
+  inconclusive: why (the check applies but the doctor could not perform it: never a pass)
+exit codes:
+  0  every applicable check ran and held (n/a rows aside; a warn row held with what it names)
+  1  a check failed
+  2  the target or an optional dependency is unusable: one line on stderr naming the fix, nothing written
+  3  nothing failed, but a check was inconclusive
+docs: docs/doctor.md (the checks, their tolerances, the adapter protocol)"""
 
 
 def parser():
@@ -20,6 +35,7 @@ def parser():
                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("target")
     p.add_argument("--attn-impl", default=None, help="hf: targets: transformers' attn_implementation (eager, sdpa)")
+    p.add_argument("--checks", default=None, help="comma-separated check names to run (default: all, in order)")
     p.add_argument("--json", default=None, metavar="FILE", help="write the rows as JSON")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", help="float32 (default), float64, bfloat16, float16")
@@ -39,7 +55,7 @@ def main(argv=None) -> int:
         args = p.parse_args(argv)
     except _ArgError as e:
         print(f"attention-doctor: {e}", file=sys.stderr)
-        return 2
+        return EXIT_UNUSABLE
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     import torch
     from attention_doctor.adapters import TargetError
@@ -50,15 +66,16 @@ def main(argv=None) -> int:
             raise TargetError(f"--device {args.device}: no CUDA device here")
         if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
             raise TargetError(f"--json {args.json}: its directory does not exist")
+        checks = None if args.checks is None else [c for c in args.checks.split(",") if c]
         model = resolve(args.target, args.attn_impl)
         causal = None if args.causal is None else args.causal == "yes"
-        result = examine(model, causal=causal, device=args.device, dtype=args.dtype, name=args.target)
+        result = examine(model, causal=causal, device=args.device, dtype=args.dtype, name=args.target, checks=checks)
     except TargetError as e:
         print(f"attention-doctor: {e}", file=sys.stderr)
-        return 2
+        return EXIT_UNUSABLE
     print(result.table())
     if args.details:
         print(result.details())
     if args.json:
         result.to_json(args.json)
-    return 1 if result.failed else 0
+    return result.exit_code

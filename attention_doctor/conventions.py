@@ -23,7 +23,8 @@ from contextlib import contextmanager
 import torch
 import torch.nn as nn
 
-from attention_doctor.adapters import Adapter, TargetError, Unsupported, _first_output as first_output, _params, _var_kwargs
+from attention_doctor.adapters import (CACHE_ARGS, Adapter, TargetError, Unreachable, Unsupported, _first_output as first_output,
+                                      _params, _var_kwargs)
 
 MASK_NAMES = ("attention_mask", "mask")
 POSITION_NAMES = ("position_ids", "pos", "positions", "input_pos", "start_pos")
@@ -258,8 +259,12 @@ class CallableLM(Adapter):
         if self.cache == "cache":
             out, inter = self._call(x, return_intermediates=True)
             return (x, inter), first_output(out)
-        raise Unsupported("needs a KV cache (forward takes none of start_pos, input_pos with set_kv_cache, "
-                          "cache with return_intermediates; an Adapter's prefill/step enables it)")
+        other = sorted(self.accepts & CACHE_ARGS)
+        if other:   # a cache the doctor cannot drive without knowing its protocol
+            raise Unreachable(f"forward takes {other[0]}: a cache the doctor cannot drive (an Adapter with "
+                              "prefill and step can)")
+        raise Unsupported("no KV cache (forward takes none of start_pos, input_pos with set_kv_cache, "
+                          "cache with return_intermediates; an Adapter with prefill and step enables kv_cache)")
 
     def step(self, state, x):
         n = x.shape[1]

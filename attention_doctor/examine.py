@@ -4,12 +4,11 @@ import traceback
 
 import torch
 
+from attention_doctor import checks as registry
 from attention_doctor.adapters import TargetError
+from attention_doctor.checks.common import COMMON_CAUSES, Context, TargetRaised, inconclusive, row
 from attention_doctor.dispatch import adapt
-from attention_doctor.catalogue import ORDER
-from attention_doctor.checks import CHECKS, Context
-from attention_doctor.checks.common import TargetRaised, row
-from attention_doctor.result import DoctorResult
+from attention_doctor.result import FAIL, PASS, WARN, DoctorResult
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -28,10 +27,18 @@ def examine(target, *, causal=None, device="cpu", dtype=torch.float32, checks=No
 
     causal: for a layer, True/False if known, None to let the doctor find out (LMs are causal).
     device, dtype: where and in what precision the checks run (low_precision and long_positions
-    add float16/bfloat16/float64 copies of their own). checks: names to run (default: all, in
-    order). seed: the inputs' seed. strict: re-raise the doctor's own errors instead of reporting
-    them as `skip: doctor error`. Raises TargetError when the target cannot be used at all.
+    add float16/bfloat16/float64 copies of their own). checks: the names of the checks to run,
+    run in the registry's order whatever the order given (default: all; docs/doctor.md lists
+    them; an unknown name is a TargetError); without eval_dropout the others take the target's
+    eval outputs as repeatable. seed: the inputs' seed; T: the sequence length. name: the
+    result's target name. strict: re-raise the doctor's own errors (default: the check is
+    `inconclusive: doctor error (...)`, never a pass). Raises TargetError when the target cannot
+    be used at all.
     """
+    wanted = registry.ORDER if checks is None else list(checks)
+    unknown = [c for c in wanted if c not in registry.BY_NAME]
+    if unknown:
+        raise TargetError(f"unknown check(s) {', '.join(unknown)}; the checks: {', '.join(registry.ORDER)}")
     try:
         adapter = adapt(target, causal=causal) if causal is not None else adapt(target)
     except TargetError:
@@ -56,31 +63,55 @@ def examine(target, *, causal=None, device="cpu", dtype=torch.float32, checks=No
         ctx.info["conventions_error"] = f"{type(e).__name__}: {str(e)[:160]}"
     _smoke(ctx)
     result = DoctorResult(name or adapter.name, info={
-        "kind": adapter.kind, "device": str(adapter.device), "dtype": str(adapter.dtype).replace("torch.", ""),
+        "kind": adapter.kind, "implementation": adapter.implementation, "attention_calls": _calls_seen(ctx, strict),
+        "device": str(adapter.device), "dtype": str(adapter.dtype).replace("torch.", ""),
         "attention_modules": len(ctx.modules), "qk_sites": len(ctx.sites()), "torch": torch.__version__})
     if getattr(adapter, "conventions", None):
         result.info["conventions"] = dict(adapter.conventions)
     timings = {}
-    for n in ORDER:
-        if checks is not None and n not in checks:
+    for rec in registry.REGISTRY:
+        n = rec.name
+        if n not in wanted:
             continue
         t0 = time.perf_counter()
         try:
-            r = CHECKS[n](ctx)
+            r = rec.fn(ctx)
         except TargetRaised as e:
-            r = row(n, "fail", None, "", f"the target raised on a valid input: {e}")
+            r = row(n, "fail", None, "", f"the target raised on a valid input: {e}", "target_raised")
         except Exception as e:
             if strict:
                 raise
-            r = row(n, f"skip: doctor error ({type(e).__name__}: {e})"[:200], None, "",
-                    traceback.format_exc(limit=-3))
+            r = inconclusive(n, f"doctor error ({type(e).__name__}: {e})"[:200], "doctor_error",
+                             detail=traceback.format_exc(limit=-3))
+        r.experiment, r.thread = rec.experiment, rec.thread
+        if r.cause and r.cause not in rec.causes and r.cause not in COMMON_CAUSES:   # a doctor bug: said, kept
+            if strict:
+                raise ValueError(f"{n}: cause {r.cause!r} is not in its record's causes nor COMMON_CAUSES")
+            r.detail += f" (cause {r.cause!r} is not registered: a doctor bug)"
         timings[n] = round(time.perf_counter() - t0, 3)
         result.checks.append(r)
     result.info.update(ctx.info)
     result.info["seconds"] = timings
-    result.info["checks_run"] = sum(not r.skipped for r in result.checks)   # a verdict reached: pass, fail, warn
+    result.info["checks_run"] = sum(r.outcome in (PASS, FAIL, WARN) for r in result.checks)   # not n/a, not inconclusive
     result.info["checks_total"] = len(result.checks)
     return result
+
+
+def _calls_seen(ctx, strict) -> dict | None:
+    """{source: count} of the attention calls one plain forward shows the doctor (sdpa, softmax,
+    this project's recorder); {} when it sees none. None if the probe itself failed."""
+    try:
+        _, calls = ctx.probe(ctx.sample(k=1))
+    except TargetRaised:
+        return None
+    except Exception:
+        if strict:
+            raise
+        return None
+    out = {}
+    for c in calls:
+        out[c.source] = out.get(c.source, 0) + 1
+    return out
 
 
 def _smoke(ctx):

@@ -1,11 +1,15 @@
 """transformers' causal LMs: an adapter through the public API of transformers 5.x, and a builder
 of small random-weight models from a config (no download). transformers is imported only here,
 and only when a transformers model is examined or built."""
+import difflib
 from contextlib import contextmanager
 
 import torch
 
-from attention_doctor.adapters import Adapter, TargetError, Unsupported, _params
+from attention_doctor.adapters import CACHE_ARGS, Adapter, TargetError, Unreachable, Unsupported, _params
+
+# how to get transformers, in every message that needs it (README and --help say the same)
+INSTALL = "pip install 'attention-failure-suite[validation]' (in a clone: pip install -r requirements-validation.txt)"
 
 # A small model: these attribute names are the common ones of transformers' configs (each
 # config maps its own names onto them through attribute_map, e.g. GPT-2's n_embd).
@@ -15,14 +19,44 @@ PATHS = ("eager", "sdpa")
 KV_HEADS = 2
 
 
+def transformers():
+    """The transformers module, or a TargetError naming the install command (exit 2, one line)."""
+    try:
+        import transformers as tf
+    except ImportError as e:
+        raise TargetError(f"needs transformers, which is not installed here: {INSTALL}"
+                          if isinstance(e, ModuleNotFoundError) and e.name == "transformers"
+                          else f"transformers does not import ({type(e).__name__}: {str(e).splitlines()[0][:160]})") from None
+    return tf
+
+
+def causal_lm_types() -> list[str]:
+    """The model types transformers' auto classes build as causal LMs."""
+    transformers()
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
+def unknown_type(model_type: str) -> TargetError:
+    """hf:NAME that is not a causal LM type: the close names, or where to list them all."""
+    types = causal_lm_types()
+    close = difflib.get_close_matches(model_type.lower(), types, n=5, cutoff=0.6)
+    hint = (f"did you mean {', '.join(close)}?" if close else
+            f"{len(types)} types, e.g. {', '.join(types[:3])}: all of them in transformers.models.auto."
+            "modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES")
+    return TargetError(f"hf:{model_type}: not a causal LM model type of transformers {transformers().__version__}; {hint}")
+
+
 def small_config(model_type: str, **overrides):
     """AutoConfig.for_model(model_type) shrunk to SMALL (and overrides), special token ids inside
-    the small vocabulary. Raises TargetError for an unknown model type."""
+    the small vocabulary. Raises TargetError for an unknown model type (with close names) or a
+    missing transformers (with the install command)."""
+    transformers()
     from transformers import AutoConfig
     try:
         cfg = AutoConfig.for_model(model_type)
-    except (ValueError, KeyError) as e:
-        raise TargetError(f"hf:{model_type}: not a transformers model type ({str(e).splitlines()[0][:120]})") from None
+    except (ValueError, KeyError):
+        raise unknown_type(model_type) from None
     for k, v in {**SMALL, **overrides}.items():
         setattr(cfg, k, v)
     d = cfg.to_dict()
@@ -45,15 +79,19 @@ def small_config(model_type: str, **overrides):
 
 def build(model_type_or_config, attn_implementation: str | None = None, seed: int = 0, **overrides):
     """A causal LM with random weights from a small config: `build("llama", "sdpa")`."""
+    transformers()
     from transformers import AutoModelForCausalLM
     cfg = (small_config(model_type_or_config, **overrides) if isinstance(model_type_or_config, str)
            else model_type_or_config)
     torch.manual_seed(seed)
     kw = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    mt = getattr(cfg, "model_type", "?")
+    if isinstance(model_type_or_config, str) and mt not in causal_lm_types():
+        raise unknown_type(model_type_or_config)
     try:
         model = AutoModelForCausalLM.from_config(cfg, **kw)
     except ValueError as e:
-        raise TargetError(f"hf:{getattr(cfg, 'model_type', '?')}: {str(e).splitlines()[0][:160]}") from None
+        raise TargetError(f"hf:{mt}: {str(e).splitlines()[0][:160]}") from None
     return model.eval()
 
 
@@ -97,9 +135,17 @@ class HFCausalLM(Adapter):
         return self.module(input_ids=x, **kw).logits
 
     def prefill(self, x):
+        takes = _params(self.module.forward)
+        if not _takes(self.module.forward, "use_cache") and not takes & CACHE_ARGS:
+            raise Unsupported("no KV cache (its forward takes no use_cache or cache argument)")
         out = self.module(input_ids=x, use_cache=True)
         if getattr(out, "past_key_values", None) is None:
-            raise Unsupported("needs a KV cache (forward returned no past_key_values)")
+            own = sorted(takes & (CACHE_ARGS - {"use_cache", "past_key_values"}))
+            if own or "past_key_values" in takes:   # a cache of its own kind (Mamba's cache_params, RWKV's state)
+                raise Unreachable(f"use_cache=True returned no past_key_values; its forward takes "
+                                  f"{', '.join(own or ['past_key_values'])}, a cache the doctor does not drive")
+            raise Unsupported("no KV cache (use_cache=True returned no past_key_values and its forward takes no "
+                              "cache argument)")
         return out.past_key_values, out.logits
 
     def step(self, state, x):

@@ -1,6 +1,8 @@
 """This project's LM and attention layer as doctor targets, and `self:` (conf/ composed with
 overrides). Composing conf/ needs Hydra: it is imported here, lazily, only for `self:`."""
+import sys
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 
@@ -33,6 +35,10 @@ class ProjectLM(Adapter):
             finally:
                 cfg.pad_positions = old
         raise Unsupported("needs per-row position ids (the LM takes a start or positions from its mask)")
+
+    @property
+    def implementation(self):
+        return _implementation(self.module)
 
     def prefill(self, x):
         from attention.mha import KVCache
@@ -75,6 +81,10 @@ class ProjectLayer(Adapter):
             raise Unsupported("needs positions (a layer takes none)")
         return self.module(x, x, x, is_causal=bool(self.causal), key_padding_mask=mask)[0]
 
+    @property
+    def implementation(self):
+        return _implementation(self.module)
+
     def paths(self):
         return ["explicit", "sdpa"] if not self.module.cfg.sdpa_limits() else []
 
@@ -93,13 +103,37 @@ def _layers(module) -> list:
     return list(module.attentions) if hasattr(module, "attentions") else [module]
 
 
+def _implementation(module) -> str:
+    """model.attention.backend as it resolves (auto: the fused kernel where it can compute the layer)."""
+    cfg = _layers(module)[0].cfg
+    return f"{'sdpa' if cfg.use_sdpa else 'explicit'} (model.attention.backend={cfg.backend})"
+
+
+def clone_root(start: Path | None = None) -> Path | None:
+    """The clone of this project at or above `start` (default: the working directory): the first
+    directory holding conf/config.yaml and experiments/config.py. `self:` needs it; the
+    `attention-doctor` console script does not have the clone on sys.path."""
+    start = (start or Path.cwd()).resolve()
+    for d in (start, *start.parents):
+        if (d / "conf" / "config.yaml").is_file() and (d / "experiments" / "config.py").is_file():
+            return d
+    return None
+
+
 def build_self(overrides: list[str], seed: int = 0):
     """This project's LM from conf/ with Hydra overrides (`self:model.attention.merge=no_transpose`),
     random weights from `seed`. A bad override: TargetError with Hydra's one line."""
+    root = clone_root()
+    if root is None:
+        raise TargetError("self: needs a clone of attention-failure-suite: run it from inside the clone "
+                          f"(no conf/config.yaml and experiments/ at or above {Path.cwd()})")
+    if str(root) not in sys.path:   # the console script's sys.path has its own bin/, not the clone
+        sys.path.insert(0, str(root))
     try:
         from experiments.config import compose
     except ImportError as e:
-        raise TargetError(f"self: needs this project's experiments package and Hydra ({e})") from None
+        raise TargetError(f"self: needs this project's experiments package and Hydra: pip install -r "
+                          f"requirements.txt in the clone ({e})") from None
     try:
         cfg = compose(overrides)
     except Exception as e:  # Hydra's errors: an unknown key, a bad value

@@ -1,6 +1,7 @@
-"""TARGET strings -> torch modules: `pkg.mod:obj` (a module instance, a class or a zero-argument
-factory), `hf:NAME` (a transformers causal LM of model type NAME from a small config), `self:`
-and `self:KEY=VAL ...` (this project's LM from conf/ with Hydra overrides)."""
+"""TARGET strings -> torch modules or Adapters: `pkg.mod:obj` (a module instance, an Adapter, a
+class or a zero-argument factory of either), `hf:NAME` (a transformers causal LM of model type
+NAME from a small config), `self:` and `self:KEY=VAL ...` (this project's LM from conf/ with Hydra
+overrides, from inside a clone)."""
 import importlib
 import shlex
 import sys
@@ -8,19 +9,20 @@ from pathlib import Path
 
 import torch.nn as nn
 
-from attention_doctor.adapters import TargetError
+from attention_doctor.adapters import Adapter, TargetError
 
 
 def resolve(target: str, attn_impl: str | None = None):
-    """The module a TARGET string names. Every way it can fail is a TargetError (one line)."""
+    """The module (or Adapter) a TARGET string names. Every way it can fail is a TargetError (one
+    line; a missing transformers names the command that installs it)."""
     if target.startswith("hf:"):
         if not target[3:]:
             raise TargetError("hf: needs a model type, e.g. hf:llama or hf:gpt2")
+        from attention_doctor.hf import build
         try:
-            from attention_doctor.hf import build
-        except ImportError as e:
-            raise TargetError(f"{target}: needs transformers ({e})") from None
-        return build(target[3:], attn_impl)
+            return build(target[3:], attn_impl)
+        except TargetError as e:
+            raise TargetError(str(e) if str(e).startswith(target) else f"{target}: {e}") from None
     if attn_impl:
         raise TargetError("--attn-impl applies to hf: targets only")
     if target.startswith("self:"):
@@ -34,20 +36,24 @@ def resolve(target: str, attn_impl: str | None = None):
     try:
         mod = importlib.import_module(mod_name)
     except Exception as e:
-        raise TargetError(f"{target}: cannot import {mod_name} ({type(e).__name__}: {e})") from None
+        fix = ""
+        if isinstance(e, ModuleNotFoundError) and e.name == "transformers":
+            from attention_doctor.hf import INSTALL
+            fix = f": {INSTALL}"
+        raise TargetError(f"{target}: cannot import {mod_name} ({type(e).__name__}: {e}){fix}") from None
     obj = mod
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise TargetError(f"{target}: {mod_name} has no {attr}")
         obj = getattr(obj, part)
-    if isinstance(obj, nn.Module):
+    if isinstance(obj, (nn.Module, Adapter)):
         return obj
     if callable(obj):
         try:
             obj = obj()
         except Exception as e:
             raise TargetError(f"{target}: calling {attr}() raised {type(e).__name__}: {e}") from None
-    if not isinstance(obj, nn.Module):
-        raise TargetError(f"{target}: {attr} is a {type(obj).__name__}, not a torch.nn.Module "
-                          "(nor a class or zero-argument factory of one)")
+    if not isinstance(obj, (nn.Module, Adapter)):
+        raise TargetError(f"{target}: {attr} is a {type(obj).__name__}, not a torch.nn.Module or an "
+                          "attention_doctor.Adapter (nor a class or zero-argument factory of one)")
     return obj

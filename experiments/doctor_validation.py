@@ -44,8 +44,10 @@ NOT_DETECTED = {
 
 # controls on which a targeted check does not pass, and why (another failure value they keep)
 CONTROL_NOTES = {
-    "mask_min_overflow": "its control keeps backend=explicit without upcast, qk_fp16_overflow's failure value: "
-                         "low_precision still fails there, at scores ~3e4 (q k^T passes 65504), not at ~1e3",
+    "mask_min_overflow": "it keeps qk_fp16_overflow's failure value (backend=explicit without upcast), and so does "
+                         "its control: low_precision fails both by q k^T before the scale at scores ~3e4 (cause "
+                         "qk_before_scale); add_min's own overflow needs a padded query whose scores all fall below "
+                         "-16, which random weights do not give, so the doctor does not tell the two apart",
     "mask_broadcast_shape_error": "its control keeps model.pad_positions=from_padding, the default: left padding "
                                   "warns as in the baseline",
 }
@@ -71,9 +73,9 @@ def catalogue() -> list[dict]:
 
 def targeted() -> dict[str, list[str]]:
     """experiment -> the checks that target its failure value."""
-    from attention_doctor.catalogue import ENTRIES
+    from attention_doctor.checks import REGISTRY
     t: dict[str, list[str]] = {}
-    for e in ENTRIES:
+    for e in REGISTRY:
         for x in e.targets:
             t.setdefault(x, []).append(e.name)
     return t
@@ -111,13 +113,15 @@ def sensitivity(out: Path):
                      "not_detected": NOT_DETECTED.get(e["exp"]), "control_note": CONTROL_NOTES.get(e["exp"]),
                      "result": _rows(r),
                      "control_target": rc.target, "control": _rows(rc)})
-        print(f"  {e['exp']}: " + ", ".join(f"{c.name}={c.verdict[:4]}" for c in r.checks if c.verdict in ("fail", "warn")))
+        print(f"  {e['exp']}: " + ", ".join(f"{c.name}={c.outcome}" + (f" ({c.cause})" if c.cause else "")
+                                            for c in r.checks if c.outcome in ("fail", "warn", "inconclusive")))
     _write(out, "sensitivity", {"env": _env(), "rows": rows})
 
 
 # -- specificity -----------------------------------------------------------------------------
 
-# every fail or warn on third-party code, explained: a real behaviour and its public thread
+# every row on third-party code that is neither pass nor n/a, explained: a real behaviour and its public
+# thread (an inconclusive row has no entry: it shows as unexplained, a blind spot of the doctor)
 FINDINGS = {
     ("torch.nn.MultiheadAttention", "fully_masked_rows"):
         "need_weights=True (the default) returns NaN for a row whose keys are all masked; the gradients "
@@ -161,8 +165,8 @@ def specificity(out: Path):
     rows = []
     for lib, variant, m in targets:
         r = examine(m, name=f"{lib}: {variant}")
-        findings = [{"check": c.name, "verdict": c.verdict, "explained": FINDINGS.get((lib, c.name))}
-                    for c in r.checks if c.verdict in ("fail", "warn")]
+        findings = [{"check": c.name, "verdict": c.verdict, "cause": c.cause, "explained": FINDINGS.get((lib, c.name))}
+                    for c in r.checks if c.outcome not in ("pass", "n/a")]
         rows.append({"library": lib, "variant": variant, "result": _rows(r), "findings": findings})
         print(f"  {lib} {variant}: " + (", ".join(f"{f['check']}={f['verdict']}{'' if f['explained'] else ' UNEXPLAINED'}"
                                               for f in findings) or "nothing failed"))
@@ -220,10 +224,10 @@ NOT_USED = {
         "runs them in a virtual environment without tokenizers instead (the models need none)",
     "transformers 4.38.2 / 4.40.2 Mistral (rotary phases from a bfloat16 inv_freq, #29496)":
         "the bug needs a sequence longer than the cached rotary length; position ids beyond the sequence "
-        "raise IndexError in these releases, so the doctor's long_positions skips them",
+        "raise IndexError in these releases, so the doctor's long_positions is inconclusive there",
     "transformers 4.36.2 / 4.37.2 Phi (q k^T overflowing float16, fixed by upcasting in #28163)":
         "4.36's PhiAttention fuses q|k|v per head in query_key_value: the doctor's layout check rejects it, so "
-        "it cannot amplify q.k and low_precision skips; 4.37's upcast still overflows under float16 autocast "
+        "it cannot amplify q.k and low_precision is inconclusive; 4.37's upcast still overflows under float16 autocast "
         "(autocast casts the float32 matmul back), so the fixing release does not pass either",
     "transformers 5.20.2-5.22.2 Doge under SDPA (future tokens, #48748)":
         "every release tried already passes allow_is_causal_skip=False; the doctor finds no leak in 5.22.2",

@@ -1,4 +1,4 @@
-"""`python -m attention_doctor`: exit codes 0 / 1 / 2, one-line errors, nothing written on exit 2,
+"""`python -m attention_doctor`: exit codes 0 / 1 / 2 (3: tests/test_doctor_outcomes.py), one-line errors, nothing written on exit 2,
 and the --json rows."""
 import json
 import subprocess
@@ -45,7 +45,8 @@ def test_exit_1_on_a_failed_check_with_json(tmp_path, capsys):
     assert j["target"] == "self:model.attention.merge=no_transpose"
     assert [c["name"] for c in j["checks"]][:2] == ["eval_dropout", "future_leak"]
     row = next(c for c in j["checks"] if c["name"] == "future_leak")
-    assert set(row) == {"name", "verdict", "measured", "tolerance", "experiment", "thread", "detail"}
+    assert set(row) == {"name", "verdict", "measured", "tolerance", "experiment", "thread", "detail", "cause"}
+    assert j["exit_code"] == 1
     assert row["verdict"] == "fail" and row["measured"] > 0 and row["experiment"] == "head_merge_no_transpose"
 
 

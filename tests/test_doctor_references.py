@@ -35,13 +35,14 @@ def test_a_notebook_script_gives_its_definitions_only(tmp_path):
 def _row(verdicts, by_nature=None, findings=None):
     checks = [{"name": n, "verdict": v} for n, v in verdicts.items()]
     return {"name": "X", "provenance": {"release": "x==1"}, "by_nature": by_nature or {}, "findings": findings or {},
-            "result": {"checks": checks, "info": {"checks_run": sum(not v.startswith("skip") for v in verdicts.values())}}}
+            "result": {"checks": checks, "info": {"checks_run": sum(v in ("pass", "fail", "warn") for v in verdicts.values())}}}
 
 
 def test_the_report_flags_what_is_not_explained():
-    text = render({"rows": [_row({"padding": "fail", "kv_cache": "skip: needs a KV cache"})]})
-    assert "X: padding; X: kv_cache did not run" in text and "1 of 2" in text
-    ok = render({"rows": [_row({"padding": "fail", "kv_cache": "skip: needs a KV cache"}, {"kv_cache": "no cache"},
+    text = render({"rows": [_row({"padding": "fail", "kv_cache": "n/a: needs a KV cache",
+                                  "score_scale": "inconclusive: no verified q/k layout"}, {"score_scale": "by nature?"})]})
+    assert "X: padding; X: kv_cache did not run; X: score_scale inconclusive" in text and "1 of 3" in text
+    ok = render({"rows": [_row({"padding": "fail", "kv_cache": "n/a: needs a KV cache"}, {"kv_cache": "no cache"},
                                {"padding": "positions from the first column"})]})
     assert "Unexplained: none." in ok and "**X, padding**: positions from the first column" in ok
 

@@ -70,7 +70,7 @@ class OffsetOnly(nn.Module):
 def test_start_pos_without_a_cache_is_not_taken_for_one():
     r = examine(OffsetOnly(), checks=["eval_dropout", "kv_cache"], strict=True)
     assert r.info["conventions"]["start_pos"] == "moves the positions only (no cache behind it)"
-    assert r["kv_cache"].verdict.startswith("skip: needs a KV cache")
+    assert r["kv_cache"].verdict.startswith("n/a: no KV cache")
 
 
 @pytest.mark.parametrize("bug", ["softmax_over_queries", "no_transpose_merge"])
@@ -85,9 +85,9 @@ def test_a_layer_whose_bug_reads_the_future_is_still_judged_causal(bug):
 def test_a_layer_without_a_causal_mask_says_how_to_say_it_is():
     torch.manual_seed(0)
     r = examine(S.NanoAttention("no_causal_mask").eval(), checks=["eval_dropout", "future_leak"], strict=True)
-    assert r["future_leak"].verdict.startswith("skip: not causal (found: position 0 reads position T-1, and no "
+    assert r["future_leak"].verdict.startswith("n/a: not causal (found: position 0 reads position T-1, and no "
                                                "attention call masks the later keys)")
-    assert "pass causal=True (--causal yes)" in r["future_leak"].verdict
+    assert "causal=True, or --causal yes, if it is meant to be causal" in r["future_leak"].verdict
     r = examine(S.NanoAttention("no_causal_mask").eval(), causal=True, checks=["eval_dropout", "future_leak"], strict=True)
     assert r["future_leak"].verdict == "fail"
 

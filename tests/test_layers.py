@@ -122,3 +122,17 @@ def test_code_named_from_config_is_listed_where_a_grep_finds_it():
             continue  # imports other libraries' pinned releases (transformers, torchtune) by name, none of ours
         src = p.read_text()
         assert "importlib" not in src and "pkgutil" not in src, f"{p}: code named by a string"
+
+
+def test_the_library_imports_neither_experiments_nor_the_doctor():
+    """attention/ is the bottom: no import of experiments/ or attention_doctor, with no exception."""
+    up = [f"{m} imports {t}" for m, targets in graph().items() if m == "attention" or m.startswith("attention.")
+          for t in targets if t.split(".")[0] in ("experiments", "attention_doctor")]
+    assert not up, up
+
+
+def test_the_doctor_imports_experiments_for_self_only():
+    """attention_doctor reaches experiments/ in one place: project.py's `self:` (conf/ composed)."""
+    users = {m for m, targets in graph().items() if m.startswith("attention_doctor")
+             for t in targets if t.split(".")[0] == "experiments"}
+    assert users == {"attention_doctor.project"}, users

@@ -1,14 +1,14 @@
-"""The twelve checks, in the order they run (eval_dropout first: dropout left on in eval must not
-read as a leak). Each is a function of the context returning one result row."""
-from attention_doctor.checks.amplified import amplified_logits
-from attention_doctor.checks.batching import batch_independence, fully_masked_rows, padding
-from attention_doctor.checks.causality import eval_dropout, future_leak, kv_cache, self_visibility
-from attention_doctor.checks.common import Context
-from attention_doctor.checks.paths import path_agreement
-from attention_doctor.checks.precision import long_positions, low_precision
-from attention_doctor.checks.scale import score_scale
+"""The registry: one record per check (checks/record.py), from which the order the checks run in,
+their count and docs/doctor.md's table are derived. A check is a module of this package whose
+CHECKS lists its records; MODULES says the order (eval_dropout first: dropout left on in eval
+must not read as a leak). A new check: one module with its function and record, its line here,
+its docs (`python -m attention_doctor.docs docs/doctor.md` writes the table) and its test
+(tests/test_doctor_registry.py fails while a module of this package is not registered)."""
+from attention_doctor.checks import amplified, batching, causality, paths, precision, scale
+from attention_doctor.checks.record import Check
 
-CHECKS = {f.__name__: f for f in (eval_dropout, future_leak, self_visibility, kv_cache, batch_independence,
-                                   padding, fully_masked_rows, amplified_logits, low_precision, long_positions,
-                                   score_scale, path_agreement)}
-__all__ = ["CHECKS", "Context"]
+MODULES = (causality, batching, amplified, precision, scale, paths)
+REGISTRY: tuple[Check, ...] = tuple(c for m in MODULES for c in m.CHECKS)
+ORDER: tuple[str, ...] = tuple(c.name for c in REGISTRY)
+BY_NAME: dict[str, Check] = {c.name: c for c in REGISTRY}
+__all__ = ["Check", "REGISTRY", "ORDER", "BY_NAME", "MODULES"]

@@ -5,7 +5,8 @@ from contextlib import contextmanager, nullcontext
 import torch
 
 from attention_doctor.checks.common import (AMP_HI, AMP_LO, AMP_TARGET, EXACT_REL, HULL_REL, ROW_SUM_TOL,
-                                            finite_max_abs, rel, row, skip, visible_scores)
+                                            finite_max_abs, inconclusive, not_repeatable, rel, row, visible_scores)
+from attention_doctor.checks.record import Check
 from attention_doctor.layouts import scaled_sites
 
 
@@ -60,6 +61,16 @@ def _max_score(calls, init=None) -> float:
     return out
 
 
+NOT_AMPLIFIED = "scores could not be amplified"
+
+
+def not_amplified(name, amp: str, why=None, detail=""):
+    """The row of a check that needs amplified scores and has none: `amp` is amplifier()'s reason,
+    `why` the verdict's (default: amp)."""
+    return inconclusive(name, why or amp, "not_amplified" if amp.startswith(NOT_AMPLIFIED) else "scores_unseen",
+                        detail=detail)
+
+
 def amplifier(ctx):
     """The Amplifier that brings the largest score into [AMP_LO, AMP_HI], or a reason why not.
     Computed once per target; the factor is verified by measuring the scores it gives."""
@@ -92,7 +103,7 @@ def amplifier(ctx):
         if m <= m0 * 1.01:   # scaling q and k did not move the scores
             break
         f *= math.sqrt(AMP_TARGET / m)
-    ctx._amp = (f"scores could not be amplified: the largest reached {m:.3g} with q and k scaled by {f:.3g} "
+    ctx._amp = (f"{NOT_AMPLIFIED}: the largest reached {m:.3g} with q and k scaled by {f:.3g} "
                 "(normalised or capped scores, or a q/k layout read wrong)")
     return ctx._amp
 
@@ -138,10 +149,10 @@ def _hull(out, v, vis, live):
 
 def amplified_logits(ctx):
     if ctx.deterministic is False:
-        return skip("amplified_logits", "eval outputs are not repeatable (see eval_dropout)")
+        return not_repeatable("amplified_logits")
     amp = amplifier(ctx)
     if isinstance(amp, str):
-        return skip("amplified_logits", amp)
+        return not_amplified("amplified_logits", amp)
     x = ctx.sample(k=30)
     _, init_calls = ctx.probe(x)
     y, calls = amp.probe(ctx, x)
@@ -162,10 +173,30 @@ def amplified_logits(ctx):
              ("earlier outputs' change with later tokens replaced", leak <= EXACT_REL, leak),
              ("rows' weights sum to 1 (worst |sum - 1|)", row_err <= ROW_SUM_TOL and not wrong_dim, row_err),
              ("outputs outside their values' hull (at init or amplified)", hull <= HULL_REL, hull)]
+    causes = ("nonfinite", "masked_key_weight", "future_leak", "row_sum", "outside_hull")
     bad = [p for p in parts if not p[1]]
+    cause = next((c for c, p in zip(causes, parts) if not p[1]), "")
     detail = (f"largest score {amp.reached:.3g} (q and k scaled by {amp.factor:.3g} {amp.where()}); " +
               "; ".join(f"{n}: {'yes' if v is None and ok else ('no' if v is None else f'{v:.3g}')}" for n, ok, v in parts)
               + (f"; softmax taken over dim {wrong_dim}, not the keys" if wrong_dim else ""))
     measured = max([v for _, _, v in parts if v is not None] + ([math.inf] if not finite else []))
     return row("amplified_logits", "fail" if bad else "pass", measured,
-               f"finite; leak <= {EXACT_REL:g}; hull <= {HULL_REL:g}", detail)
+               f"finite; leak <= {EXACT_REL:g}; hull <= {HULL_REL:g}", detail, cause)
+
+
+CHECKS = (
+    Check(amplified_logits, does="q and k scaled until the largest score reaches 1e4..1e5 (3e4 aimed for, the factor "
+                                 "verified)",
+          fails_when="outputs not finite; a masked key gets weight in a row that sees some key (a row that sees "
+                     "none is fully_masked_rows'); earlier outputs move when later tokens change; rows do not sum "
+                     "to 1; an output leaves its values' range (also at init)",
+          tolerance="1e-6 (weights, leak), 1e-5 of the values' range (hull), 1e-3 (row sums)",
+          applies="targets whose scores the doctor sees and can amplify", thread="karpathy/minGPT #75",
+          targets=("finite_mask_leak", "naive_softmax", "sum_normalize"),
+          causes={"nonfinite": "outputs not finite at large scores (a softmax without the max subtracted)",
+                  "masked_key_weight": "a masked key gets weight: a finite fill (-1e4) the scores passed",
+                  "future_leak": "earlier outputs move with later tokens at large scores",
+                  "row_sum": "a row's weights do not sum to 1 (a softmax over the wrong dim)",
+                  "outside_hull": "an output leaves the range of the values it mixes: weights that are not convex "
+                                  "(s / sum(s) sums to 1 with negative weights)"}),
+)

@@ -10,7 +10,7 @@ import torch
 
 from attention_doctor.adapters import Unsupported
 from attention_doctor.checks.common import (LONG_BF16_FLOOR, LONG_BF16_RATIO, LONG_OFFSET, LONG_REL, TargetRaised,
-                                            row, skip)
+                                            inconclusive, row, unseen, unsupported)
 from attention_doctor.checks.scale import unit_qk
 
 
@@ -57,15 +57,15 @@ def long_positions_through_cache(ctx, a, x):
         s0 = new_scores(ctx, a, x, 0)
         s1 = new_scores(ctx, a, x, LONG_OFFSET)
     except Unsupported as e:
-        return skip("long_positions", str(e))
-    except TargetRaised as e:
-        return skip("long_positions", f"the target does not take positions {LONG_OFFSET}.. ({e})")  # n/a
+        return unsupported("long_positions", e)
+    except TargetRaised as e:   # it may have the failure; the doctor cannot shift it there
+        return inconclusive("long_positions", f"the target raised on positions {LONG_OFFSET}.. ({e})", "unreachable")
     if not s0 or not s1:
-        return skip("long_positions", "positions move its KV cache: needs the attention scores, "  # inconclusive
-                    "and no call's scores were seen")
+        return unseen("long_positions", "positions move its KV cache: the check compares the attention scores, "
+                      "and no call's scores were seen")
     d = _rel(s1, s0)
-    parts, bad, measured = [f"the first attention call: the new tokens' scores among themselves at +{LONG_OFFSET} "
-                            f"against +0: {d:.3g}"], False, d
+    parts, bad, measured, cause = [f"the first attention call: the new tokens' scores among themselves at "
+                                   f"+{LONG_OFFSET} against +0: {d:.3g}"], False, d, ""
     if d > LONG_REL:
         r = _per_query(s1, s0)
         measured = r
@@ -73,7 +73,7 @@ def long_positions_through_cache(ctx, a, x):
             parts.append(f"but they are those at +0 times one factor per query (residual {r:.3g}): a "
                          "position-dependent temperature, not a phase error")
         else:
-            bad = True
+            bad, cause = True, "shift_moves_outputs"
             parts.append(f"not those at +0 times a factor per query (residual {r:.3g})")
     try:
         hi = a.converted(dtype=torch.float64)
@@ -84,9 +84,15 @@ def long_positions_through_cache(ctx, a, x):
             lim = LONG_BF16_RATIO * e[0] + LONG_BF16_FLOOR
             if e[1] > lim:
                 bad, measured = True, max(measured if bad else 0.0, e[1])
+                cause = cause or "bfloat16_error_grows"
             parts.append(f"{label}: scores' error against float64 at +0 {e[0]:.3g}, at +{LONG_OFFSET} {e[1]:.3g} "
                          f"(limit {lim:.3g})")
+        half = None
     except (Unsupported, TargetRaised, RuntimeError, TypeError) as ex:
-        parts.append(f"bfloat16: n/a ({type(ex).__name__}: {str(ex)[:80]})")
-    return row("long_positions", "fail" if bad else "pass", measured,
-               f"<= {LONG_REL:g}; bf16 <= {LONG_BF16_RATIO:g}x + {LONG_BF16_FLOOR:g}", "; ".join(parts))
+        half = f"{type(ex).__name__}: {str(ex)[:80]}"
+        parts.append(f"bfloat16: not run ({half})")
+    tol = f"<= {LONG_REL:g}; bf16 <= {LONG_BF16_RATIO:g}x + {LONG_BF16_FLOOR:g}"
+    if half and not bad:   # the bfloat16 half could not run: what ran held, and that is not a pass
+        return inconclusive("long_positions", f"its bfloat16 half could not run ({half})", "part_not_run",
+                            measured, tol, "; ".join(parts))
+    return row("long_positions", "fail" if bad else "pass", measured, tol, "; ".join(parts), cause)

@@ -2,7 +2,9 @@
 import torch
 
 from attention_doctor.adapters import Unsupported
-from attention_doctor.checks.common import AGREE_REL, EXACT_REL, TargetRaised, rel, row, skip
+from attention_doctor.checks.common import (AGREE_REL, EXACT_REL, TargetRaised, inconclusive, na, not_repeatable,
+                                            rel, row, unseen, unsupported)
+from attention_doctor.checks.record import Check
 
 
 def eval_dropout(ctx):
@@ -15,7 +17,8 @@ def eval_dropout(ctx):
     why = f"; scaled_dot_product_attention got dropout_p={p:g} in eval" if p else ""
     return row("eval_dropout", "pass" if same else "fail", d, "== 0 (bit-identical)",
                f"two eval calls on the same input differ by up to {d:.3g}{why}" if not same
-               else "two eval calls are bit-identical")
+               else "two eval calls are bit-identical",
+               "" if same else "sdpa_dropout_p" if p else "random_in_eval")
 
 
 def _masks_later_keys(calls) -> bool:
@@ -99,15 +102,14 @@ def _grad(loss, wrt, shape, t):
 
 def future_leak(ctx):
     if ctx.deterministic is False:
-        return skip("future_leak", "eval outputs are not repeatable (see eval_dropout)")
+        return not_repeatable("future_leak")
     x = ctx.sample()
     y = ctx.run(x)
     causal = ctx.adapter.causal if ctx.adapter.causal is not None else _find_causal(ctx, x, y)
     ctx.causal = causal
     if not causal:
-        how = "" if ctx.adapter.causal is not None else "; pass causal=True (--causal yes) if it is meant to be"
-        return skip("future_leak", f"{ctx.info.get('causal', 'not causal')}: a bidirectional layer sees every "  # n/a
-                    f"position{how}")
+        how = "" if ctx.adapter.causal is not None else "; causal=True, or --causal yes, if it is meant to be causal"
+        return na("future_leak", f"{ctx.info.get('causal', 'not causal')}: a bidirectional layer sees every position{how}")
     worst, grads, nonfinite, at, why = 0.0, [], 0, [], None
     for t in (1, ctx.T // 2, ctx.T - 1):
         x2 = x.clone()
@@ -126,8 +128,9 @@ def future_leak(ctx):
     detail = ("outputs before t with tokens from t on replaced, relative change: " + ", ".join(at) +
               (f"; gradient of earlier outputs w.r.t. later inputs: max |g| = {g:.3g}, {nonfinite} non-finite"
                if g is not None else f"; gradient: n/a ({why})"))
-    return row("future_leak", "fail" if worst > EXACT_REL or bad_grad else "pass", measured,
-               f"<= {EXACT_REL:g}; gradient == 0", detail)
+    bad = worst > EXACT_REL or bad_grad
+    cause = "" if not bad else "outputs_move" if worst > EXACT_REL else "gradient_nonzero"
+    return row("future_leak", "fail" if bad else "pass", measured, f"<= {EXACT_REL:g}; gradient == 0", detail, cause)
 
 
 def self_visibility(ctx):
@@ -135,7 +138,7 @@ def self_visibility(ctx):
     or a fill below MASKED in the scores a softmax got). A weight that underflows to 0 beside
     much larger scores is not a mask, so the weights decide only where no mask is known."""
     if ctx.deterministic is False:
-        return skip("self_visibility", "eval outputs are not repeatable (see eval_dropout)")
+        return not_repeatable("self_visibility")
     _, calls = ctx.probe(ctx.sample())
     hidden, rows, n, smallest = 0, 0, 0, float("inf")
     for c in calls:
@@ -156,11 +159,12 @@ def self_visibility(ctx):
         if (sees & own).any():
             smallest = min(smallest, float(own_w[sees & own].min()))
     if not n:
-        return skip("self_visibility", "needs the attention weights (no softmax or SDPA call seen)")
+        return unseen("self_visibility", "needs the attention weights (no softmax or SDPA call seen)")
     return row("self_visibility", "fail" if hidden else "pass", hidden, "== 0 queries with their own key masked",
                f"{hidden} of {rows} queries (that see some key) over {n} attention call(s) have their own key "
                f"masked; smallest weight on an own key that is visible: {smallest:.3g}"
-               + (" (a token cannot see itself: a causal mask off by one)" if hidden else ""))
+               + (" (a token cannot see itself: a causal mask off by one)" if hidden else ""),
+               "own_key_masked" if hidden else "")
 
 
 def _target(fn, *args):
@@ -176,21 +180,64 @@ def _target(fn, *args):
 def kv_cache(ctx):
     a = ctx.adapter
     if a.kind != "lm":
-        return skip("kv_cache", "needs a KV cache (a layer has none)")
+        return na("kv_cache", "needs a KV cache (a layer has none; an Adapter of kind lm with prefill and step)")
     if ctx.deterministic is False:
-        return skip("kv_cache", "eval outputs are not repeatable (see eval_dropout)")
+        return not_repeatable("kv_cache")
     x = ctx.sample()
     full = ctx.run(x)
-    worst, parts = 0.0, []
+    worst, parts, cause = 0.0, [], ""
     try:
         for n in (1, 3):
             with torch.no_grad():
                 state, pre = _target(a.prefill, x[:, :-n])
                 state, new = _target(a.step, state, x[:, -n:])
+            for what, got, want in (("prefill", pre, full[:, :-n]), ("step", new, full[:, -n:])):
+                if tuple(got.shape) != tuple(want.shape):   # e.g. a step that returns every token's logits
+                    return inconclusive("kv_cache", f"{what} returned {tuple(got.shape)}, not {tuple(want.shape)}: "
+                                        "prefill returns the prompt's outputs, step the new tokens' only",
+                                        "adapter_contract")
             d_pre, d_new = rel(pre, full[:, :-n]), rel(new, full[:, -n:])
             parts.append(f"prefill {ctx.T - n} then {n} new: prefill {d_pre:.3g}, new tokens {d_new:.3g}")
             worst = max(worst, d_pre, d_new)
+            cause = cause or ("prefill_differs" if d_pre > AGREE_REL else "new_tokens_differ" if d_new > AGREE_REL else "")
     except Unsupported as e:
-        return skip("kv_cache", str(e))
+        return unsupported("kv_cache", e)
     return row("kv_cache", "fail" if worst > AGREE_REL else "pass", worst, f"<= {AGREE_REL:g}",
-               "cached against the full forward: " + "; ".join(parts))
+               "cached against the full forward: " + "; ".join(parts), cause)
+
+
+CHECKS = (
+    Check(eval_dropout, does="two eval calls on the same input",
+          fails_when="they differ at all",
+          tolerance="bit-identical: nothing random may run in eval",
+          applies="every target", thread="meta-pytorch/torchtune #1791",
+          causes={"sdpa_dropout_p": "scaled_dot_product_attention got dropout_p > 0 in eval",
+                  "random_in_eval": "something else random ran in eval"}),
+    Check(future_leak, does="replaces the tokens from t on (t = 1, T/2, T-1); the gradient of outputs before t "
+                            "w.r.t. inputs from t on (where the target's backward refuses eval mode, the replacement "
+                            "alone, said so)",
+          fails_when="an earlier output moves, or the gradient is not exactly 0",
+          tolerance="1e-6: masked keys contribute exp(-huge) = 0 exactly, so a healthy model moves by 0; runs "
+                    "after eval_dropout (dropout left on is not a leak)",
+          applies="causal targets (LMs; a layer said or found causal)",
+          thread="jsbaan/transformer-from-scratch #6", targets=("head_merge_no_transpose",),
+          causes={"outputs_move": "an earlier output moves when later tokens change",
+                  "gradient_nonzero": "outputs do not move measurably, but an earlier output's gradient reaches a "
+                                      "later input"}),
+    Check(self_visibility, does="whether each query's own key is masked (the call's mask, or a fill in the scores "
+                                "its softmax got; the weights where no mask is known)",
+          fails_when="a query that sees some key has its own key masked",
+          tolerance="0 such queries: a causal mask keeps the diagonal (a weight that underflows to 0 beside much "
+                    "larger scores is not a mask)",
+          applies="targets whose attention calls the doctor sees", thread="RVC-Boss/GPT-SoVITS #965",
+          targets=("causal_off_by_one",), causes={"own_key_masked": "a query's own key is masked"}),
+    Check(kv_cache, does="prefill T-1 (T-3) tokens, then 1 (3) new ones (T_q != T_k), against the full forward",
+          fails_when="logits differ",
+          tolerance="1e-5: the same sums in another order",
+          applies="LMs with a KV cache (transformers' past_key_values, this project's KVCache, an Adapter's "
+                  "prefill/step)",
+          thread="pytorch/pytorch #108108", targets=("causal_kv_cache",),
+          causes={"prefill_differs": "the prefill's outputs differ from the full forward's",
+                  "new_tokens_differ": "the new tokens' outputs after the cache differ (a causal mask aligned "
+                                       "top-left when T_q != T_k)"}),
+)

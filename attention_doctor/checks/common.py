@@ -6,9 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from attention_doctor.adapters import Adapter, Unsupported
-from attention_doctor.catalogue import CATALOGUE
 from attention_doctor import measured
+from attention_doctor.adapters import Adapter, Unreachable, Unsupported
 from attention_doctor.layouts import attention_modules
 from attention_doctor.probes import MASKED, Probe
 from attention_doctor.result import Row
@@ -176,15 +175,58 @@ class Context:
         return x, mask
 
 
-def row(name, verdict, measured=None, tolerance="", detail="") -> Row:
-    e = CATALOGUE[name]
+def row(name, verdict, measured=None, tolerance="", detail="", cause="") -> Row:
+    """A check's row (examine adds the experiment and thread from the check's record)."""
     if isinstance(measured, torch.Tensor):
         measured = float(measured)
-    return Row(name, verdict, measured, tolerance, e.experiment, e.thread, detail)
+    return Row(name, verdict, measured, tolerance, detail=detail, cause=cause)
 
 
-def skip(name, why) -> Row:
-    return row(name, f"skip: {why}")
+# Why a check could not run, for every check alike (a check's own causes are in its record)
+COMMON_CAUSES = {
+    "target_raised": "fail: the target raised on a valid input the check gave it",
+    "doctor_error": "inconclusive: the doctor's own code raised (a doctor bug; strict=True re-raises it)",
+    "not_repeatable": "inconclusive: eval outputs differ from call to call (eval_dropout failed), so no comparison holds",
+    "scores_unseen": "inconclusive: no attention call was seen (no softmax or SDPA call; einsum with its own "
+                     "softmax, a fused kernel): the scores, weights or q and k it needs are out of sight",
+    "not_amplified": "inconclusive: scaling q and k did not raise the scores (normalised or capped scores, or a "
+                     "q/k layout read wrong)",
+    "no_qk_layout": "inconclusive: no verified q/k layout (attention_doctor/layouts.py): q and k cannot be made "
+                    "unit-variance where they are made",
+    "unreachable": "inconclusive: the target may have the interface (a cache of its own kind, positions it "
+                   "rejects) but the doctor cannot drive it; an Adapter can",
+    "part_not_run": "inconclusive: the part that ran held, another part of the check could not run",
+    "adapter_contract": "inconclusive: an adapter returned something its contract does not allow",
+}
+
+
+def na(name, why) -> Row:
+    """`n/a: why`: the target cannot have this failure or lacks the interface by nature; `why`
+    says what would enable the check."""
+    return row(name, f"n/a: {why}")
+
+
+def inconclusive(name, why, cause="", measured=None, tolerance="", detail="") -> Row:
+    """`inconclusive: why`: the check applies, or may apply, but the doctor could not perform it.
+    Never a pass: exit code 3, and assert_healthy raises."""
+    return row(name, f"inconclusive: {why}", measured, tolerance, detail, cause)
+
+
+def unsupported(name, e: Unsupported) -> Row:
+    """The row for an Unsupported the target's adapter raised: n/a (it lacks the capability by
+    nature), or inconclusive for an Unreachable (it may have it; the doctor cannot drive it)."""
+    if isinstance(e, Unreachable):
+        return inconclusive(name, str(e), "unreachable")
+    return na(name, str(e))
+
+
+def not_repeatable(name) -> Row:
+    return inconclusive(name, "eval outputs are not repeatable (see eval_dropout)", "not_repeatable")
+
+
+def unseen(name, why) -> Row:
+    """The doctor saw no attention call where the check needs one."""
+    return inconclusive(name, why, "scores_unseen")
 
 
 def visible_scores(call) -> torch.Tensor:

@@ -73,7 +73,7 @@ def main(argv=None):
         fail(f"--impl {a.impl!r}: give names like eager,sdpa")
     checks = None if a.checks == "all" else [] if a.checks == "none" else a.checks.split(",")
     if checks:
-        from attention_doctor.catalogue import ORDER
+        from attention_doctor.checks import ORDER
         bad = [c for c in checks if c not in ORDER]
         if bad:
             fail(f"unknown check(s) {', '.join(bad)}; known: {', '.join(ORDER)}")

@@ -8,7 +8,7 @@ from pathlib import Path
 from experiments.io import atomic_write
 from experiments.zoo.worker import EXAMINED
 
-COLUMNS = ["arch", "impl", "class", "status", "check", "verdict", "measured", "tolerance", "detail"]
+COLUMNS = ["arch", "impl", "class", "status", "check", "verdict", "cause", "measured", "tolerance", "detail"]
 
 
 def load(out: Path) -> list[dict]:
@@ -33,11 +33,11 @@ def flat(results: list[dict]) -> list[dict]:
         if r["status"] == EXAMINED:
             for c in r["checks"]:
                 m = c.get("measured")
-                out.append({**base, "check": c["name"], "verdict": c["verdict"],
+                out.append({**base, "check": c["name"], "verdict": c["verdict"], "cause": c.get("cause") or "",
                             "measured": "" if m is None else (f"{m:.3g}" if isinstance(m, float) else m),
                             "tolerance": c.get("tolerance") or "", "detail": _short(c.get("detail"))})
         else:
-            out.append({**base, "check": "", "verdict": "", "measured": "", "tolerance": "",
+            out.append({**base, "check": "", "verdict": "", "cause": "", "measured": "", "tolerance": "",
                         "detail": _short(r.get("reason"), 300)})
     return out
 

@@ -18,34 +18,50 @@ def _load(fig_dir: Path) -> dict:
     return {p.stem: json.loads(p.read_text()) for p in sorted(d.glob("*.json"))} if d.is_dir() else {}
 
 
+def _outcome(verdict: str) -> str:
+    """pass, fail, warn, n/a, inconclusive (the verdict without its reason)."""
+    return verdict.split(":", 1)[0]
+
+
 def _cell(verdict: str, targeted: bool) -> str:
-    v = "skip" if verdict.startswith("skip") else verdict
-    return f"**{v}**" if targeted else {"pass": "pass", "skip": "–"}.get(v, v)
+    v = _outcome(verdict)
+    v = {"inconclusive": "inconcl."}.get(v, v)
+    return f"**{v}**" if targeted else {"pass": "pass", "n/a": "–"}.get(v, v)
 
 
 def _verdicts(result: dict) -> dict:
     return {c["name"]: c["verdict"] for c in result["checks"]}
 
 
+def _causes(result: dict) -> dict:
+    return {c["name"]: c.get("cause", "") for c in result["checks"]}
+
+
 def sensitivity(s: dict) -> str:
     names = [c["name"] for c in s["rows"][0]["result"]["checks"]]
     head = "| experiment (failure value) | " + " | ".join(SHORT.get(n, n) for n in names) + " | control: targeted |"
     lines = [head, "|" + "---|" * (len(names) + 2)]
-    missed, untargeted = [], []
+    missed, untargeted, alike = [], [], []
     for r in s["rows"]:
-        v = _verdicts(r["result"])
+        v, why = _verdicts(r["result"]), _causes(r["result"])
         t = set(r["targets"])
         ctl = ", ".join(f"{SHORT[c]} {_cell(_verdicts(r['control'])[c], False)}" for c in r["targets"]) \
             if r.get("control") and r["targets"] else "–"
-        lines.append(f"| `{r['exp']}` | " + " | ".join(_cell(v[n], n in t) for n in names) + f" | {ctl} |")
-        missed += [f"{r['exp']}/{c}" for c in r["targets"] if v[c] not in ("fail", "warn")]
+        cell = lambda n: _cell(v[n], n in t) + (f" ({why[n]})" if n in t and why[n] else "")
+        lines.append(f"| `{r['exp']}` | " + " | ".join(cell(n) for n in names) + f" | {ctl} |")
+        missed += [f"{r['exp']}/{c}" for c in r["targets"] if _outcome(v[c]) not in ("fail", "warn")]
+        if r.get("control"):   # flagged, but by a cause its control shares: the value itself is not told apart
+            vc, wc = _verdicts(r["control"]), _causes(r["control"])
+            alike += [f"{r['exp']}/{c} ({why[c]})" for c in r["targets"]
+                      if _outcome(v[c]) == _outcome(vc[c]) == "fail" and why[c] == wc[c]]
         if not t and r["exp"] != "baseline":
             untargeted.append(r)
     out = [f"Each row is this project's LM with one catalogue experiment's failure value "
-           f"(`python -m attention_doctor self:+exp=NAME`), the healthy baseline first; bold: the checks "
-           f"that target that value; the last column: the same checks on the experiment's control (the "
-           f"value fixed). Targeted checks that did not flag their failure value: "
-           f"{', '.join(missed) if missed else 'none'}.", "", *lines, ""]
+           f"(`attention-doctor self:+exp=NAME`), the healthy baseline first; bold: the checks "
+           f"that target that value, with the cause a fail names; –: n/a; the last column: the same checks on the "
+           f"experiment's control (the value fixed). Targeted checks that did not flag their failure value: "
+           f"{', '.join(missed) if missed else 'none'}. Flagged only by a cause the control shares (the failure "
+           f"value itself not told apart): {', '.join(alike) if alike else 'none'}.", "", *lines, ""]
     notes = [f"- `{r['exp']}`: {r['control_note']}" for r in s["rows"] if r.get("control_note")]
     if notes:
         out += ["Controls on which a targeted check does not pass:\n", *notes, ""]
@@ -57,10 +73,11 @@ def sensitivity(s: dict) -> str:
 
 def specificity(s: dict) -> str:
     env = s.get("env", {})
-    lines = ["| library | variant | not passed (n/a skips left out) |", "|---|---|---|"]
+    lines = ["| library | variant | not passed (n/a left out) |", "|---|---|---|"]
     notes, unexplained = {}, []
     for r in s["rows"]:
-        bad = [f"{f['check']}: {f['verdict']}" for f in r["findings"]]
+        bad = [f"{f['check']}: {_outcome(f['verdict'])}" + (f" ({f['cause']})" if f.get("cause") else "")
+               for f in r["findings"]]
         lines.append(f"| {r['library']} | {r['variant']} | {', '.join(bad) if bad else 'nothing'} |")
         for f in r["findings"]:
             if f["explained"]:
@@ -78,7 +95,7 @@ def specificity(s: dict) -> str:
 def _ran(result: dict) -> int:
     """Checks that reached a verdict (the count the doctor's info carries; older JSON: counted)."""
     info = result.get("info", {})
-    return info.get("checks_run", sum(not c["verdict"].startswith("skip") for c in result["checks"]))
+    return info.get("checks_run", sum(c["verdict"] in ("pass", "fail", "warn") for c in result["checks"]))
 
 
 def styles(s: dict) -> str:
@@ -139,7 +156,10 @@ def references(s: dict) -> str:
                     notes.append(f"- **{r['name']}, {c['name']}**: {why}")
                 else:
                     unexplained.append(f"{r['name']}: {c['name']}")
-            elif c["verdict"].startswith("skip"):
+            elif c["verdict"].startswith("inconclusive"):   # the doctor could not look: never explained away
+                notes.append(f"- {r['name']}, {c['name']}: {c['verdict']}")
+                unexplained.append(f"{r['name']}: {c['name']} inconclusive")
+            elif c["verdict"].startswith("n/a"):
                 nature = r["by_nature"].get(c["name"])
                 notes.append(f"- {r['name']}, {c['name']} did not run: {nature or 'NOT BY NATURE'} (the doctor: "
                              f"\"{c['verdict']}\")")
@@ -161,6 +181,8 @@ def _shipped_cell(row, which):
     c = next((c for c in r["checks"] if c["name"] == row["check"]), None)
     if c is None:
         return f"{row.get(which + '_version', row[which])}: ?"
+    if _outcome(c["verdict"]) == "inconclusive":
+        return f"{row.get(which + '_version', row[which])}: **inconclusive** ({c.get('cause') or c['verdict']})"
     m = c["measured"]
     m = f" ({m:.3g})" if isinstance(m, (int, float)) else ""
     return f"{row.get(which + '_version', row[which])}: **{c['verdict']}**{m}"
@@ -181,7 +203,7 @@ def shipped(s: dict) -> str:
 
 def benchmark(b: dict) -> str:
     rows = "; ".join(f"{r['target']}: {r['wall_s']:.1f} s wall, {r['cpu_s']:.1f} s CPU" for r in b["rows"])
-    return (f"All twelve checks, {b['rows'][0]['threads']} torch threads ({b.get('machine', '')}): {rows} "
+    return (f"All {len(b['rows'][0]['per_check_s'])} checks, {b['rows'][0]['threads']} torch threads ({b.get('machine', '')}): {rows} "
             "(target: under 30 s; `python -m experiments.doctor_validation benchmark`).\n")
 
 
@@ -190,9 +212,13 @@ def blocks(runs, fig_dir: Path) -> dict[str, str]:
     if not d:
         return {}
     intro = ["## The attention doctor\n",
-             "`python -m attention_doctor TARGET` looks for the catalogue's bugs in any attention: a module, "
-             "a transformers model (`hf:llama`), this project's LM (`self:`); twelve checks, each against a "
-             "healthy reference (docs/doctor.md). A real run on a buggy target:\n"]
+             "`attention-doctor TARGET` (or `python -m attention_doctor TARGET`) looks for the catalogue's bugs in any "
+             "attention: a module or an Adapter, a transformers model (`hf:llama`), this project's LM (`self:`); "
+             "each check of docs/doctor.md against a healthy reference. Outcomes: `pass`; `fail`, with its cause; "
+             "`warn` (it held only with what the caller must pass); `n/a: why`; `inconclusive: why` (the doctor "
+             "could not look: never a pass). Exit codes: 0 every applicable check held, 1 a check failed, 2 the "
+             "target or an optional dependency is unusable (one line naming the fix), 3 nothing failed but a check "
+             "was inconclusive. A real run on a buggy target:\n"]
     if "example" in d:
         e = d["example"]
         intro.append(f"```text\n$ {e['command']}\n{e['stdout'].rstrip()}\n$ echo $?\n{e['exit_code']}\n```\n")

@@ -11,6 +11,7 @@ import yaml
 
 NAME = "zoo"
 TRIAGE = Path(__file__).resolve().parents[2] / "zoo" / "triage.yaml"
+OUTCOMES = ["pass", "fail", "warn", "n/a", "inconclusive"]   # attention_doctor.result.OUTCOMES
 STATUSES = ["examined", "unsupported", "build_error", "forward_error", "doctor_target_error", "doctor_error", "timeout",
             "crash", "memory", "skipped"]
 KINDS = {"known": "known behaviour", "false_alarm": "doctor false alarm", "finding": "new finding"}
@@ -113,10 +114,10 @@ def render_zoo(z: dict) -> str:
     v = Counter()
     for r in examined:
         for c in r["checks"]:
-            kind = "skip" if c["verdict"].startswith("skip") else c["verdict"]
-            v[(c["name"], r["impl"], kind)] += 1
-    kinds = ["pass", "fail", "warn", "skip"]
-    out.append("\nVerdicts per check (architectures examined with that implementation; pass / fail / warn / skip):\n")
+            v[(c["name"], r["impl"], c["verdict"].split(":", 1)[0])] += 1
+    # the doctor's outcomes, and any other a results file holds (an older doctor's `skip`)
+    kinds = OUTCOMES + sorted({k for _, _, k in v} - set(OUTCOMES))
+    out.append(f"\nVerdicts per check (architectures examined with that implementation; {' / '.join(kinds)}):\n")
     out.append("| check | " + " | ".join(impls) + " |\n|---|" + "---|" * len(impls))
     out += [f"| {n} | " + " | ".join(" / ".join(str(v[(n, i, k)]) for k in kinds) for i in impls) + " |"
             for n in order]
@@ -142,12 +143,13 @@ def render_zoo(z: dict) -> str:
                 ref = (link(e.get("thread", "")) if e["kind"] != "finding"
                        else f"[{Path(e['finding']).name}](../{e['finding']})")
                 out.append(f"| {check} | {verdict} | {KINDS[e['kind']]}: {e['note']} | {_where(sub)} | {ref} |")
-    # no attention at all: the black-box checks still apply, the white-box ones skip
+    # no attention seen: the black-box checks still apply, the white-box ones are inconclusive
     none = sorted({r["arch"] for r in examined if r.get("info", {}).get("attention_modules") == 0
                    and r.get("info", {}).get("qk_sites", 0) == 0})
     if none:
         out.append(f"\nThe doctor found no attention module in: {', '.join(none)} (state-space and recurrent "
-                   "models, or a layout it does not know yet); the black-box checks apply, the white-box ones skip.")
+                   "models, or a layout it does not know yet); the black-box checks apply, the white-box ones are "
+                   "inconclusive.")
     # not examined
     ne = z.get("not_examined", {})
     if ne:

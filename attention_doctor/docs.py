@@ -1,0 +1,71 @@
+"""docs/doctor.md's tables, derived from the check registry (never typed twice):
+
+    python -m attention_doctor.docs docs/doctor.md     # rewrite the tables between their markers
+
+The checks (`<!-- BEGIN checks -->` ... `<!-- END checks -->`) and the causes their rows name
+(`<!-- BEGIN causes -->` ... `<!-- END causes -->`); tests/test_doctor_registry.py holds the file
+equal to what this writes."""
+import re
+import sys
+from pathlib import Path
+
+from attention_doctor.checks import REGISTRY
+from attention_doctor.checks.common import COMMON_CAUSES
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def checks_table() -> str:
+    """One row per registered check, in the order they run."""
+    out = ["In the order they run:", "",
+           "| check | what it does | fails when | tolerance and why | applies to (n/a elsewhere) | reproduces |",
+           "|---|---|---|---|---|---|"]
+    for c in REGISTRY:
+        rep = ", ".join(f"`{t}`" for t in c.targets)
+        rep = "; ".join(x for x in (rep, c.thread) if x)
+        out.append(f"| {c.name} | {_cell(c.does)} | {_cell(c.fails_when)} | {_cell(c.tolerance)} | "
+                   f"{_cell(c.applies)} | {_cell(rep)} |")
+    return "\n".join(out)
+
+
+def causes_table() -> str:
+    """Every cause a row may name: each check's own, then those every check shares."""
+    out = ["| check | cause | meaning |", "|---|---|---|"]
+    out += [f"| {c.name} | `{k}` | {_cell(v)} |" for c in REGISTRY for k, v in c.causes.items()]
+    out += [f"| any | `{k}` | {_cell(v)} |" for k, v in COMMON_CAUSES.items()]
+    return "\n".join(out)
+
+
+BLOCKS = {"checks": checks_table, "causes": causes_table}
+
+
+def render(text: str) -> str:
+    """text with every marked block replaced by its table."""
+    for name, make in BLOCKS.items():
+        pat = re.compile(rf"(<!-- BEGIN {name} -->\n).*?(<!-- END {name} -->)", re.S)
+        if not pat.search(text):
+            raise ValueError(f"no <!-- BEGIN {name} --> ... <!-- END {name} --> block")
+        text = pat.sub(lambda m: m.group(1) + make() + "\n" + m.group(2), text)
+    return text
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1 or not Path(argv[0]).is_file():
+        print("usage: python -m attention_doctor.docs docs/doctor.md", file=sys.stderr)
+        return 2
+    p = Path(argv[0])
+    try:
+        new = render(p.read_text())
+    except ValueError as e:
+        print(f"attention_doctor.docs: {p}: {e}", file=sys.stderr)
+        return 2
+    p.write_text(new)
+    print(f"attention_doctor.docs: wrote the tables of {p}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
