@@ -6,8 +6,8 @@ import torch
 
 from attention_doctor.adapters import Unsupported
 from attention_doctor.checks.amplified import _max_score, amplifier, not_amplified
-from attention_doctor.checks.cached_positions import long_positions_through_cache
-from attention_doctor.checks.common import (ABSOLUTE_POS, AMP_MODERATE, LONG_BF16_FLOOR, LONG_BF16_RATIO, LONG_OFFSET, LONG_REL,
+from attention_doctor.checks.cached_positions import bfloat16_half, long_positions_through_cache
+from attention_doctor.checks.common import (ABSOLUTE_POS, AMP_MODERATE, LONG_BF16_RATIO, LONG_OFFSET, LONG_REL,
                                             LOW_PRECISION_RATIO, TargetRaised, inconclusive, na, not_repeatable, rel, row,
                                             unsupported)
 from attention_doctor.checks.record import Check
@@ -355,28 +355,7 @@ def long_positions(ctx):
                                  f"(residual {r:.3g})")
     else:
         parts.append(f"absolute positions (outputs at +16 differ by {d_small:.3g}): no shift invariance to test")
-    # in bfloat16 (weights cast, and float32 weights under autocast, as mixed-precision training
-    # runs): the error against float64 at +4096 must stay near the error at +0
-    try:
-        hi = a.converted(dtype=torch.float64)
-        ref = {o: _at(ctx, hi, x, o) for o in (0, LONG_OFFSET)}
-        runs = (("bfloat16 weights", a.converted(dtype=torch.bfloat16), False), ("bfloat16 autocast", a, True))
-        for label, lo, auto in runs:
-            e = [rel(_at(ctx, lo, x, o, auto), ref[o]) for o in (0, LONG_OFFSET)]
-            lim = LONG_BF16_RATIO * e[0] + LONG_BF16_FLOOR
-            bad |= e[1] > lim
-            cause = cause or ("bfloat16_error_grows" if e[1] > lim else "")
-            measured = max(measured, e[1]) if e[1] > lim else measured
-            parts.append(f"{label}: error against float64 at +0 {e[0]:.3g}, at +{LONG_OFFSET} {e[1]:.3g} (limit {lim:.3g})")
-        half = None
-    except (Unsupported, TargetRaised, RuntimeError, TypeError) as ex:
-        half = f"{type(ex).__name__}: {str(ex)[:80]}"
-        parts.append(f"bfloat16: not run ({half})")
-    tol = f"<= {LONG_REL:g}; bf16 <= {LONG_BF16_RATIO:g}x + {LONG_BF16_FLOOR:g}"
-    if half and not bad:   # the bfloat16 half could not run: what ran held, and that is not a pass
-        return inconclusive("long_positions", f"its bfloat16 half could not run ({half})", "part_not_run",
-                            measured, tol, "; ".join(parts))
-    return row("long_positions", "fail" if bad else "pass", measured, tol, "; ".join(parts), cause)
+    return bfloat16_half(a, lambda lo, o, auto: _at(ctx, lo, x, o, auto), rel, "", bad, measured, cause, parts)
 
 
 CHECKS = (
