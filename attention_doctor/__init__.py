@@ -9,8 +9,9 @@ Depends on torch only (transformers and this project's Hydra config are imported
 targets that need them). docs/doctor.md: the outcomes and exit codes, the checks, their
 tolerances, the adapter protocol.
 """
-from attention_doctor.adapters import Adapter, CallableLM, Layer, TargetError, TorchMHA, Unreachable, Unsupported
+from attention_doctor.adapters import Adapter, Layer, TargetError, TorchMHA, Unreachable, Unsupported
 from attention_doctor.checks import REGISTRY
+from attention_doctor.conventions import CallableLM
 from attention_doctor.dispatch import adapt
 from attention_doctor.examine import examine
 from attention_doctor.result import DoctorResult, Row

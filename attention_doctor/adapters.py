@@ -5,11 +5,13 @@ A target is driven through an `Adapter`. Inputs are token ids (B, T) for a langu
 floats (logits, or the layer's output). Masks are (B, T) bool, True on real tokens; positions
 are (B, T) long. A capability the target lacks by nature raises `Unsupported(why)`: the checks
 that need it say `n/a: why`; one it may have but the doctor cannot drive raises
-`Unreachable(why)`: they say `inconclusive: why`. Neither is ever a pass. docs/doctor.md has the
+`Unreachable(why)`: they say `inconclusive: why`. Neither is ever a pass. Built in: `Layer`,
+`TorchMHA` here, `CallableLM` (conventions.py), `HFCausalLM` (hf.py). docs/doctor.md has the
 protocol and a worked example.
 """
 import copy
 import inspect
+import types
 from contextlib import contextmanager
 
 import torch
@@ -41,6 +43,7 @@ class Adapter:
     causal: bool | None = True  # a layer may say None: the doctor finds out and reports it
     max_len: int | None = None  # the longest position the target accepts (None: no limit known)
     pad_id: int | None = None   # an LM's padding token: padded positions hold it (RoBERTa counts positions by it)
+    positions_move_cache = False  # positions are a cache's write offset (keys before it: the cache's slots)
 
     def __init__(self, module: nn.Module, name: str = ""):
         self.module = module
@@ -65,6 +68,10 @@ class Adapter:
         return torch.randn(B, T, self.d_model, generator=gen).to(dev, self.dtype)
 
     # -- optional ----------------------------------------------------------------------------
+    def prepare(self, x):
+        """Called once before the checks with a sample input: find what the target's names do not
+        say (conventions.py measures its mask encoding, position table, cache). Nothing by default."""
+
     def prefill(self, x):
         """Run x (B, T) with a fresh cache: (state, output (B, T, D)). A cache the target lacks:
         Unsupported; one it has but this adapter cannot drive: Unreachable."""
@@ -110,8 +117,24 @@ class Adapter:
     def converted(self, dtype=None, device=None) -> "Adapter":
         """A copy of this adapter on a deep copy of the module, moved to dtype / device."""
         new = copy.copy(self)
-        new.module = copy.deepcopy(self.module).to(device=device, dtype=dtype)
+        new.module = deep_copy(self.module).to(device=device, dtype=dtype)
         return new
+
+
+def deep_copy(module: nn.Module) -> nn.Module:
+    """copy.deepcopy, and what it leaves shared: tensors modules keep as plain attributes (the last
+    attention weights, a KV cache written in a forward) are copied detached, since deepcopy refuses
+    a tensor with autograd history (or one made in inference mode); functions kept as attributes
+    that close over the module's own parts (minGPT's `mlpf` lambda) are rebound to the copy's."""
+    memo = {id(v): v.detach().clone() for m in module.modules() for v in vars(m).values()
+            if isinstance(v, torch.Tensor) and not isinstance(v, nn.Parameter)}
+    new = copy.deepcopy(module, memo)
+    for old_m, new_m in zip(module.modules(), new.modules()):
+        for k, f in vars(old_m).items():
+            if isinstance(f, types.FunctionType) and f.__closure__:
+                cells = tuple(types.CellType(memo.get(id(c.cell_contents), c.cell_contents)) for c in f.__closure__)
+                setattr(new_m, k, types.FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__, cells))
+    return new
 
 
 def _first_output(out):
@@ -135,38 +158,12 @@ def _params(fn) -> set[str]:
         return set()
 
 
-class CallableLM(Adapter):
-    """A causal LM called as forward(ids) returning logits or (logits, loss) (nanoGPT's
-    convention); `attention_mask` / `position_ids` are passed when its forward names them."""
-    kind = "lm"
-
-    def __init__(self, module, name="", vocab_size=None):
-        super().__init__(module, name)
-        emb = self.embedding()
-        self.vocab_size = vocab_size or (emb.num_embeddings if emb is not None else None)
-        if self.vocab_size is None:
-            raise TargetError(f"{self.name}: no nn.Embedding to take the vocabulary size from")
-        self._accepts = _params(module.forward)
-
-    def forward(self, x, mask=None, positions=None):
-        kw = {}
-        if mask is not None:
-            if "attention_mask" not in self._accepts:
-                raise Unsupported("needs a padding mask (forward takes no attention_mask)")
-            kw["attention_mask"] = mask.long()
-        if positions is not None:
-            if "position_ids" not in self._accepts:
-                raise Unsupported("needs position ids (forward takes no position_ids)")
-            kw["position_ids"] = positions
-        return _first_output(self.module(x, **kw))
-
-    def prefill(self, x):
-        cache = sorted(self._accepts & CACHE_ARGS)
-        if cache:   # a cache the doctor cannot drive without knowing its protocol
-            raise Unreachable(f"forward takes {cache[0]}: a cache the doctor cannot drive (an Adapter "
-                              "with prefill and step can)")
-        raise Unsupported("no KV cache (forward takes no cache argument; an Adapter with prefill and step "
-                          "enables kv_cache)")
+def _var_kwargs(fn) -> bool:
+    """fn takes **kwargs."""
+    try:
+        return any(p.kind is p.VAR_KEYWORD for p in inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
 
 
 class Layer(Adapter):

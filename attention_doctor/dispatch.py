@@ -2,13 +2,14 @@
 project import the base protocol, and this chooses among them)."""
 import torch.nn as nn
 
-from attention_doctor.adapters import Adapter, CallableLM, Layer, TargetError, TorchMHA
+from attention_doctor.adapters import Adapter, Layer, TargetError, TorchMHA
+from attention_doctor.conventions import CallableLM, token_embedding
 
 
 def adapt(obj, causal=None, **kw) -> Adapter:
     """The built-in adapter for obj: an Adapter as is; transformers' causal LMs; this project's
-    LM and layer; nn.MultiheadAttention; else a module with an nn.Embedding is a causal LM
-    (forward(ids)), anything else a layer (forward(x))."""
+    LM and layer; nn.MultiheadAttention; else a module with an embedding table is a causal LM
+    (forward(ids), its conventions found: conventions.py), anything else a layer (forward(x))."""
     if isinstance(obj, Adapter):
         return obj
     if not isinstance(obj, nn.Module):
@@ -22,6 +23,6 @@ def adapt(obj, causal=None, **kw) -> Adapter:
         return adapt_project(obj, **kw)
     if isinstance(obj, nn.MultiheadAttention):
         return TorchMHA(obj, causal=bool(causal), **kw)
-    if any(isinstance(m, nn.Embedding) for m in obj.modules()):
+    if token_embedding(obj) is not None:
         return CallableLM(obj, **kw)
     return Layer(obj, causal=causal, **kw)

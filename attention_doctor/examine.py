@@ -8,7 +8,7 @@ from attention_doctor import checks as registry
 from attention_doctor.adapters import TargetError
 from attention_doctor.checks.common import COMMON_CAUSES, Context, TargetRaised, inconclusive, row
 from attention_doctor.dispatch import adapt
-from attention_doctor.result import DoctorResult
+from attention_doctor.result import FAIL, PASS, WARN, DoctorResult
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -57,11 +57,17 @@ def examine(target, *, causal=None, device="cpu", dtype=torch.float32, checks=No
         ctx.causal = True
     elif adapter.causal is not None:
         ctx.causal = adapter.causal
+    try:
+        adapter.prepare(ctx.sample(k=99))
+    except Exception as e:   # a forward that raises is the smoke test's to report
+        ctx.info["conventions_error"] = f"{type(e).__name__}: {str(e)[:160]}"
     _smoke(ctx)
     result = DoctorResult(name or adapter.name, info={
         "kind": adapter.kind, "implementation": adapter.implementation, "attention_calls": _calls_seen(ctx, strict),
         "device": str(adapter.device), "dtype": str(adapter.dtype).replace("torch.", ""),
         "attention_modules": len(ctx.modules), "qk_sites": len(ctx.sites()), "torch": torch.__version__})
+    if getattr(adapter, "conventions", None):
+        result.info["conventions"] = dict(adapter.conventions)
     timings = {}
     for rec in registry.REGISTRY:
         n = rec.name
@@ -86,6 +92,8 @@ def examine(target, *, causal=None, device="cpu", dtype=torch.float32, checks=No
         result.checks.append(r)
     result.info.update(ctx.info)
     result.info["seconds"] = timings
+    result.info["checks_run"] = sum(r.outcome in (PASS, FAIL, WARN) for r in result.checks)   # not n/a, not inconclusive
+    result.info["checks_total"] = len(result.checks)
     return result
 
 

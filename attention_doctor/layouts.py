@@ -53,6 +53,10 @@ class Site:
     def __init__(self, name, module):
         self.name, self.module = name, module
 
+    def on(self, root):
+        """The same site in a copy of the target (root: the copy's top module)."""
+        return site_of(self.name, root.get_submodule(self.name) if self.name else root)
+
 
 class PairSite(Site):
     """q and k come out of two child modules."""
@@ -193,7 +197,9 @@ class MHASite(Site):
     def measuring(self, out):
         def pre(m, args, kwargs):
             q_in = args[0] if args else kwargs["query"]
-            k_in = args[1] if len(args) > 1 else kwargs["key"]
+            k_in = args[1] if len(args) > 1 else kwargs.get("key")
+            if not (isinstance(k_in, torch.Tensor) and k_in.is_floating_point() and k_in.shape[-1] == q_in.shape[-1]):
+                k_in = q_in   # a subclass called as forward(x, ...): self-attention
             (wq, sq), (wk, sk) = self._wb()[0]
             (bq, bsq), (bk, bsk) = self._wb()[1]
             q = F.linear(q_in, wq[sq], None if bq is None else bq[bsq])

@@ -1,7 +1,7 @@
 """What happens inside attention during a forward: every attention call, seen through torch's
-function modes (scaled_dot_product_attention; softmax, with the matmuls on either side of it) and
-through this project's Recorder where its explicit path runs (a softmax it does not call, e.g. a
-naive or a sum normalisation, is still seen). A call holds what could be seen of it: the scores
+function modes (scaled_dot_product_attention; softmax, with the matmuls or einsums on either side
+of it; a hand-made normalisation between two such products, handmade.py) and through this
+project's Recorder where its explicit path runs. A call holds what could be seen of it: the scores
 the softmax got, the weights, q, k, v and the output."""
 import math
 from contextlib import contextmanager
@@ -11,16 +11,19 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from attention_doctor.handmade import as_matmul, einsum_operands, fitted_scale, normalised_dim
+
 SDPA = {F.scaled_dot_product_attention}
 SOFTMAX = {F.softmax, torch.softmax, torch.Tensor.softmax, torch.special.softmax}
 MATMUL = {torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.bmm, torch.Tensor.bmm}
 BADDBMM = {torch.baddbmm, torch.Tensor.baddbmm}
+EXP = {torch.exp, torch.Tensor.exp}
 MASKED = -1e3  # a score below this at init is a masked one (fills: -inf, finfo.min, -1e4)
 
 
 @dataclass
 class Call:
-    source: str                       # sdpa | softmax | project
+    source: str                       # sdpa | softmax | handmade (no softmax call: handmade.py) | project
     module: str = ""
     q: torch.Tensor | None = None     # (B, h, T_q, d), k and v repeated to h heads
     k: torch.Tensor | None = None
@@ -36,13 +39,19 @@ class Call:
     extra: dict = field(default_factory=dict)
 
     @property
+    def traced(self) -> bool:
+        """Its scores are the ones a normalisation got in the trace (masks inferred from them)."""
+        return self.source in ("softmax", "handmade")
+
+    @property
     def complete(self) -> bool:
         """q, k, v, out and how they were masked and scaled are known: the call can be recomputed."""
         return all(t is not None for t in (self.q, self.k, self.v, self.out)) and self.scale is not None
 
     def raw(self) -> torch.Tensor:
-        """q k^T * scale in float64 (no mask)."""
-        return (self.q.double() @ self.k.double().transpose(-2, -1)) * self.scale
+        """q k^T * scale in float64 (no mask; a scale not known is taken as 1: a hand-made
+        normalisation without an exp normalises the product as it is)."""
+        return (self.q.double() @ self.k.double().transpose(-2, -1)) * (1.0 if self.scale is None else self.scale)
 
     def seen_scores(self) -> torch.Tensor:
         """The scores as the softmax saw them (for sdpa: recomputed in float64, mask added)."""
@@ -65,7 +74,7 @@ class Call:
         (scores as `(q @ k^T) * scale` in that dtype: PyTorch's standard attention); for an eager
         trace, softmax(the scores it saw) v."""
         q, k, v = self.q.to(dtype), self.k.to(dtype), self.v.to(dtype)
-        if self.source == "softmax":
+        if self.traced and self.scores is not None:
             # an eager trace: the scores as the softmax saw them (an additive bias the doctor cannot
             # attribute, ALiBi or a learned mask, is in them); the check covers softmax and weights @ V
             s = self.scores.to(dtype)
@@ -113,10 +122,13 @@ class Probe(TorchFunctionMode):
     multiplies q and k of every sdpa call, and the two inputs of each matmul named in qk_matmuls
     ((module, n): the n-th matmul that module ran in this forward, one a softmax took the
     output of in an earlier trace: `call.extra["qk_matmul"]`); qk_where: the modules where this
-    applies (None: all)."""
+    applies (None: all). keep_graph: each call keeps its q and k with their autograd history
+    (`call.extra["graph"]`: measured.py finds the projections they come from); on_call: called as
+    each call is recorded."""
 
-    def __init__(self, modules=(), qk_factor: float | None = None, qk_where=None, qk_matmuls=()):
+    def __init__(self, modules=(), qk_factor: float | None = None, qk_where=None, qk_matmuls=(), keep_graph=False):
         super().__init__()
+        self.keep_graph, self.on_call = keep_graph, None
         self.modules = list(modules)
         self.qk_factor = qk_factor
         self.qk_where = None if qk_where is None else set(qk_where)
@@ -129,6 +141,7 @@ class Probe(TorchFunctionMode):
         self._recorders = []
         self._pending_qk = None
         self._pending_call = None
+        self._pending_exp = None
 
     # -- module scope ------------------------------------------------------------------------
     def __enter__(self):
@@ -166,7 +179,7 @@ class Probe(TorchFunctionMode):
             with self._inside_functional():
                 return func(*args, **kwargs)
         mm = None
-        if (func in MATMUL or func in BADDBMM) and self._recording():
+        if (func in MATMUL or func in BADDBMM or func is torch.einsum) and self._recording():
             where = self._where()
             mm = (where, self._matmuls.get(where, 0))
             self._matmuls[where] = mm[1] + 1
@@ -181,9 +194,23 @@ class Probe(TorchFunctionMode):
                     self._matmul(args[0], args[1], out, mm)
                 elif func in BADDBMM:
                     self._matmul(_arg(args, kwargs, 1, "batch1"), _arg(args, kwargs, 2, "batch2"), out, mm)
+                elif func is torch.einsum:
+                    eq, ops = einsum_operands(args, kwargs)
+                    ab = as_matmul(eq, *ops) if len(ops) == 2 else None
+                    if ab is not None:
+                        self._matmul(ab[0], ab[1], out, mm)
+                elif func in EXP:
+                    self._exp(args[0])
             except Exception as e:   # the doctor's own error: the target's forward goes on
                 self.errors.append(f"{type(e).__name__}: {e}")
         return out
+
+    def _add(self, call, q=None, k=None):
+        if self.keep_graph and q is not None and k is not None:
+            call.extra["graph"] = (q, k)
+        self.calls.append(call)
+        if self.on_call is not None:
+            self.on_call()
 
     def _scaling(self, where) -> bool:
         return self.qk_factor is not None and (self.qk_where is None or where in self.qk_where)
@@ -246,8 +273,8 @@ class Probe(TorchFunctionMode):
             visible = bias > MASKED
         if is_causal:  # SDPA's flag: a top-left aligned lower triangle
             visible = torch.ones(T_q, T_k, dtype=torch.bool, device=q.device).tril()
-        self.calls.append(Call("sdpa", self._where(), q=q.detach(), k=kk, v=vv, out=out.detach(),
-                               visible=visible, bias=bias, scale=scale, dropout_p=dropout_p))
+        self._add(Call("sdpa", self._where(), q=q.detach(), k=kk, v=vv, out=out.detach(),
+                       visible=visible, bias=bias, scale=scale, dropout_p=dropout_p), q, _expand(k, h))
         return out
 
     def _softmax(self, args, kwargs, out):
@@ -260,18 +287,19 @@ class Probe(TorchFunctionMode):
         call = Call("softmax", self._where(), scores=s.detach(), weights=out.detach(), dim=dim - s.dim(),
                     visible=s.detach() > MASKED)
         qk = self._pending_qk
+        graph = (None, None)
         if qk is not None and qk[2].shape[-2:] == s.shape[-2:] and qk[2].numel() == s.numel():
             if qk[3] is not None:
                 call.extra["qk_matmul"] = qk[3]
             a, b, prod = (_like(t, s.shape[:-2]) for t in qk[:3])   # (B h, T, d) -> (B, h, T, d) (Bloom, NeoX)
-            call.q, call.k = a.detach(), b.detach().transpose(-2, -1)
-            h = call.q.shape[-3] if call.q.dim() >= 3 else 1
-            call.k = _expand(call.k, h)
+            h = a.shape[-3] if a.dim() >= 3 else 1
+            graph = (a, _expand(b.transpose(-2, -1), h))
+            call.q, call.k = graph[0].detach(), graph[1].detach()
             ratio = (s.detach().double() / prod.detach().double())[(s > MASKED) & (prod.abs() > 1e-12)]
             call.scale = float(ratio.median()) if ratio.numel() else None
         self._pending_qk = None
         self._pending_call = call
-        self.calls.append(call)
+        self._add(call, *graph)
 
     def _matmul(self, a, b, out, mm=None):
         if not isinstance(out, torch.Tensor) or out.dim() < 3:
@@ -282,15 +310,54 @@ class Probe(TorchFunctionMode):
             c.v = _expand(_like(b.detach(), lead), c.q.shape[-3] if c.q is not None and c.q.dim() >= 3 else 1)
             c.out = _like(out.detach(), lead)
             self._pending_call = None
-        else:
+        elif not self._handmade(a, b, out):
             self._pending_qk = (a, b, out, mm)
+            self._pending_exp = None
+
+    def _exp(self, t):
+        """An exp of the pending q k^T's shape: a hand-made softmax's scores (the row maximum may be off)."""
+        qk = self._pending_qk
+        if qk is not None and isinstance(t, torch.Tensor) and t.shape[-2:] == qk[2].shape[-2:] \
+                and t.numel() == qk[2].numel():
+            self._pending_exp = t.detach()
+
+    def _handmade(self, a, b, out) -> bool:
+        """weights @ v after a q k^T with no softmax call between them: the weights' rows (or
+        columns) sum to one, or came out of an exp of the scores. Records the call; False when
+        `a` is no such weights."""
+        qk = self._pending_qk
+        if qk is None or a.shape[-2:] != qk[2].shape[-2:] or a.numel() != qk[2].numel() or b.dim() < 2 \
+                or b.shape[-2] != a.shape[-1]:
+            return False
+        e = self._pending_exp
+        dim = normalised_dim(a)
+        if dim is None and e is None:
+            return False
+        lead = a.shape[:-2]
+        q, kt, prod = (_like(t, lead) for t in qk[:3])
+        h = q.shape[-3] if q.dim() >= 3 else 1
+        k = _expand(kt.transpose(-2, -1), h)
+        call = Call("handmade", self._where(), q=q.detach(), k=k.detach(), weights=_like(a.detach(), lead),
+                    v=_expand(_like(b.detach(), lead), h), out=_like(out.detach(), lead), dim=dim or -1)
+        if e is not None:   # the exp's input: the scores up to a constant per row
+            call.scores = _like(e, lead)
+            call.visible = call.scores > MASKED
+            call.scale = fitted_scale(call.scores, prod, call.visible)
+        if qk[3] is not None:
+            call.extra["qk_matmul"] = qk[3]
+        self._add(call, q, k)
+        self._pending_qk = self._pending_exp = None
+        return True
 
 
 def _scaled_matmul(func, args, kwargs, f):
-    """args, kwargs of a matmul (a @ b) or baddbmm (input + alpha batch1 @ batch2) with its two
+    """args, kwargs of a matmul (a @ b), an einsum of two operands or baddbmm (input + alpha batch1 @ batch2) with its two
     factors times f: its product, and so the scores, times f^2; a bias it adds is left alone."""
     if func in MATMUL:
         return (args[0] * f, args[1] * f) + tuple(args[2:]), kwargs
+    if func is torch.einsum:
+        eq, ops = einsum_operands(args, kwargs)
+        return (eq, *[t * f for t in ops]), {k: v for k, v in kwargs.items() if k != "equation"}
     args, kwargs = list(args), dict(kwargs)
     for i, name in ((1, "batch1"), (2, "batch2")):
         if name in kwargs:
@@ -321,9 +388,9 @@ class _Capture:
 
     def record(self, name, q, k, scores, weights, mask, out=None, v=None, scale=1.0):
         h = q.shape[1]
-        self.probe.calls.append(Call("project", self.name, q=q.detach(), k=_expand(k.detach(), h),
-                                     v=None if v is None else _expand(v.detach(), h),
-                                     out=None if out is None else out.detach(),
-                                     scores=scores.detach(), weights=weights.detach(),
-                                     visible=None if mask is None else mask.detach(),
-                                     scale=scale if self.dot else None))
+        self.probe._add(Call("project", self.name, q=q.detach(), k=_expand(k.detach(), h),
+                             v=None if v is None else _expand(v.detach(), h),
+                             out=None if out is None else out.detach(),
+                             scores=scores.detach(), weights=weights.detach(),
+                             visible=None if mask is None else mask.detach(),
+                             scale=scale if self.dot else None), q, _expand(k, h))

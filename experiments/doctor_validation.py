@@ -3,15 +3,18 @@
     python -m experiments.doctor_validation sensitivity   # every catalogue failure value on this project's LM
     python -m experiments.doctor_validation specificity   # real code, unchanged: MHA, transformers GPT-2 / Llama, nanoGPT
     python -m experiments.doctor_validation shipped       # pinned releases with a known attention bug, and their fixes
+    python -m experiments.doctor_validation styles        # the test bed: four notations, healthy and with each catalogue bug
+    python -m experiments.doctor_validation references --source nanoGPT=PATH ...   # public reference implementations
     python -m experiments.doctor_validation benchmark     # all checks on a small model: seconds on this machine
     python -m experiments.doctor_validation example       # a real run's output on a buggy target
     python -m experiments.doctor_validation readme        # README's report:doctor block from the JSON
     python -m experiments.doctor_validation all
 
 Each writes results/doctor/NAME.json (--out DIR elsewhere), which the report's doctor section
-renders. `shipped` needs the pinned releases installed, each in a directory of its own (--pinned,
-default ../pinned; see PINNED below for the pip commands); a release it cannot find is reported
-as not installed, never as a pass.
+renders. `shipped` and `references` need the pinned releases installed, each in a directory of its
+own (--pinned, default ../pinned; see PINNED below and doctor_references.PINNED for the pip
+commands); `references` also the clones the user names (--source NAME=PATH; `all` leaves out a
+reference without one); a release or clone it cannot find is reported as missing, never as a pass.
 """
 import argparse
 import json
@@ -280,22 +283,29 @@ def shipped(out: Path, pinned: Path):
             if missing:
                 row[which + "_result"] = {"error": "not installed: " + ", ".join(missing)}
                 continue
-            path = ([str(d)] if d.is_dir() else []) + [str(x) for x in deps] + [str(ROOT)]
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(path),
-                   "TRANSFORMERS_VERBOSITY": "error", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-            p = subprocess.run([str(python), "-m", "experiments.doctor_validation", "one", case["name"]],
-                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-            got = [ln[5:] for ln in p.stdout.splitlines() if ln.startswith("JSON:")]
-            if p.returncode or not got:
-                err = (p.stderr.strip().splitlines() or ["no output"])[-1]
-                row[which + "_result"] = {"error": err[:300]}
+            path = ([d] if d.is_dir() else []) + deps
+            j = _in_subprocess(python, ["one", case["name"]], path)
+            if "error" in j:
+                row[which + "_result"] = j
             else:
-                j = json.loads(got[0])
                 row[which + "_result"] = j["result"]
                 row[which + "_version"] = j["version"]
         rows.append(row)
         print(f"  {case['name']}: " + "; ".join(f"{w} {_verdict(row, w, case['check'])}" for w in ("buggy", "fixed")))
     _write(out, "shipped", {"env": _env(), "rows": rows, "pinned": PINNED, "not_used": NOT_USED})
+
+
+def _in_subprocess(python, args, path) -> dict:
+    """`python -m experiments.doctor_validation ARGS` with `path` first on PYTHONPATH: the JSON it
+    prints after "JSON:", or {"error": its last line of stderr}."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(x) for x in path] + [str(ROOT)]),
+           "TRANSFORMERS_VERBOSITY": "error", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    p = subprocess.run([str(python), "-m", "experiments.doctor_validation", *args],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    got = [ln[5:] for ln in p.stdout.splitlines() if ln.startswith("JSON:")]
+    if p.returncode or not got:
+        return {"error": (p.stderr.strip().splitlines() or ["no output"])[-1][:300]}
+    return json.loads(got[0])
 
 
 def _verdict(row, which, check):
@@ -311,6 +321,57 @@ def _installed_version(package):
         return version(package)
     except Exception:
         return None
+
+
+# -- the test bed of styles ------------------------------------------------------------------------
+
+def styles(out: Path):
+    """tests/doctor_styles.py's styles, healthy (every check) and with each catalogue bug they can
+    express (the checks that target it): what flagged what, and how many checks ran."""
+    import torch
+    sys.path.insert(0, str(ROOT / "tests"))
+    import doctor_styles as S
+    from attention_doctor import examine
+    rows = []
+    for style, bug in S.cases():
+        want = S.BUGS.get(bug, ())
+        torch.manual_seed(0)
+        r = examine(S.build(style, bug), name=f"{style}: {bug or 'healthy'}",
+                    checks=None if bug is None else ["eval_dropout", *want])
+        rows.append({"style": style, "bug": bug, "targets": list(want), "warn": bug in S.WARNS, "result": _rows(r)})
+        print(f"  {style} {bug or 'healthy'}: " + ", ".join(f"{c.name}={c.verdict[:4]}" for c in r.checks
+                                                            if c.verdict != "pass"))
+    _write(out, "styles", {"env": _env(), "rows": rows, "styles": list(S.STYLES), "about": S.__doc__})
+
+
+# -- the public reference implementations -------------------------------------------------------
+
+def references(out: Path, pinned: Path, sources: dict):
+    """Each reference built small from its own source in a subprocess (its release's directory, or
+    the clone named by --source, first on the path), examined, and explained."""
+    from experiments.doctor_references import CLONES, PINNED as REF_PINNED, REFERENCES
+    rows = []
+    for ref in REFERENCES:
+        row = {k: ref.get(k) for k in ("name", "repo", "package", "version", "source", "file", "by_nature", "findings")}
+        if ref["source"] == "clone":
+            src = sources.get(ref["name"])
+            missing = [] if src and Path(src).is_dir() else [f"--source {ref['name']}=PATH ({CLONES[ref['name']]})"]
+        else:
+            src = str(pinned / ref["pinned"])
+            missing = [] if Path(src).is_dir() else [src]
+        deps = [pinned / d for d in ref.get("needs", [])]
+        missing += [str(d) for d in deps if not d.is_dir()]
+        if missing:
+            row["error"] = "not installed: " + ", ".join(missing)
+        else:
+            j = _in_subprocess(sys.executable, ["reference", ref["name"], "--ref-source", src], [src] + deps)
+            row.update(j)
+        rows.append(row)
+        r = row.get("result")
+        print(f"  {ref['name']}: " + (row.get("error") or f"{r['info']['checks_run']} of {r['info']['checks_total']} "
+                                      "checks run; " + ", ".join(f"{c['name']}={c['verdict'][:30]}" for c in r["checks"]
+                                                                 if c["verdict"] != "pass")))
+    _write(out, "references", {"env": _env(), "rows": rows, "pinned": REF_PINNED, "clones": CLONES})
 
 
 # -- benchmark and example ---------------------------------------------------------------------
@@ -365,8 +426,13 @@ def readme(out: Path, path: Path = ROOT / "README.md"):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m experiments.doctor_validation", description=__doc__.split("\n")[0])
-    ap.add_argument("what", choices=("sensitivity", "specificity", "shipped", "benchmark", "example", "readme", "all", "one"))
-    ap.add_argument("case", nargs="?", help="one: the SHIPPED case to run in this interpreter")
+    ap.add_argument("what", choices=("sensitivity", "specificity", "shipped", "styles", "references", "benchmark", "example",
+                                     "readme", "all", "one", "reference"))
+    ap.add_argument("case", nargs="?", help="one / reference: the SHIPPED case or the reference to run in this interpreter")
+    ap.add_argument("--source", action="append", default=[], metavar="NAME=PATH",
+                    help="references: a clone of a reference that has no release (nanoGPT, minGPT, Meta Llama, "
+                         "the Annotated Transformer), e.g. --source nanoGPT=../nanoGPT")
+    ap.add_argument("--ref-source", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--pinned", type=Path, default=ROOT.parent / "pinned",
                     help="where the pinned releases are installed (one directory each, e.g. tf-4.38.2)")
@@ -374,9 +440,20 @@ def main(argv=None) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     if a.what == "one":
         return one(a.case)
+    if a.what == "reference":
+        from experiments.doctor_references import examine_one
+        print("JSON:" + json.dumps(examine_one(a.case, a.ref_source)))
+        return 0
+    sources = dict(s.split("=", 1) for s in a.source if "=" in s)
+    bad = [s for s in a.source if "=" not in s]
+    if bad:
+        ap.error(f"--source {bad[0]}: expected NAME=PATH")
     steps = {"sensitivity": lambda: sensitivity(a.out), "specificity": lambda: specificity(a.out),
-             "shipped": lambda: shipped(a.out, a.pinned), "benchmark": lambda: benchmark(a.out),
+             "shipped": lambda: shipped(a.out, a.pinned), "styles": lambda: styles(a.out),
+             "references": lambda: references(a.out, a.pinned, sources), "benchmark": lambda: benchmark(a.out),
              "example": lambda: example(a.out), "readme": lambda: readme(a.out)}
+    if a.what == "all" and not sources:   # the references need the user's clones: `all` runs them when named
+        steps.pop("references")
     for name in (steps if a.what == "all" else [a.what]):
         print(f"doctor_validation: {name}")
         steps[name]()

@@ -152,13 +152,15 @@ def test_report_section_renders_the_committed_evidence(tmp_path):
     import shutil
     from experiments.report.sections import doctor
     src = ROOT / "results" / "doctor"   # committed: the repo ships it
-    assert sorted(p.stem for p in src.glob("*.json")) == ["benchmark", "example", "sensitivity", "shipped", "specificity"]
+    assert sorted(p.stem for p in src.glob("*.json")) == ["benchmark", "example", "references", "sensitivity", "shipped",
+                                                          "specificity", "styles"]
     shutil.copytree(src, tmp_path / "doctor")
     blocks = doctor.blocks([], tmp_path / "figures")
     ex = json.loads((src / "example.json").read_text())
     assert ex["stdout"].splitlines()[0] in blocks["doctor"] and f"\n{ex['exit_code']}\n" in blocks["doctor"]
     ev = blocks["doctor_evidence"]
-    for part in ("### Sensitivity", "### Specificity", "### Shipped bugs", "### Cost"):
+    for part in ("### Sensitivity", "### Styles", "### Specificity", "### The public reference implementations",
+                 "### Shipped bugs", "### Cost"):
         assert part in ev
     for row in json.loads((src / "shipped.json").read_text())["rows"]:   # each shipped bug: caught, then fixed
         verdict = {w: next(c["verdict"] for c in row[w + "_result"]["checks"] if c["name"] == row["check"])

@@ -13,15 +13,19 @@ from attention_doctor import examine
 
 class OpaqueAttention(nn.Module):
     """Causal softmax attention computed eagerly, q and k out of one projection named like no
-    known layout (Multi-head latent attention's are like this); `fill` replaces the future scores."""
+    known layout, interleaved by head (its site is found by measurement); `fill` replaces the
+    future scores."""
     def __init__(self, d=16, heads=2, fill=float("-inf")):
         super().__init__()
         self.heads, self.fill = heads, fill
         self.mix_in, self.out = nn.Linear(d, 3 * d), nn.Linear(d, d)
 
+    def project(self, x):
+        return self.mix_in(x)
+
     def forward(self, x):
         B, T, C = x.shape
-        q, k, v = self.mix_in(x).view(B, T, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
+        q, k, v = self.project(x).view(B, T, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
         s = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(C // self.heads)
         future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
         w = torch.softmax(s.masked_fill(future, self.fill), dim=-1)
@@ -39,10 +43,20 @@ class LinearAttention(nn.Module):
         return torch.cumsum(k * self.v_proj(x), 1) * q / torch.cumsum(k * q, 1).clamp_min(1e-6)
 
 
+class BareAttention(OpaqueAttention):
+    """q, k and v from a bare weight (no projection module): nothing to find q and k in but the calls."""
+    def __init__(self, d=16, heads=2, fill=float("-inf")):
+        super().__init__(d, heads, fill)
+        self.w_in = nn.Parameter(0.2 * torch.randn(3 * d, d))
+
+    def project(self, x):
+        return F.linear(x, self.w_in)
+
+
 class Hybrid(nn.Module):
-    def __init__(self, fill=float("-inf")):
+    def __init__(self, fill=float("-inf"), softmax=OpaqueAttention):
         super().__init__()
-        self.linear, self.softmax = LinearAttention(), OpaqueAttention(fill=fill)
+        self.linear, self.softmax = LinearAttention(), softmax(fill=fill)
 
     def forward(self, x):
         x = x + self.linear(x)
@@ -50,15 +64,22 @@ class Hybrid(nn.Module):
 
 
 def test_softmax_layer_without_a_layout_beside_one_with_is_seen_and_amplified():
+    """Its fused projection, interleaved by head, is found by measurement; without a projection
+    module, q and k are amplified inside its calls."""
     torch.manual_seed(0)
     r = examine(Hybrid(), causal=True, checks=["eval_dropout", "self_visibility", "amplified_logits"], strict=True)
-    assert r.info["attention_modules"] == 2 and r.info["qk_sites"] == 1
+    assert r.info["attention_modules"] == 2 and r.info["qk_sites"] == 2 and r.info["qk_sites_measured"] == ["softmax"]
     assert r["self_visibility"].verdict == "pass"
+    assert r["amplified_logits"].verdict == "pass" and "at 1 q/k site(s))" in r["amplified_logits"].detail  # the linear one has no scores
+    torch.manual_seed(0)
+    r = examine(Hybrid(softmax=BareAttention), causal=True, checks=["eval_dropout", "amplified_logits"], strict=True)
+    assert r.info["qk_sites"] == 1 and "qk_sites_measured" not in r.info
     assert r["amplified_logits"].verdict == "pass", r["amplified_logits"].detail
     assert "inside the calls of 1 module" in r["amplified_logits"].detail
-    torch.manual_seed(0)   # the same layer with a finite fill: the amplified scores go below it
-    leaky = examine(Hybrid(fill=-1e4), causal=True, checks=["eval_dropout", "amplified_logits"], strict=True)
-    assert leaky["amplified_logits"].verdict == "fail", leaky["amplified_logits"].detail
+    for softmax in (OpaqueAttention, BareAttention):   # a finite fill: the amplified scores go below it
+        torch.manual_seed(0)
+        leaky = examine(Hybrid(fill=-1e4, softmax=softmax), causal=True, checks=["eval_dropout", "amplified_logits"], strict=True)
+        assert leaky["amplified_logits"].verdict == "fail", leaky["amplified_logits"].detail
 
 
 class Attention(nn.Module):

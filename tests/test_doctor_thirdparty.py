@@ -34,7 +34,7 @@ def test_nanogpt_attention_and_lm():
     assert not_passed(r) == {} and r.info["causal"].startswith("causal (found")
     r = examine(GPT(64, 64, 2, 4, 32), strict=True)
     assert not_passed(r) == {}, r.table()
-    assert r["kv_cache"].verdict.startswith("n/a: no KV cache (forward takes no cache argument")
+    assert r["kv_cache"].verdict.startswith("n/a: no KV cache (forward takes none of start_pos")
 
 
 @pytest.fixture(scope="module")

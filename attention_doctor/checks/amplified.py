@@ -7,7 +7,7 @@ import torch
 from attention_doctor.checks.common import (AMP_HI, AMP_LO, AMP_TARGET, EXACT_REL, HULL_REL, ROW_SUM_TOL,
                                             finite_max_abs, inconclusive, not_repeatable, rel, row, visible_scores)
 from attention_doctor.checks.record import Check
-from attention_doctor.layouts import attention_modules, scaled_sites
+from attention_doctor.layouts import scaled_sites
 
 
 class Amplifier:
@@ -41,8 +41,7 @@ class Amplifier:
     def probe(self, ctx, x, mask=None, adapter=None):
         adapter = adapter or ctx.adapter
         with self.on(adapter) as kw:
-            mods = attention_modules(adapter.module) if adapter is not ctx.adapter else None
-            return ctx.probe(x, mask, adapter=adapter, modules=mods, **kw)
+            return ctx.probe(x, mask, adapter=adapter, **kw)
 
 
 def _max_score(calls, init=None) -> float:
@@ -51,9 +50,11 @@ def _max_score(calls, init=None) -> float:
     scores minus their row maximum, as attention sinks are, has its visible entries far below 0)."""
     out = 0.0
     for i, c in enumerate(calls):
-        if init is not None and c.source == "softmax" and i < len(init) and init[i].source == "softmax" \
-                and init[i].scores.shape == c.scores.shape:
+        same = init is not None and i < len(init) and init[i].source == c.source
+        if same and c.source == "softmax" and init[i].scores.shape == c.scores.shape:
             s = c.scores.double().masked_select(init[i].visible.expand_as(c.scores))
+        elif same and c.source == "handmade" and init[i].visible is not None:   # q k^T (x its fitted scale)
+            s = c.raw().masked_select(init[i].visible.expand_as(init[i].scores))
         else:
             s = visible_scores(c)
         out = max(out, finite_max_abs(s))
@@ -112,8 +113,8 @@ def _weights_checks(calls, init_calls):
     masked_w, row_err, hull, dims = 0.0, 0.0, 0.0, set()
     for i, c in enumerate(calls):
         vis = c.visible
-        if c.source == "softmax":  # masks inferred from the same call before amplification
-            vis = init_calls[i].visible if i < len(init_calls) and init_calls[i].source == "softmax" else None
+        if c.traced:  # masks inferred from the same call before amplification
+            vis = init_calls[i].visible if i < len(init_calls) and init_calls[i].source == c.source else None
             dims.add(c.dim)
         if c.weights is None and not c.complete:
             continue
@@ -127,8 +128,8 @@ def _weights_checks(calls, init_calls):
                 masked_w = max(masked_w, float(leaked[live].max()))
         s = w.sum(-1)
         row_err = max(row_err, float((s - 1).abs()[live].nan_to_num(math.inf).max()) if live.any() else 0.0)
-        if c.out is not None and c.v is not None and vis is not None:
-            hull = max(hull, _hull(c.out.double(), c.v.double(), vis, live))
+        if c.out is not None and c.v is not None:   # no mask known: the hull of every value (wider)
+            hull = max(hull, _hull(c.out.double(), c.v.double(), torch.ones_like(live[..., None]) if vis is None else vis, live))
     return masked_w, row_err, hull, dims
 
 

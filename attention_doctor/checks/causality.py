@@ -21,20 +21,44 @@ def eval_dropout(ctx):
                "" if same else "sdpa_dropout_p" if p else "random_in_eval")
 
 
+def _masks_later_keys(calls) -> bool:
+    """Every square attention call whose mask is known hides every key after its query (at least
+    one such call): a causal mask, whatever the layer's outputs do with it."""
+    seen = 0
+    for c in calls:
+        if c.visible is None or c.q is None and c.weights is None:
+            continue
+        w = c.seen_weights()
+        if w.shape[-1] != w.shape[-2]:
+            continue
+        T = w.shape[-1]
+        later = torch.ones(T, T, dtype=torch.bool, device=w.device).triu(1)
+        if (c.visible.expand_as(w) & later).any():
+            return False
+        seen += 1
+    return seen > 0
+
+
 def _find_causal(ctx, x, y):
-    """A layer that did not say: causal if position 0 does not read position T-1."""
+    """A layer that did not say: causal if its attention calls mask every later key (a bug that
+    leaks, softmax over the queries, still reads as causal), else if position 0 does not read
+    position T-1."""
+    if _masks_later_keys(ctx.probe(x)[1]):
+        ctx.causal = True
+        ctx.info["causal"] = "causal (found: its attention calls mask every later key)"
+        return True
     x2 = x.clone()
     x2[:, -1] = ctx.sample(k=11)[:, -1]
     d = rel(ctx.run(x2)[:, 0], y[:, 0])
     ctx.causal = d == 0.0
-    ctx.info["causal"] = f"{'causal' if ctx.causal else 'not causal'} (found: position 0 " \
-                         f"{'does not read' if ctx.causal else 'reads'} position T-1)"
+    ctx.info["causal"] = "causal (found: position 0 does not read position T-1)" if ctx.causal else \
+        "not causal (found: position 0 reads position T-1, and no attention call masks the later keys)"
     return ctx.causal
 
 
 def _input_grads(ctx, x, t):
-    """d (weighted outputs before t) / d (inputs at and after t): (the largest |.|, None) or
-    (None, why not)."""
+    """d (weighted outputs before t) / d (inputs at and after t): ((the largest finite |.|, how many
+    are not finite), None) or (None, why not)."""
     a = ctx.adapter
     w = torch.randn(x.shape[0], t, 1, generator=ctx.gen(5)).to(a.device)
     if a.kind == "layer":
@@ -57,14 +81,14 @@ def _input_grads(ctx, x, t):
 
 
 def _grad(loss, wrt, shape, t):
-    """The largest |d loss / d wrt| at positions t.. (wrt (B, T, ...) or (T, B, ...): XLNet's
-    embedding is time-major), or (None, why not)."""
+    """(the largest finite |d loss / d wrt| at positions t.., the non-finite count) (wrt (B, T, ...)
+    or (T, B, ...): XLNet's embedding is time-major), or (None, why not)."""
     try:
         g, = torch.autograd.grad(loss, wrt, allow_unused=True)
     except Exception as e:   # a backward the target refuses in eval mode (Reformer's reversible layers)
         return None, f"its backward raised in eval mode ({type(e).__name__}: {str(e)[:80]})"
     if g is None:
-        return 0.0, None
+        return (0.0, 0), None
     B, T = shape[0], shape[1]
     if g.dim() >= 2 and g.shape[1] == T:
         g = g[:, t:]
@@ -72,7 +96,8 @@ def _grad(loss, wrt, shape, t):
         g = g[t:]
     else:
         return None, f"the embedding's output {tuple(g.shape)} has no position axis of length {T}"
-    return float(g.abs().max()), None
+    fin = torch.isfinite(g)
+    return (float(g[fin].abs().max()) if fin.any() else 0.0, int((~fin).sum())), None
 
 
 def future_leak(ctx):
@@ -83,9 +108,9 @@ def future_leak(ctx):
     causal = ctx.adapter.causal if ctx.adapter.causal is not None else _find_causal(ctx, x, y)
     ctx.causal = causal
     if not causal:
-        return na("future_leak", "not causal (a bidirectional layer sees every position; causal=True, or "
-                  "--causal yes, if it is meant to be causal)")
-    worst, grads, at, why = 0.0, [], [], None
+        how = "" if ctx.adapter.causal is not None else "; causal=True, or --causal yes, if it is meant to be causal"
+        return na("future_leak", f"{ctx.info.get('causal', 'not causal')}: a bidirectional layer sees every position{how}")
+    worst, grads, nonfinite, at, why = 0.0, [], 0, [], None
     for t in (1, ctx.T // 2, ctx.T - 1):
         x2 = x.clone()
         x2[:, t:] = ctx.sample(k=20 + t)[:, t:]
@@ -94,14 +119,18 @@ def future_leak(ctx):
         worst = max(worst, d)
         g, why = _input_grads(ctx, x, t)
         if g is not None:
-            grads.append(g)
+            grads.append(g[0])
+            nonfinite += g[1]
     g = max(grads) if grads else None
-    bad = worst > EXACT_REL or (g is not None and g != 0.0)
+    bad_grad = g is not None and (g != 0.0 or nonfinite > 0)
+    # the measured value is what failed: the outputs' change, else the gradient's non-finite entries, else its size
+    measured = worst if worst > EXACT_REL or not bad_grad else (nonfinite or g)
     detail = ("outputs before t with tokens from t on replaced, relative change: " + ", ".join(at) +
-              ("; gradient of earlier outputs w.r.t. later inputs: max |g| = %.3g" % g if g is not None
-               else f"; gradient: n/a ({why})"))
+              (f"; gradient of earlier outputs w.r.t. later inputs: max |g| = {g:.3g}, {nonfinite} non-finite"
+               if g is not None else f"; gradient: n/a ({why})"))
+    bad = worst > EXACT_REL or bad_grad
     cause = "" if not bad else "outputs_move" if worst > EXACT_REL else "gradient_nonzero"
-    return row("future_leak", "fail" if bad else "pass", worst, f"<= {EXACT_REL:g}; gradient == 0", detail, cause)
+    return row("future_leak", "fail" if bad else "pass", measured, f"<= {EXACT_REL:g}; gradient == 0", detail, cause)
 
 
 def self_visibility(ctx):

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from attention_doctor import measured
 from attention_doctor.adapters import Adapter, Unreachable, Unsupported
 from attention_doctor.layouts import attention_modules
 from attention_doctor.probes import MASKED, Probe
@@ -73,22 +74,40 @@ class Context:
 
     @property
     def modules(self):
-        """(name, module, site) of the target's attention modules (layouts.attention_modules)."""
+        """(name, module, site) of the target's attention modules (layouts.attention_modules, and
+        the sites measured.py finds for calls without a verified one)."""
         if self._modules is None:
             self._modules = attention_modules(self.adapter.module)
         return self._modules
+
+    def modules_of(self, adapter=None):
+        """The attention modules of the target, or of a converted copy of it (the same names)."""
+        if adapter is None or adapter is self.adapter:
+            return self.modules
+        root = adapter.module
+        return [(n, root.get_submodule(n) if n else root, None if s is None else s.on(root)) for n, _, s in self.modules]
 
     def sites(self, adapter=None):
         """The q/k sites of the target's attention modules whose layout was verified: scaling
         one site's q by 2 must double q k^T in that module's calls, exactly. A site whose calls
         show no q and k cannot be verified and is kept; one that fails is dropped (and named in
-        info), and so is one whose module a plain forward never calls. adapter: a converted copy
-        of the target (its sites are found afresh, by name)."""
+        info), and so is one whose module a plain forward never calls. Calls in modules left
+        without a site get one measured (measured.py), verified the same way. adapter: a
+        converted copy of the target (its sites are found by name)."""
         if "sites" not in self.cache:
-            self.cache["sites"] = self._verified([s for _, _, s in self.modules if s is not None])
+            ok = self._verified([s for _, _, s in self.modules if s is not None])
+            found = measured.find(self, ok)
+            if found:
+                names = {n for n, _, _ in found}
+                self._modules = [f for f in self.modules if f[0] not in names] + found
+                order = {n: i for i, (n, _) in enumerate(self.adapter.module.named_modules())}
+                self._modules.sort(key=lambda f: order[f[0]])
+                new = self._verified([s for _, _, s in found])
+                ok |= new
+                self.info["qk_sites_measured"] = sorted(new)
+            self.cache["sites"] = ok
         names = self.cache["sites"]
-        mods = self.modules if adapter is None else attention_modules(adapter.module)
-        return [s for _, _, s in mods if s is not None and s.name in names]
+        return [s for _, _, s in self.modules_of(adapter) if s is not None and s.name in names]
 
     def _verified(self, sites) -> set:
         x = self.sample(k=90)
@@ -140,7 +159,7 @@ class Context:
         """(output, the attention calls seen) of one forward. It runs with autograd on, as
         training does: a fused inference-only path (nn.MultiheadAttention's fast path under
         no_grad) shows nothing; its black-box checks run it, its white-box checks see the other."""
-        mods = [(n, m) for n, m, _ in (self.modules if modules is None else modules)]
+        mods = [(n, m) for n, m, _ in (self.modules_of(adapter) if modules is None else modules)]
         with Probe(mods, qk_factor=qk_factor, qk_where=qk_where, qk_matmuls=qk_matmuls) as p:
             out = self.run(x, mask, positions, adapter=adapter, grad=True)
         if p.errors:
@@ -211,8 +230,10 @@ def unseen(name, why) -> Row:
 
 
 def visible_scores(call) -> torch.Tensor:
-    """The scores of a call at its visible entries, float64 (q k^T * scale where q, k are known)."""
-    if call.q is not None and call.k is not None and call.scale is not None and call.source != "softmax":
+    """The scores of a call at its visible entries, float64 (q k^T * scale where q, k are known;
+    a hand-made normalisation's q k^T times the scale fitted to its exp, or as it is without one)."""
+    if call.q is not None and call.k is not None and (call.source == "handmade" or (
+            call.scale is not None and call.source != "softmax")):
         s = call.raw()
         if call.bias is not None:
             s = s + call.bias.double()

@@ -6,12 +6,12 @@ import torch
 
 from attention_doctor.adapters import Unsupported
 from attention_doctor.checks.amplified import _max_score, amplifier, not_amplified
-from attention_doctor.checks.common import (ABSOLUTE_POS, AMP_MODERATE, LONG_BF16_FLOOR, LONG_BF16_RATIO, LONG_OFFSET, LONG_REL,
+from attention_doctor.checks.cached_positions import bfloat16_half, long_positions_through_cache
+from attention_doctor.checks.common import (ABSOLUTE_POS, AMP_MODERATE, LONG_BF16_RATIO, LONG_OFFSET, LONG_REL,
                                             LOW_PRECISION_RATIO, TargetRaised, inconclusive, na, not_repeatable, rel, row,
                                             unsupported)
 from attention_doctor.checks.record import Check
 from attention_doctor.checks.scale import unit_qk
-from attention_doctor.layouts import attention_modules
 
 LOW = (torch.float16, torch.bfloat16)
 # low_precision's causes: which pattern broke (docs/doctor.md explains the first with numbers)
@@ -43,7 +43,7 @@ def _name(dt):
 def _call_errors(ctx, lp, x):
     """Per attention call of the target in low precision: (its error, the reference attention's
     error in the same dtype), both against float64 on the call's own q, k, v."""
-    _, calls = ctx.probe(x, adapter=lp, modules=attention_modules(lp.module))
+    _, calls = ctx.probe(x, adapter=lp)
     out = []
     for c in calls:
         if not c.complete:
@@ -73,7 +73,7 @@ def _run(ctx, a, lp, autocast_dt, xx, m, calls=False):
         if a is not None:
             y, seen = a.probe(ctx, xx, m, adapter=lp)
         elif calls:
-            y, seen = ctx.probe(xx, m, adapter=lp, modules=attention_modules(lp.module) if lp is not ctx.adapter else None)
+            y, seen = ctx.probe(xx, m, adapter=lp)
         else:
             y, seen = ctx.run(xx, m, adapter=lp), None
     return (y, seen) if calls else y
@@ -323,6 +323,8 @@ def long_positions(ctx):
     if a.max_len is not None and a.max_len < LONG_OFFSET + ctx.T:
         return na("long_positions", f"needs positions up to {LONG_OFFSET + ctx.T} (takes {a.max_len})")
     x = ctx.sample(k=50)
+    if a.positions_move_cache:
+        return long_positions_through_cache(ctx, a, x)
     try:
         y0 = _at(ctx, a, x, 0)
         d_small = rel(_at(ctx, a, x, 16), y0)
@@ -353,28 +355,7 @@ def long_positions(ctx):
                                  f"(residual {r:.3g})")
     else:
         parts.append(f"absolute positions (outputs at +16 differ by {d_small:.3g}): no shift invariance to test")
-    # in bfloat16 (weights cast, and float32 weights under autocast, as mixed-precision training
-    # runs): the error against float64 at +4096 must stay near the error at +0
-    try:
-        hi = a.converted(dtype=torch.float64)
-        ref = {o: _at(ctx, hi, x, o) for o in (0, LONG_OFFSET)}
-        runs = (("bfloat16 weights", a.converted(dtype=torch.bfloat16), False), ("bfloat16 autocast", a, True))
-        for label, lo, auto in runs:
-            e = [rel(_at(ctx, lo, x, o, auto), ref[o]) for o in (0, LONG_OFFSET)]
-            lim = LONG_BF16_RATIO * e[0] + LONG_BF16_FLOOR
-            bad |= e[1] > lim
-            cause = cause or ("bfloat16_error_grows" if e[1] > lim else "")
-            measured = max(measured, e[1]) if e[1] > lim else measured
-            parts.append(f"{label}: error against float64 at +0 {e[0]:.3g}, at +{LONG_OFFSET} {e[1]:.3g} (limit {lim:.3g})")
-        half = None
-    except (Unsupported, TargetRaised, RuntimeError, TypeError) as ex:
-        half = f"{type(ex).__name__}: {str(ex)[:80]}"
-        parts.append(f"bfloat16: not run ({half})")
-    tol = f"<= {LONG_REL:g}; bf16 <= {LONG_BF16_RATIO:g}x + {LONG_BF16_FLOOR:g}"
-    if half and not bad:   # the bfloat16 half could not run: what ran held, and that is not a pass
-        return inconclusive("long_positions", f"its bfloat16 half could not run ({half})", "part_not_run",
-                            measured, tol, "; ".join(parts))
-    return row("long_positions", "fail" if bad else "pass", measured, tol, "; ".join(parts), cause)
+    return bfloat16_half(a, lambda lo, o, auto: _at(ctx, lo, x, o, auto), rel, "", bad, measured, cause, parts)
 
 
 CHECKS = (
@@ -390,7 +371,10 @@ CHECKS = (
           applies="targets whose scores the doctor sees and can amplify (at init: every target)",
           thread="pytorch/pytorch #60939", targets=("qk_fp16_overflow", "mask_min_overflow"), causes=CAUSES),
     Check(long_positions, does="outputs at positions +4096 against +0 (q, k made unit-variance so positions matter); "
-                               "bfloat16 (weights and autocast) error against float64 at +0 and +4096",
+                               "bfloat16 (weights and autocast) error against float64 at +0 and +4096; where positions "
+                               "are a KV cache's write offset (start_pos, LitGPT's input_pos), the first attention "
+                               "call's scores among the new tokens instead of the outputs (they also read the "
+                               "cache's empty slots)",
           fails_when="the shift moves the outputs (targets whose outputs do not move at +16), more than 2x + 1e-3 "
                      "what +16 moves them (a change that does not grow with the distance is a start-of-sequence "
                      "dependence by design: RecurrentGemma resets at position 0), and the scores at +4096 are not "

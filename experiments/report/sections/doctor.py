@@ -1,8 +1,8 @@
 """The attention doctor's evidence: results/doctor/*.json, written by
 `python -m experiments.doctor_validation all` (beside the report's figures dir). Two blocks:
 `doctor` (what it is and a real run on a buggy target: the README's block) and
-`doctor_evidence` (sensitivity on the catalogue, specificity on real code, shipped bugs caught in
-pinned releases, the benchmark)."""
+`doctor_evidence` (sensitivity on the catalogue, the test bed of styles, specificity on real code,
+the public reference implementations, shipped bugs caught in pinned releases, the benchmark)."""
 import json
 from pathlib import Path
 
@@ -92,6 +92,88 @@ def specificity(s: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def _ran(result: dict) -> int:
+    """Checks that reached a verdict (the count the doctor's info carries; older JSON: counted)."""
+    info = result.get("info", {})
+    return info.get("checks_run", sum(c["verdict"] in ("pass", "fail", "warn") for c in result["checks"]))
+
+
+def styles(s: dict) -> str:
+    """Sensitivity per style: each catalogue bug's targeted checks in each notation, and the checks
+    each style's healthy model ran."""
+    names = s["styles"]
+    by = {(r["style"], r["bug"]): r for r in s["rows"]}
+    bugs = list(dict.fromkeys(r["bug"] for r in s["rows"] if r["bug"]))
+    lines = ["| bug (targeted checks) | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    healthy = []
+    for st in names:
+        r = by[(st, None)]
+        bad = [f"{c['name']} {c['verdict']}" for c in r["result"]["checks"] if c["verdict"] in ("fail", "warn")]
+        healthy.append(f"{_ran(r['result'])} of {len(r['result']['checks'])} run" + (f"; {', '.join(bad)}" if bad else ""))
+    lines.append("| healthy: checks run; not passed | " + " | ".join(healthy) + " |")
+    missed, caught, total = [], 0, 0
+    for b in bugs:
+        cells = []
+        for st in names:
+            r = by.get((st, b))
+            if r is None:
+                cells.append("–")
+                continue
+            v = _verdicts(r["result"])
+            want = "warn" if r["warn"] else "fail"
+            got = [v[c] for c in r["targets"]]
+            ok = all(x == want for x in got)
+            caught, total = caught + ok, total + 1
+            if not ok:
+                missed.append(f"{st}/{b}")
+            cells.append(("**" + "/".join(got) + "**") if ok else "/".join(x[:25] for x in got))
+        lines.append(f"| `{b}` ({', '.join(SHORT[c] for c in by[next(k for k in by if k[1] == b)]['targets'])}) | "
+                     + " | ".join(cells) + " |")
+    return ("The test bed (tests/doctor_styles.py): small causal LMs written here in four notations, each "
+            "healthy and with every catalogue bug its notation can express; a cell is the targeted checks' "
+            f"verdicts (–: the notation cannot express that bug). Caught: {caught} of {total}; missed: "
+            f"{', '.join(missed) if missed else 'none'}.\n\n" + "\n".join(lines) + "\n")
+
+
+def references(s: dict) -> str:
+    """Per public reference implementation: its source, the checks run, each fail or warn with its
+    explanation, each check that did not run with the doctor's reason and what the code lacks."""
+    lines = ["| target | code | checks run | not passed (explained) |", "|---|---|---|---|"]
+    notes, unexplained = [], []
+    for r in s["rows"]:
+        if "error" in r:
+            lines.append(f"| {r['name']} | – | error: {r['error']} | |")
+            continue
+        p = r["provenance"]
+        code = p.get("release") or f"{p['repo']} @ {p['commit'][:12]}" + (" (file changed)" if p.get("file_changed") else "")
+        res = r["result"]
+        bad = []
+        for c in res["checks"]:
+            if c["verdict"] in ("fail", "warn"):
+                why = r["findings"].get(c["name"])
+                bad.append(f"{c['name']} {c['verdict']}" + ("" if why else " (UNEXPLAINED)"))
+                if why:
+                    notes.append(f"- **{r['name']}, {c['name']}**: {why}")
+                else:
+                    unexplained.append(f"{r['name']}: {c['name']}")
+            elif c["verdict"].startswith("inconclusive"):   # the doctor could not look: never explained away
+                notes.append(f"- {r['name']}, {c['name']}: {c['verdict']}")
+                unexplained.append(f"{r['name']}: {c['name']} inconclusive")
+            elif c["verdict"].startswith("n/a"):
+                nature = r["by_nature"].get(c["name"])
+                notes.append(f"- {r['name']}, {c['name']} did not run: {nature or 'NOT BY NATURE'} (the doctor: "
+                             f"\"{c['verdict']}\")")
+                if not nature:
+                    unexplained.append(f"{r['name']}: {c['name']} did not run")
+        lines.append(f"| {r['name']} | {code} | {_ran(res)} of {len(res['checks'])} | {', '.join(bad) or 'nothing'} |")
+    return ("The public reference implementations, each built small from its own source (a release installed "
+            "in a directory of its own, or the clone the user names; never copied here: "
+            "`python -m experiments.doctor_validation references --source NAME=PATH ...`), examined as they are "
+            "(the Annotated Transformer, an encoder-decoder, through an adapter). Every fail and warn, with its "
+            "explanation, and every check that did not run, with what the code lacks:\n\n" + "\n".join(lines)
+            + "\n\n" + "\n".join(notes) + f"\n\nUnexplained: {'; '.join(unexplained) if unexplained else 'none'}.\n")
+
+
 def _shipped_cell(row, which):
     r = row.get(which + "_result", {})
     if "error" in r:
@@ -143,8 +225,12 @@ def blocks(runs, fig_dir: Path) -> dict[str, str]:
     ev = []
     if "sensitivity" in d:
         ev += ["### Sensitivity: the catalogue's failure values\n", sensitivity(d["sensitivity"])]
+    if "styles" in d:
+        ev += ["### Styles: the same bugs in other notations\n", styles(d["styles"])]
     if "specificity" in d:
         ev += ["### Specificity: real code\n", specificity(d["specificity"])]
+    if "references" in d:
+        ev += ["### The public reference implementations\n", references(d["references"])]
     if "shipped" in d:
         ev += ["### Shipped bugs caught in pinned releases\n", shipped(d["shipped"])]
     if "benchmark" in d:

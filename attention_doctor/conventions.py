@@ -1,0 +1,305 @@
+"""A causal LM called as `forward(ids, ...)`, its conventions found from its forward's parameter
+names and by measurement, as people write them:
+
+- logits, `(logits, loss)` or an object with `.logits`; a forward that returns only the last
+  position's logits unless given `targets` (nanoGPT) is given targets;
+- a padding mask named `attention_mask` or `mask`, in the encoding that measurably masks: 0/1
+  integers, bool keep-masks, or additive floats ((B, T) or (B, 1, 1, T));
+- positions named `position_ids`, `pos`, `positions` ((B, T) ids), `input_pos` ((T,) after a
+  cache set up by `set_kv_cache`, LitGPT; else (B, T) ids, torchtune) or `start_pos` (an int
+  offset, Meta's Llama); without any, an nn.Embedding a plain forward feeds 0..T-1 (a learned
+  position table) is fed the ids;
+- a KV cache driven by `start_pos` (a cache kept inside, written at that offset), by `input_pos`
+  after `set_kv_cache(batch_size)`, or passed back in (`cache=` with `return_intermediates=True`:
+  the whole sequence in, the last `cache_age` tokens computed, as x-transformers does);
+- attention paths switched by a boolean `flash` on its modules (nanoGPT, x-transformers), where
+  both settings run.
+
+What was found is in `conventions` (the result's info); where nothing is found the check says
+which argument would enable it, and an Adapter remains the way in.
+"""
+from contextlib import contextmanager
+
+import torch
+import torch.nn as nn
+
+from attention_doctor.adapters import (CACHE_ARGS, Adapter, TargetError, Unreachable, Unsupported, _first_output as first_output,
+                                      _params, _var_kwargs)
+
+MASK_NAMES = ("attention_mask", "mask")
+POSITION_NAMES = ("position_ids", "pos", "positions", "input_pos", "start_pos")
+EFFECT = 1e-5   # a mask that moves the real tokens' outputs by more than this (relative) masks
+ENCODINGS = {   # a (B, T) bool keep-mask as the forward may take it
+    "0/1 integers": lambda m, dt: m.long(),
+    "bool": lambda m, dt: m,
+    "additive (B, T)": lambda m, dt: torch.zeros(m.shape, dtype=dt, device=m.device).masked_fill(~m, torch.finfo(dt).min),
+    "additive (B, 1, 1, T)": lambda m, dt: torch.zeros(m.shape, dtype=dt, device=m.device).masked_fill(
+        ~m, torch.finfo(dt).min)[:, None, None, :],
+}
+FIRST = {"attention_mask": "0/1 integers", "mask": "bool"}   # what each name usually means, tried first
+
+
+def token_embedding(module) -> nn.Module | None:
+    """The first embedding table (nn.Embedding, or a parallel one with num_embeddings)."""
+    for m in module.modules():
+        if isinstance(m, nn.Embedding) or (isinstance(getattr(m, "num_embeddings", None), int)
+                                           and isinstance(getattr(m, "embedding_dim", None), int)):
+            return m
+    return None
+
+
+class CallableLM(Adapter):
+    """A causal LM called as forward(ids, ...): the conventions in this module's docstring."""
+    kind = "lm"
+
+    def __init__(self, module, name="", vocab_size=None):
+        super().__init__(module, name)
+        emb = token_embedding(module)
+        self.vocab_size = vocab_size or (emb.num_embeddings if emb is not None else None)
+        if self.vocab_size is None:
+            raise TargetError(f"{self.name}: no embedding table to take the vocabulary size from")
+        self.accepts, self.any_kwargs = _params(module.forward), _var_kwargs(module.forward)
+        self.mask_name = next((n for n in MASK_NAMES if n in self.accepts), None)
+        self.pos_name = next((n for n in POSITION_NAMES if n in self.accepts), None)
+        self.targets = False          # the forward returns the last position only unless given targets
+        self.mask_encoding = FIRST.get(self.mask_name)
+        self.pos_table = None         # the name of a learned position table fed 0..T-1
+        self._paths = []              # "flash=False", "flash=True" where both run
+        self.cache = self._cache_kind()
+        self.conventions = {}
+
+    # -- found once, before the checks -----------------------------------------------------------
+    def _cache_kind(self):
+        if self.pos_name == "start_pos":
+            return "start_pos"
+        if self.pos_name == "input_pos" and hasattr(self.module, "set_kv_cache"):
+            return "input_pos"
+        if "cache" in self.accepts and "return_intermediates" in self.accepts:
+            return "cache"
+        return None
+
+    @property
+    def positions_move_cache(self) -> bool:
+        """Positions given by a cache's write offset: keys before it are the cache's (empty) slots."""
+        return self.cache in ("start_pos", "input_pos")
+
+    def prepare(self, x):
+        """Find, by measurement on x, what the names alone do not say."""
+        with torch.no_grad():
+            y = first_output(self._call(x))
+            if y.dim() == 3 and y.shape[1] == 1 and x.shape[1] > 1 and "targets" in self.accepts:
+                self.targets = True
+                self.conventions["targets"] = "the forward returns the last position's logits unless given targets: given targets"
+            if self.pos_name is None:
+                self._find_position_table(x)
+            if self.cache == "start_pos" and not self._start_pos_caches(x):
+                self.cache = None
+                self.conventions["start_pos"] = "moves the positions only (no cache behind it)"
+            if self.mask_name is not None:
+                self._find_mask_encoding(x)
+            self._find_paths(x)
+        if self.pos_name:
+            self.conventions["positions"] = self.pos_name
+        if self.cache:
+            self.conventions["cache"] = {"start_pos": "kept inside, written at start_pos",
+                                         "input_pos": "set_kv_cache(batch_size), then input_pos",
+                                         "cache": "cache= with return_intermediates=True"}[self.cache]
+
+    def _find_position_table(self, x):
+        """An embedding (not the token one) that a plain forward feeds 0..T-1: a learned position table."""
+        tok = token_embedding(self.module)
+        fed = []
+        hooks = [m.register_forward_pre_hook(lambda m, a, n=n: fed.append((n, m, a[0] if a else None)))
+                 for n, m in self.module.named_modules() if isinstance(m, nn.Embedding) and m is not tok]
+        try:
+            self._call(x)
+        finally:
+            for h in hooks:
+                h.remove()
+        ramp = torch.arange(x.shape[1], device=x.device)
+        for n, m, ids in fed:
+            if isinstance(ids, torch.Tensor) and ids.shape[-1] == x.shape[1] and bool((ids == ramp).all()):
+                self.pos_table = n
+                self.max_len = m.num_embeddings
+                self.conventions["positions"] = f"the ids fed to {n} (a position table fed 0..T-1)"
+                return
+
+    def _flags(self):
+        return [m for m in self.module.modules() if isinstance(getattr(m, "flash", None), bool)]
+
+    def _find_paths(self, x):
+        """Both settings of the modules' `flash` switch, where both run a forward."""
+        if not self._flags():
+            return
+        runs = []
+        for name in ("flash=False", "flash=True"):
+            try:
+                with self.use_path(name):
+                    self._call(x)
+                runs.append(name)
+            except Exception as e:
+                self.conventions["paths"] = f"{name} raises ({type(e).__name__}: {str(e)[:80]}): one path"
+        if len(runs) == 2:
+            self._paths = runs
+            self.conventions["paths"] = f"flash on {len(self._flags())} module(s), both settings"
+
+    def paths(self):
+        return list(self._paths)
+
+    @contextmanager
+    def use_path(self, name):
+        flags = self._flags()
+        old = [m.flash for m in flags]
+        for m in flags:
+            m.flash = name.endswith("True")
+        try:
+            yield
+        finally:
+            for m, v in zip(flags, old):
+                m.flash = v
+
+    def _start_pos_caches(self, x) -> bool:
+        """start_pos drives a cache when the tokens after it read what was written before it."""
+        n = x.shape[1] // 2
+        outs = []
+        for prefix in (x[:, :n], x[:, :n].flip(0)):
+            self._call(prefix, start_pos=0)
+            outs.append(first_output(self._call(x[:, n:], start_pos=n)))
+        return not torch.equal(outs[0], outs[1])
+
+    def _find_mask_encoding(self, x):
+        """The first encoding that masks padding: a mask with every token real leaves the outputs
+        as they are without one, and left padding moves the real tokens' outputs (their queries no
+        longer read the padding). One row: an unexpanded (B, T) mask broadcasts right there, so
+        the encoding is found for it too. None does (a mask the target ignores, or one of another
+        shape: torchtune's (B, T, T)): the checks that need a mask say they could not give one."""
+        one = x[:1]
+        P = x.shape[1] // 4
+        keep = torch.ones_like(one, dtype=torch.bool)
+        plain = first_output(self._call(one)).double()
+        order = [FIRST[self.mask_name]] + [e for e in ENCODINGS if e != FIRST[self.mask_name]]
+        self.mask_encoding = None
+        for enc in order:
+            keep[:, :P] = True
+            try:
+                same = _change(first_output(self._call(one, **{self.mask_name: ENCODINGS[enc](keep, self.dtype)})), plain)
+                keep[:, :P] = False
+                moved = _change(first_output(self._call(one, **{self.mask_name: ENCODINGS[enc](keep, self.dtype)}))[:, P:],
+                                plain[:, P:])
+            except Exception:
+                continue
+            if same <= EFFECT and moved > EFFECT:
+                self.mask_encoding = enc
+                self.conventions["mask"] = f"{self.mask_name} as {enc} (found by measurement)"
+                return
+        self.conventions["mask"] = (f"{self.mask_name}: no encoding tried ({', '.join(order)}) masks the padding "
+                                    "(all real: outputs unchanged; left padding: real outputs moved)")
+
+    # -- the protocol ----------------------------------------------------------------------------
+    def _call(self, x, **kw):
+        if self.targets:
+            kw["targets"] = x
+        if self.cache == "start_pos" or self.pos_name == "start_pos":
+            kw.setdefault("start_pos", 0)
+        return self.module(x, **kw)
+
+    def forward(self, x, mask=None, positions=None):
+        kw = {}
+        if mask is not None:
+            if self.mask_name is None:
+                raise Unsupported("needs a padding mask (forward takes neither attention_mask nor mask; "
+                                  "an Adapter's forward(x, mask) enables it)")
+            if self.mask_encoding is None:
+                raise Unsupported(f"needs a padding mask the doctor can give: {self.conventions['mask']}; an "
+                                  "Adapter's forward(x, mask) can")
+            kw[self.mask_name] = ENCODINGS[self.mask_encoding](mask, self.dtype)
+        if positions is None:
+            return first_output(self._call(x, **kw))
+        if self.pos_name in ("position_ids", "pos", "positions") or (self.pos_name == "input_pos" and self.cache is None):
+            return first_output(self._call(x, **kw, **{self.pos_name: positions}))
+        if self.pos_name in ("start_pos", "input_pos"):
+            start = uniform_offset(positions)
+            if self.pos_name == "start_pos":
+                return first_output(self._call(x, **kw, start_pos=start))
+            with self._input_pos_cache(x.shape[0]):
+                ids = torch.arange(start, start + x.shape[1], device=x.device)
+                return first_output(self._call(x, **kw, input_pos=ids))
+        if self.pos_table is not None:
+            with self._fed(positions):
+                return first_output(self._call(x, **kw))
+        raise Unsupported("needs positions (forward takes none of " + ", ".join(POSITION_NAMES) +
+                          " and no position table is fed 0..T-1)")
+
+    @contextmanager
+    def _fed(self, positions):
+        table = self.module.get_submodule(self.pos_table)   # this adapter's module (a converted copy's own)
+        h = table.register_forward_pre_hook(lambda m, a: (positions,) + tuple(a[1:]))
+        try:
+            yield
+        finally:
+            h.remove()
+
+    @contextmanager
+    def _input_pos_cache(self, batch):
+        """LitGPT: input_pos needs a cache set up first (a fresh one: its slots start empty)."""
+        self.module.set_kv_cache(batch_size=batch, device=self.device, dtype=self.dtype)
+        try:
+            yield
+        finally:
+            if hasattr(self.module, "clear_kv_cache"):
+                self.module.clear_kv_cache()
+
+    def prefill(self, x):
+        T = x.shape[1]
+        if self.cache == "start_pos":
+            return T, first_output(self._call(x, start_pos=0))
+        if self.cache == "input_pos":
+            self.module.set_kv_cache(batch_size=x.shape[0], device=self.device, dtype=self.dtype)
+            return T, first_output(self._call(x, input_pos=torch.arange(T, device=x.device)))
+        if self.cache == "cache":
+            out, inter = self._call(x, return_intermediates=True)
+            return (x, inter), first_output(out)
+        other = sorted(self.accepts & CACHE_ARGS)
+        if other:   # a cache the doctor cannot drive without knowing its protocol
+            raise Unreachable(f"forward takes {other[0]}: a cache the doctor cannot drive (an Adapter with "
+                              "prefill and step can)")
+        raise Unsupported("no KV cache (forward takes none of start_pos, input_pos with set_kv_cache, "
+                          "cache with return_intermediates; an Adapter with prefill and step enables kv_cache)")
+
+    def step(self, state, x):
+        n = x.shape[1]
+        if self.cache == "start_pos":
+            return state + n, first_output(self._call(x, start_pos=state))
+        if self.cache == "input_pos":
+            return state + n, first_output(self._call(x, input_pos=torch.arange(state, state + n, device=x.device)))
+        if self.cache == "cache":   # the whole sequence in, its last n tokens computed from the cache
+            full, inter = state
+            outs = []
+            ages = [n] if (self.any_kwargs or "cache_age" in self.accepts) else [1] * n
+            for i, age in enumerate(ages):
+                full = torch.cat([full, x[:, i:i + age]], 1)
+                out, inter = self._call(full, cache=inter, return_intermediates=True,
+                                        **({"cache_age": age} if age != 1 else {}))
+                outs.append(first_output(out)[:, -age:])
+            return (full, inter), torch.cat(outs, 1)
+        return self.prefill(x)
+
+    def embedding(self):
+        return token_embedding(self.module)
+
+
+def _change(y, ref) -> float:
+    """max |y - ref| / max |ref|; inf where y is not finite."""
+    y, ref = y.double(), ref.double()
+    if not bool(torch.isfinite(y).all()):
+        return float("inf")
+    return float((y - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+
+
+def uniform_offset(positions) -> int:
+    """The one offset of positions that every row counts on from (start_pos / input_pos)."""
+    start = int(positions.reshape(-1, positions.shape[-1])[0, 0])
+    ramp = torch.arange(start, start + positions.shape[-1], device=positions.device)
+    if not bool((positions == ramp).all()):
+        raise Unsupported("needs position ids per row (its positions are one offset for every row)")
+    return start

@@ -1,0 +1,83 @@
+"""Attention written without a softmax or SDPA call: products through torch.einsum read as the
+matmuls they are, and a hand-made normalisation (exp and a sum, with or without the row maximum
+taken off; or a division by the sum alone) recognised between the two products of an attention
+call: q k^T, then weights @ v, where the weights' rows (or columns) sum to one or came out of an
+exp of the scores. The probe (probes.py) builds its calls from what this module reads."""
+import torch
+
+ROW_SUM_SEEN = 1e-2   # weights whose rows sum to 1 within this (float16 included) are normalised weights
+
+
+def einsum_operands(args, kwargs):
+    """(equation, [operands]) of a torch.einsum call (operands as varargs or one list)."""
+    eq = args[0] if args else kwargs.get("equation")
+    ops = list(args[1:])
+    if len(ops) == 1 and isinstance(ops[0], (list, tuple)):
+        ops = list(ops[0])
+    return eq, ops
+
+
+def as_matmul(eq, a, b):
+    """An einsum of two operands that is a batched matmul, as (A (.., M, K), B (.., K, N)) whose
+    product is its output (.., M, N); None for any other einsum. `b h i d, b h j d -> b h i j` gives
+    (q, k^T); `b h i j, b h j d -> b h i d` gives (weights, v). An operand without one of the output's
+    batch letters (keys shared across heads) gets a dimension of size 1 there."""
+    if not isinstance(eq, str) or "." in eq or "->" not in eq:
+        return None
+    lhs, out = eq.replace(" ", "").split("->")
+    parts = lhs.split(",")
+    if len(parts) != 2 or len(out) < 2:
+        return None
+    s0, s1 = parts
+    m, n, batch = out[-2], out[-1], out[:-2]
+    summed = [c for c in s0 if c in s1 and c not in out]
+    if len(summed) != 1 or m not in s0 or m in s1 or n not in s1 or n in s0:
+        return None
+    c = summed[0]
+    if set(s0) - set(out) - {c} or set(s1) - set(out) - {c}:   # a letter summed within one operand
+        return None
+    return _arrange(a, s0, batch, m, c), _arrange(b, s1, batch, c, n)
+
+
+def _arrange(t, letters, batch, row, col):
+    """t with its dims in the order batch + (row, col); a batch letter it lacks becomes size 1."""
+    have = "".join(x for x in batch if x in letters)
+    t = torch.einsum(f"{letters}->{have}{row}{col}", t)
+    for i, x in enumerate(batch):
+        if x not in letters:
+            t = t.unsqueeze(i)
+    return t
+
+
+def normalised_dim(w: torch.Tensor) -> int | None:
+    """-1 when w's rows sum to 1 (finite entries), -2 when its columns do (normalised over the
+    queries), else None: not a matrix of attention weights."""
+    if not w.is_floating_point() or w.dim() < 2:
+        return None
+    w = w.detach().double()
+    for dim in (-1, -2):
+        s = w.sum(dim)
+        s = s[torch.isfinite(s)]
+        if s.numel() and bool(((s - 1).abs() <= ROW_SUM_SEEN).all()):
+            return dim
+    return None
+
+
+def fitted_scale(exp_in: torch.Tensor, prod: torch.Tensor, visible: torch.Tensor) -> float | None:
+    """c in exp_in = c q k^T + (a constant per row) at the visible entries: the median over rows of
+    the least-squares slope (a row maximum taken off before the exp is such a constant)."""
+    x, y = prod.detach().double(), exp_in.detach().double()
+    vis = visible.expand_as(y) & torch.isfinite(y) & torch.isfinite(x)
+    x, y = torch.where(vis, x, 0.0), torch.where(vis, y, 0.0)
+    n = vis.sum(-1, keepdim=True)
+    ok = n[..., 0] >= 2
+    if not ok.any():
+        return None
+    mx = (x * vis).sum(-1, keepdim=True) / n.clamp_min(1)
+    my = (y * vis).sum(-1, keepdim=True) / n.clamp_min(1)
+    xc, yc = (x - mx) * vis, (y - my) * vis
+    den = (xc * xc).sum(-1)
+    keep = ok & (den > 1e-24)
+    if not keep.any():
+        return None
+    return float(((xc * yc).sum(-1)[keep] / den[keep]).median())
