@@ -20,9 +20,11 @@ def error_message(e: BaseException) -> str:
     return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
 
 
-# keys that do not change what is trained: two configs differing only here share a control
+# keys that do not change what is trained: two configs differing only here share a control. The
+# thread count changes only float summation order (summary.json's env records it), and leaving it
+# out keeps every hash from before it was a key
 NOT_HASHED = ("exp", "logger", "results_dir")
-NOT_HASHED_TRAIN = ("progress", "ckpt_every")
+NOT_HASHED_TRAIN = ("progress", "ckpt_every", "threads")
 
 
 def _same(a, b) -> bool:

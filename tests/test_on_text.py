@@ -9,12 +9,11 @@ import pytest
 import torch
 
 from attention.mha import AttentionConfig, MultiHeadAttention
-from conftest import ROOT, SHAKESPEARE
+from conftest import SHAKESPEARE, TINY, needs_corpus, run_py
 from experiments.judging.checks import signature
 from experiments.judging.verdict import RunView, evaluate
-from test_bad_input import assert_rejected, run_forked
+from test_bad_input import assert_rejected
 
-needs_corpus = pytest.mark.skipif(not SHAKESPEARE.is_file(), reason=f"no corpus at {SHAKESPEARE}")
 LINES = ("fully_masked_rows", "left_padding_positions", "mask_broadcast", "mask_broadcast_shape_error",
          "mask_min_overflow")  # the padded-lines versions
 
@@ -35,10 +34,9 @@ def test_overlay_applies_on_text_only_and_the_command_line_wins(compose_cfg):
 def trained_and_recorded(tmp_path, args):
     """(the config that trained, as summary.json has it; the run dir's .hydra/config.yaml, resolved)."""
     from omegaconf import OmegaConf
-    from conftest import TINY
     tiny = [a for a in TINY if not a.startswith("data.vocab_size")] if "data=shakespeare_char" in args else TINY
-    code, err = run_forked([*tiny, *args, f"results_dir={tmp_path}"], tmp_path)
-    assert code == 0, err
+    p = run_py([*tiny, *args, f"results_dir={tmp_path}"])
+    assert p.returncode == 0, p.stderr[-3000:]
     (run_dir,) = [p.parent for p in (tmp_path / "runs").rglob("summary.json")]
     recorded = OmegaConf.to_container(OmegaConf.load(run_dir / ".hydra" / "config.yaml"), resolve=True)
     return json.loads((run_dir / "summary.json").read_text())["config"], recorded
@@ -55,9 +53,9 @@ def test_the_run_dir_records_exactly_the_config_that_trained_on_text(tmp_path):
 
 
 def test_an_experiment_without_a_text_version_exits_2_in_one_line_saying_why(tmp_path):
-    line = assert_rejected(["+exp=rank_collapse_depth", "model.residual=false", "model.n_layers=2",
-                            "data=python_source_char"],
-                           tmp_path, "rank_collapse_depth has no text version")
+    p = run_py([*TINY, "+exp=rank_collapse_depth", "model.residual=false", "model.n_layers=2",
+                "data=python_source_char", f"results_dir={tmp_path}"])
+    line = assert_rejected((p.returncode, p.stderr), tmp_path, "rank_collapse_depth has no text version")
     assert "data=copy" in line and "the depth sweep of rank_collapse" in line
 
 

@@ -1,21 +1,15 @@
 """run.py end to end on a tiny config, and every experiment config composes."""
 import csv
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, TINY
+from tests.conftest import ROOT, TINY, run_py
 
 EXPS = sorted(p.stem for p in (ROOT / "conf" / "exp").glob("*.yaml"))
-
-
-def run_py(args, cwd, env=None):
-    return subprocess.run([sys.executable, str(ROOT / "run.py"), *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=300, env={**os.environ, **(env or {})})
 
 
 def test_tiny_run_writes_metrics_summary_figure_and_offline_wandb(tmp_path):
@@ -26,7 +20,8 @@ def test_tiny_run_writes_metrics_summary_figure_and_offline_wandb(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["exp"] == "baseline"
     import torch
-    assert summary["env"]["torch"] == torch.__version__ and summary["env"]["threads"] == torch.get_num_threads()
+    assert summary["env"]["torch"] == torch.__version__
+    assert summary["env"]["threads"] == summary["config"]["train"]["threads"] == 1  # train.threads' default, set at the start
     assert set(summary["verdict"]) >= {"reproduced", "checks"}
     assert summary["verdict"]["checks"][0]["measured"] == summary["final"]["loss/copy"]
     rows = list(csv.DictReader(open(run_dir / "metrics.csv")))
@@ -108,3 +103,23 @@ def test_the_report_package_loads_neither_torch_nor_wandb():
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and p.stdout.strip() == "[]", p.stderr[-2000:] + p.stdout
 
+
+
+def test_train_threads_sets_torchs_threads_for_the_run_and_summary_records_them(compose_cfg, tmp_path):
+    import torch
+    from experiments.training.runner import run_experiment
+    before = torch.get_num_threads()
+    try:
+        for n in (2, 1):
+            rec = run_experiment(compose_cfg([*TINY, f"train.threads={n}"], results_dir=tmp_path), tmp_path / str(n))
+            assert torch.get_num_threads() == n and rec.env["threads"] == n
+            assert json.loads((tmp_path / str(n) / "summary.json").read_text())["env"]["threads"] == n
+        torch.set_num_threads(3)
+        rec = run_experiment(compose_cfg([*TINY, "train.threads=null"], results_dir=tmp_path), tmp_path / "null")
+        assert rec.env["threads"] == 3  # null: as torch (or the launcher) set them
+        # not hashed: one control, whatever the threads (and every hash from before the key, kept)
+        from experiments.records import config_hash
+        a, b = (compose_cfg([*TINY, f"train.threads={n}"]) for n in (1, 2))
+        assert config_hash(a) == config_hash(b)
+    finally:
+        torch.set_num_threads(before)

@@ -2,11 +2,9 @@
 import pytest
 import torch
 
-from conftest import SHAKESPEARE
+from conftest import SHAKESPEARE, needs_corpus
 from data import build_task
 from data import text as text_mod
-
-needs_corpus = pytest.mark.skipif(not SHAKESPEARE.is_file(), reason=f"no corpus at {SHAKESPEARE}")
 
 
 @needs_corpus

@@ -98,6 +98,13 @@ def _context(cfg: dict, trainer: Trainer, res) -> dict:
             "log_every": cfg["train"]["log_every"]}
 
 
+def use_threads(cfg: dict) -> None:
+    """train.threads: torch's CPU threads from the run's start (null: as torch or the launcher set
+    them); summary.json's env.threads records what ran."""
+    if cfg["train"]["threads"] is not None:
+        torch.set_num_threads(cfg["train"]["threads"])
+
+
 def run_env(device) -> dict:
     return {"torch": torch.__version__, "threads": torch.get_num_threads(), "python": platform.python_version(),
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
@@ -229,6 +236,7 @@ def run_experiment(cfg: dict, run_dir: Path, progress_factory=None, checked: boo
     run_dir = Path(run_dir)
     if not checked:  # run.py preflights first, so that a bad config (exit 2) is never taken for a crash
         preflight(cfg)
+    use_threads(cfg)
     if (done := finished_record(cfg, run_dir)) is not None:
         return done
     record, logger = train_run(cfg, run_dir, role="failure" if cfg["exp"]["control"] else "baseline",
