@@ -18,7 +18,7 @@ import yaml
 
 from experiments.io import write_json
 from experiments.judging.checks import FIELDS, signature
-from experiments.judging.verdict import RunView, evaluate, verdict_line
+from experiments.judging.verdict import RunView, evaluate, expected_error, verdict_line
 from experiments.layout import CHECKPOINTS, SUMMARY, WANDB
 from experiments.records import RunRecord
 from experiments.suggest import did_you_mean
@@ -89,7 +89,7 @@ def rejudge(run_dir: Path, record: RunRecord, spec: dict) -> RunRecord:
             control.context = {**control.context, "floor": record.floor["final"]["loss/train"]}
     record.verdict = evaluate(checks, RunView.of(record, record.metrics()),
                               RunView.of(control, crows) if control else None)
-    record.expected_error = any(c["kind"] == "status" and c["value"] == "error" for c in checks)
+    record.expected_error = expected_error(record.status, record.verdict)
     record.config = {**record.config, "exp": spec}
     write_json(run_dir / SUMMARY, record.to_summary())
     return record

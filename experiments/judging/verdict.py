@@ -157,6 +157,15 @@ def evaluate(expect: list[dict], run: RunView, control: RunView | None) -> dict:
     return out
 
 
+def expected_error(status: str, verdict: dict | None) -> bool:
+    """Whether a run that raised raised what its experiment expects: a status == error check of
+    its signature held on it (with its message_contains, the very error). Any other crash of the
+    same experiment is unexpected: its exit code is non-zero. The runner and the re-judge both
+    set RunRecord.expected_error from here."""
+    return status == "error" and any(c["kind"] == "status" and c["threshold"] == "error" and c["passed"]
+                                     for c in (verdict or {}).get("checks", []))
+
+
 def _num(x) -> str:
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         return "–" if x is None else str(x)

@@ -20,7 +20,7 @@ import torch
 
 from experiments.io import dir_lock, save_attn_weights, save_torch, write_json, write_text
 from experiments.judging.checks import signature
-from experiments.judging.verdict import RunView, evaluate
+from experiments.judging.verdict import RunView, evaluate, expected_error
 from experiments.layout import ATTN_WEIGHTS, SUMMARY, TRACEBACK, WEIGHTS, checkpoint_path, control_dir
 from experiments.records import RunRecord, config_hash, error_message
 from experiments.schema import validate
@@ -287,4 +287,4 @@ def judge(cfg: dict, record: RunRecord, progress_factory=None) -> None:
                     r.context = {**r.context, "floor": floor.final["loss/train"]}
     checks = signature(spec)
     record.verdict = evaluate(checks, RunView.of(record, rows), RunView.of(control, crows) if control else None)
-    record.expected_error = any(c["kind"] == "status" and c["value"] == "error" for c in checks)
+    record.expected_error = expected_error(record.status, record.verdict)
