@@ -31,11 +31,22 @@ SECTIONS = (catalogue, text, phase, logit_fixes, heads, lr_sensitivity, collapse
             bench, disk, doctor, zoo, cost)
 
 
-def render_blocks(runs: list[RunRecord], fig_dir: Path) -> dict[str, str]:
+class SectionsFailed(Exception):
+    """Sections that raised while rendering: REPORT.md names them, the README is left alone, and
+    the command exits non-zero (a report with a broken section is never shipped as whole)."""
+
+    def __init__(self, failed: dict[str, str]):
+        super().__init__("; ".join(f"section {name} failed to render: {why}" for name, why in failed.items()))
+        self.failed = failed
+
+
+def render_blocks(runs: list[RunRecord], fig_dir: Path, failed: dict | None = None) -> dict[str, str]:
     """Every section's markdown blocks, in report order. A section that raises is reported as
-    failed (with the reason) instead of taking the whole report down. Runs on text data (the
-    experiments' text versions) go only to sections with `TEXT = True` (sections/text.py)."""
+    failed (with the reason, also into `failed`: {section: why}) in place of its block, so the
+    rest of the report can be read. Runs on text data (the experiments' text versions) go only to
+    sections with `TEXT = True` (sections/text.py)."""
     blocks: dict[str, str] = {}
+    failed = {} if failed is None else failed
     synthetic = [r for r in runs if not text_version(r)]
     for mod in SECTIONS:
         try:  # text versions only reach the sections that ask for them (TEXT = True)
@@ -48,7 +59,8 @@ def render_blocks(runs: list[RunRecord], fig_dir: Path) -> dict[str, str]:
                     blocks[mod.NAME] = md
         except Exception as e:
             traceback.print_exc()
-            blocks[mod.NAME] = f"## {mod.NAME}\n\nThis section failed to render: `{type(e).__name__}: {e}`\n"
+            failed[mod.NAME] = f"{type(e).__name__}: {e}"
+            blocks[mod.NAME] = f"## {mod.NAME}\n\nThis section failed to render: `{failed[mod.NAME]}`\n"
     return blocks
 
 
@@ -95,6 +107,8 @@ def update_readme(readme: Path, blocks: dict[str, str], out: Path) -> list[str]:
 
 
 def build(dirs, out: Path, readme: Path | None = None) -> Path:
+    """REPORT.md, runs.csv and figures/ into `out` (and the README's blocks); raises SectionsFailed
+    after writing REPORT.md if a section failed, leaving the README as it was."""
     out = Path(out)
     fig_dir = out / "figures"
     fig_dir.mkdir(parents=True, exist_ok=True)
@@ -103,8 +117,9 @@ def build(dirs, out: Path, readme: Path | None = None) -> Path:
     table = runs_table(runs)
     if not table.empty:
         atomic_write(out / "runs.csv", lambda f: table.to_csv(f, index=False, lineterminator="\n"))
+    failed: dict[str, str] = {}
     if runs:
-        blocks = render_blocks(runs, fig_dir)
+        blocks = render_blocks(runs, fig_dir, failed)
         text = header(runs) + "".join(f"\n{b.strip()}\n" for b in blocks.values())
     else:
         blocks = {}
@@ -114,6 +129,8 @@ def build(dirs, out: Path, readme: Path | None = None) -> Path:
     for p, mtime in before.items():
         if p.exists() and p.stat().st_mtime_ns == mtime:
             p.unlink()
+    if failed:
+        raise SectionsFailed(failed)
     if readme is not None:
         for name in update_readme(Path(readme), blocks, out):
             print(f"report: README marker report:{name} has no block (known: {', '.join(blocks)})",
@@ -137,7 +154,14 @@ def main(argv=None) -> int:
         print(f"error: --readme {a.readme} does not exist", file=sys.stderr)
         return 2
     out = a.out or (dirs[0] if len(dirs) == 1 else Path("results"))
-    path = build(dirs, out, a.readme)
+    try:
+        path = build(dirs, out, a.readme)
+    except SectionsFailed as e:
+        for name, why in e.failed.items():
+            print(f"error: report section {name} failed to render: {why}", file=sys.stderr)
+        print(f"report: {display(Path(out) / 'REPORT.md')} written with {len(e.failed)} failed section(s)"
+              + (f"; {a.readme} left as it was" if a.readme else ""), file=sys.stderr)
+        return 1
     print(f"report: {display(path)}")
     return 0
 
