@@ -22,6 +22,7 @@ def test_a_crash_after_training_is_status_error_with_its_traceback_and_the_multi
     tb = (job / "traceback.txt").read_text()
     assert tb.startswith("Traceback") and "find_or_train_control" in tb and "AttributeError" in tb
     assert f"error: [no_scaling] {s['error']} (traceback: {job / 'traceback.txt'})" in p.stderr
+    assert f"error: [no_scaling] {s['error']} (traceback: {job / 'traceback.txt'})" in (job / "run.log").read_text()
     assert "crashed: 0_no_scaling_seed0: status error" in p.stderr
     run = read_run(job)  # the failure's W&B run says so too, and was closed as failed
     assert run["summary"]["status"] == "error" and run["summary"]["error"] == s["error"] and run["exit_code"] == 1

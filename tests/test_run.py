@@ -32,6 +32,8 @@ def test_tiny_run_writes_metrics_summary_figure_and_offline_wandb(tmp_path):
     assert (run_dir / "curves.png").stat().st_size > 1000
     assert list(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
     assert "reproduced:" in p.stdout
+    log = (run_dir / "run.log").read_text()  # what the run printed, from its command to its verdict line
+    assert log.startswith("$ python run.py model.d_model=32 ") and p.stdout.splitlines()[-1] + "\n" in log
     from omegaconf import OmegaConf  # the run dir records exactly the config that trained (on text: test_on_text.py)
     assert OmegaConf.to_container(OmegaConf.load(run_dir / ".hydra" / "config.yaml"), resolve=True) == summary["config"]
 
