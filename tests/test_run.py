@@ -58,6 +58,34 @@ def test_experiment_with_control_trains_the_control_once_and_reuses_it(compose_c
     assert s1.verdict["signature_broken"] and not s1.verdict["reproduced"]
     ctrl = json.loads((Path(s1.control["dir"]) / "summary.json").read_text())
     assert ctrl["config"]["model"]["attention"]["scale"] == "sqrt_dk"
+    # named for what it is (issue 35): the experiment's name for it, whose control it is, its config
+    # hash, the experiment it was trained for; the verdict line says trained, or reused from where
+    from experiments.judging.verdict import verdict_line
+    assert {k: s1.control[k] for k in ("name", "of", "trained_for", "reused")} == {
+        "name": "baseline", "of": "unscaled_tiny", "trained_for": "unscaled_tiny", "reused": False}
+    assert {k: s2.control[k] for k in ("name", "of", "trained_for", "reused")} == {
+        "name": "healthy", "of": "renamed", "trained_for": "unscaled_tiny", "reused": True}
+    assert ctrl["trained_for"] == "unscaled_tiny" and s2.control["config_hash"] == cdir.name
+    assert "| control: trained | " in verdict_line(s1, tmp_path / "a")
+    assert f"| control: reused ({cdir}) | " in verdict_line(s2, tmp_path / "b")
+    from experiments.report.figures import control_label
+    assert control_label(s2.control) == f"healthy (control; config {cdir.name}, trained for unscaled_tiny)"
+
+
+def test_a_control_named_after_an_experiment_is_that_experiments_config():
+    """no_scaling's control was named `baseline` but is another model than `python run.py` trains
+    (issue 35): a control that bears an experiment's name must train that experiment's config."""
+    from experiments.config import compose
+    from experiments.records import config_hash
+    from experiments.training.runner import control_config
+    named = {}
+    for exp in EXPS:
+        cfg = compose([f"+exp={exp}"])
+        if cfg["exp"]["control"] and cfg["exp"]["control"].get("name") in EXPS:
+            named[exp] = cfg["exp"]["control"]["name"]
+            assert config_hash(control_config(cfg)) == config_hash(compose([f"+exp={named[exp]}"])), (exp, named[exp])
+    assert named == {"cosine_no_temperature": "cosine_learned_temperature",  # each other's control: checked above
+                     "cosine_learned_temperature": "cosine_no_temperature"}
 
 
 @pytest.mark.parametrize("exp", EXPS)

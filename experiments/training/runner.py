@@ -177,22 +177,35 @@ def control_key(ccfg: dict) -> str:
     return config_hash(ccfg)
 
 
-def find_or_train_control(cfg: dict, progress_factory=None, make=control_config) -> RunRecord:
+def find_or_train_control(cfg: dict, progress_factory=None, make=control_config) -> tuple[RunRecord, bool]:
+    """(the control, or with make=floor_config the floor, of experiment cfg; whether it was reused
+    from the cache rather than trained now). A reused one is named as this experiment names it; its
+    dir keeps the name it was trained under, and trained_for the experiment that trained it."""
     ccfg = make(cfg)
     cdir = control_dir(ccfg["results_dir"], control_key(ccfg))
     with dir_lock(cdir):  # a parallel job waits here, then reuses the result
         if (cdir / SUMMARY).exists():  # maybe trained for another experiment: named as this one names it
             cached = measure_cached(RunRecord.read(cdir), ccfg)
+            # trained before trained_for was recorded: its W&B group, its first experiment's name
+            cached.trained_for = cached.trained_for or cached.config.get("exp", {}).get("group")
             cached.exp, cached.claim = ccfg["exp"]["name"], ccfg["exp"]["claim"]
-            return cached
+            return cached, True
         record, logger = train_run(ccfg, cdir, role="control", progress_factory=progress_factory,
                                    keep_weights=make is control_config)  # a floor measures nothing
+        record.trained_for = cfg["exp"]["name"]
         try:
             logger.summary({"status": record.status, **{f"final/{k}": v for k, v in record.final.items()}})
         finally:
             logger.finish()
         write_json(cdir / SUMMARY, record.to_summary())
-        return record
+        return record, False
+
+
+def reference_entry(ref: RunRecord, of: str, reused: bool) -> dict:
+    """summary.json's `control` (or `floor`): what it is (its name, as the experiment `of` names
+    it), its config hash, the experiment it was trained for, and whether this run reused it."""
+    return {"name": ref.exp, "of": of, "config_hash": ref.config_hash, "trained_for": ref.trained_for,
+            "reused": reused, "dir": str(ref.dir), "status": ref.status, "final": ref.final}
 
 
 def finished_record(cfg: dict, run_dir: Path) -> RunRecord | None:
@@ -268,19 +281,17 @@ def judge(cfg: dict, record: RunRecord, progress_factory=None) -> None:
     rows = record.metrics()
     control, crows = None, []
     if spec["control"]:
-        control = find_or_train_control(cfg, progress_factory)
+        control, reused = find_or_train_control(cfg, progress_factory)
         crows = control.metrics()
-        record.control = {"name": control.exp, "dir": str(control.dir), "status": control.status,
-                          "final": control.final, "config_hash": control.config_hash,
+        record.control = {**reference_entry(control, spec["name"], reused),
                           "nonfinite": control.nonfinite, "error": control.error}
     loss = spec["loss_metric"]
     if control is not None and control.status == "completed" and loss in control.final:
         for r in (record, control):  # `control` in check expressions, for run and control alike
             r.context = {**r.context, "control": control.final[loss]}
     if spec["floor"]:  # its final loss is `floor` in check expressions, for run and control alike
-        floor = find_or_train_control(cfg, progress_factory, make=floor_config)
-        record.floor = {"name": floor.exp, "dir": str(floor.dir), "status": floor.status, "final": floor.final,
-                        "config_hash": floor.config_hash}
+        floor, reused = find_or_train_control(cfg, progress_factory, make=floor_config)
+        record.floor = reference_entry(floor, spec["name"], reused)
         if floor.status == "completed":
             for r in (record, control):
                 if r is not None:
