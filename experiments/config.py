@@ -42,6 +42,13 @@ def compose(overrides=()) -> dict:
     return OmegaConf.to_container(compose_config(overrides), resolve=True)
 
 
+def exp_check(name: str, check: str) -> dict:
+    """A check as conf/exp/NAME.yaml declares it (plain YAML, no composition): for a report section
+    that applies an experiment's rule to other runs (the phase diagram: no_scaling's plateau)."""
+    import yaml
+    return yaml.safe_load((CONF / "exp" / f"{name}.yaml").read_text())["exp"]["checks"][check]
+
+
 def experiment_data(exp_name: str) -> str:
     """The data experiment `exp_name` is defined on: what its conf/exp file composes to. Inside a
     Hydra app (run.py) through the app's own config search path, else through conf/."""
