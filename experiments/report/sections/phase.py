@@ -221,7 +221,7 @@ def render(runs: list[RunRecord], fig_dir: Path) -> str | None:
     points = [cell(s) for s in runs]
     cells = aggregate(points)
     budget = max(c["budget"] for c in cells)
-    _heatmaps(cells, "plateau", "steps on the chance plateau (loss/copy >= 0.9 ln V)",
+    _heatmaps(cells, "plateau", f"steps on the chance plateau ({METRIC} >= {FLATLINE['level']})",
               fig_dir / "phase_plateau.png", vmax=budget,
               cbar_label=f"steps on the plateau (hatched, {budget}+: never left it)")
     _heatmaps(cells, "final", "final loss/copy", fig_dir / "phase_final_loss.png",
