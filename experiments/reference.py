@@ -52,7 +52,7 @@ PARTS = [
     ("rank_collapse_depth", f"python run.py -m +exp=rank_collapse_depth seed=0,1,2 {P}"),
     ("default_run", "WANDB_MODE=offline python run.py"),  # the default run with its W&B files (the disk table)
     *[(f"bench_{b}", f"python -m experiments.bench {b} --out {{results}}/bench/{b}.json")
-      for b in ("cost", "memory", "throughput")],
+      for b in ("cost", "memory", "throughput", "threads")],  # threads: the figures behind train.threads
     *[(f"bench_shakespeare_seed{s}", f"python -m experiments.bench shakespeare --reference seed={s} "
                                      f"--out {{results}}/bench/shakespeare_seed{s}.json") for s in (0, 1, 2)],
     # the text catalogue: every text version at three seeds on Shakespeare (where its thresholds were

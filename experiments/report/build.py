@@ -3,6 +3,7 @@
     python -m experiments.report                       # results/ -> results/REPORT.md, runs.csv, figures/
     python -m experiments.report results/multirun/X    # one sweep, written into that dir
     python -m experiments.report --readme README.md    # also refresh README's report blocks
+    python -m experiments.report --sections bench      # only that section, into the existing REPORT.md
 
 Deterministic: the same run dirs give the same REPORT.md, byte for byte (no timestamps, no
 absolute paths), so the committed reference can be regenerated and diffed.
@@ -40,7 +41,7 @@ class SectionsFailed(Exception):
         self.failed = failed
 
 
-def render_blocks(runs: list[RunRecord], fig_dir: Path, failed: dict | None = None) -> dict[str, str]:
+def render_blocks(runs: list[RunRecord], fig_dir: Path, failed: dict | None = None, sections=SECTIONS) -> dict[str, str]:
     """Every section's markdown blocks, in report order. A section that raises is reported as
     failed (with the reason, also into `failed`: {section: why}) in place of its block, so the
     rest of the report can be read. Runs on text data (the experiments' text versions) go only to
@@ -48,7 +49,7 @@ def render_blocks(runs: list[RunRecord], fig_dir: Path, failed: dict | None = No
     blocks: dict[str, str] = {}
     failed = {} if failed is None else failed
     synthetic = [r for r in runs if not text_version(r)]
-    for mod in SECTIONS:
+    for mod in sections:
         try:  # text versions only reach the sections that ask for them (TEXT = True)
             mine = runs if getattr(mod, "TEXT", False) else synthetic
             if hasattr(mod, "blocks"):
@@ -138,12 +139,45 @@ def build(dirs, out: Path, readme: Path | None = None) -> Path:
     return out / "REPORT.md"
 
 
+def refresh(names: list[str], dirs, out: Path) -> Path:
+    """Render only the sections `names` into the existing out/REPORT.md, in place of their old text,
+    leaving the rest as it was: the sections that read committed JSON (bench, doctor, zoo, cost)
+    refreshed without the runs the others are built from. The same bytes a whole build would
+    give that section. Raises SectionsFailed, ValueError for a name or a section it cannot place."""
+    known = {m.NAME: m for m in SECTIONS}
+    for n in names:
+        if n not in known:
+            raise ValueError(f"--sections: no section {n!r} (known: {', '.join(known)})")
+    path = Path(out) / "REPORT.md"
+    if not path.is_file():
+        raise ValueError(f"--sections: {path} does not exist (build the whole report first)")
+    runs, text = load_runs(dirs), path.read_text()
+    for name in names:
+        failed: dict[str, str] = {}
+        blocks = render_blocks(runs, Path(out) / "figures", failed, [known[name]])
+        if failed:
+            raise SectionsFailed(failed)
+        md = "".join(f"\n{b.strip()}\n" for b in blocks.values()).strip()  # as build() joins them
+        title = md.splitlines()[0] if md else ""
+        start = text.find(f"\n{title}\n")
+        if not title.startswith("## ") or start < 0:
+            raise ValueError(f"--sections: section {name} renders nothing from these dirs, or {path} has no "
+                             f"section {title!r} to replace")
+        end = text.find("\n\n## ", start + 1)
+        end = len(text) if end < 0 else end + 1
+        text = f"{text[:start + 1]}{md}\n{text[end:]}"
+    write_text(path, text)
+    return path
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m experiments.report", description=__doc__.split("\n")[0])
     ap.add_argument("dirs", nargs="*", type=Path, help="run, sweep or results dirs (default: results)")
     ap.add_argument("--out", type=Path, help="where REPORT.md, runs.csv, figures/ go "
                                              "(default: the only DIR given, else results)")
     ap.add_argument("--readme", type=Path, help="refresh this README's <!-- BEGIN report:NAME --> blocks")
+    ap.add_argument("--sections", help="only these sections (comma-separated, e.g. bench), rendered into the "
+                                       "existing OUT/REPORT.md in place of their old text")
     a = ap.parse_args(argv)
     dirs = a.dirs or [Path("results")]
     for d in dirs:
@@ -155,14 +189,24 @@ def main(argv=None) -> int:
         return 2
     out = a.out or (dirs[0] if len(dirs) == 1 else Path("results"))
     try:
-        path = build(dirs, out, a.readme)
+        if a.sections:
+            try:
+                if a.readme:
+                    raise ValueError("--sections refreshes REPORT.md only; --readme needs the whole report")
+                path = refresh([n.strip() for n in a.sections.split(",") if n.strip()], dirs, out)
+            except ValueError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 2
+        else:
+            path = build(dirs, out, a.readme)
     except SectionsFailed as e:
         for name, why in e.failed.items():
             print(f"error: report section {name} failed to render: {why}", file=sys.stderr)
-        print(f"report: {display(Path(out) / 'REPORT.md')} written with {len(e.failed)} failed section(s)"
-              + (f"; {a.readme} left as it was" if a.readme else ""), file=sys.stderr)
+        print(f"report: {display(Path(out) / 'REPORT.md')} " + ("left as it was" if a.sections else
+              f"written with {len(e.failed)} failed section(s)") + (f"; {a.readme} left as it was" if a.readme else ""),
+              file=sys.stderr)
         return 1
-    print(f"report: {display(path)}")
+    print(f"report: {display(path)}" + (f" (sections {a.sections})" if a.sections else ""))
     return 0
 
 
