@@ -151,10 +151,10 @@ def test_threads_times_the_default_run_at_each_thread_count_and_the_report_says_
     from experiments.report.sections.bench import render
     out = bench.bench_threads(tiny=True)
     assert [(r["busy"], r["threads"]) for r in out["rows"]] == [(1, 1), (1, 2)]
-    assert all(r["wall_s"] > 0 and r["load_before"] >= 0 for r in out["rows"])
+    assert all(r["wall_s"] > 0 and 0 < r["cpu_s"] and r["load_before"] >= 0 for r in out["rows"])
     assert out["default_threads"] == 1 and out["median_s"]["1 busy, 2 threads"] == out["rows"][1]["wall_s"]
     assert "median 1 busy, 1 threads" in capsys.readouterr().out
     write_json(tmp_path / "bench" / "threads.json", {"bench": "threads", "date": "2026-01-01", **out})
     md = render([], tmp_path / "figures")
-    assert f"2 thread(s) **{out['rows'][1]['wall_s']:.1f} s**" in md
+    assert f"2 thread(s) **{out['rows'][1]['wall_s']:.1f} s** ({out['rows'][1]['cpu_s']:.1f} s CPU)" in md
     assert "The default: `train.threads=1` (conf/train/cpu.yaml)" in md

@@ -58,11 +58,13 @@ def _threads(t: dict) -> str:
     for b in busy:
         mine = [r for r in t["rows"] if r["busy"] == b]
         loads = [r["load_before"] for r in mine]
-        times = ", ".join(f"{n} thread(s) **{t['median_s'][f'{b} busy, {n} threads']:.1f} s**" for n in threads)
+        times = ", ".join(f"{n} thread(s) **{t['median_s'][f'{b} busy, {n} threads']:.1f} s** "
+                          f"({t['median_cpu_s'][f'{b} busy, {n} threads']:.1f} s CPU)" for n in threads)
         cells.append(f"{b} busy process(es) started beside it (the 1-minute load average before each run "
                      f"{min(loads):.1f}-{max(loads):.1f}): {times}")
-    return (f"- **threads** (`{t['command']}` whole, start-up included, median of {t['rounds']} interleaved "
-            f"rounds, {t['cores']} cores, {t.get('date', 'undated')}): " + "; ".join(cells)
+    return (f"- **threads** (`{t['command']}` whole, start-up included: wall time and CPU time, the median of "
+            f"{t['rounds']} round(s) of 1 and 2 threads in turn, {t['cores']} cores, {t.get('date', 'undated')}): "
+            + "; ".join(cells)
             + f". The default: `train.threads={t['default_threads']}` (conf/train/cpu.yaml).")
 
 
