@@ -50,3 +50,11 @@ def test_a_run_started_after_openmp_threads_ran_finishes(tmp_path):
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert p.returncode == 0 and p.stdout.startswith("0 "), p.stdout + p.stderr
     assert len(list(tmp_path.glob("runs/baseline/*/summary.json"))) == 1
+
+
+def test_ci_runs_the_readme_command_with_a_users_environment():
+    """.ci/run exports only switches that make CI stricter; what the suite needs, it sets itself."""
+    lines = [l.strip() for l in (ROOT / ".ci" / "run").read_text().splitlines() if not l.strip().startswith("#")]
+    exported = [w.split("=")[0] for l in lines if l.startswith("export ") for w in l.split()[1:]]
+    assert exported == ["ATTN_REQUIRE_SLURM", "ATTN_REQUIRE_CORPUS"], exported
+    assert lines[-1] == "python3 -m pytest"  # the README's `pytest`, nothing added
