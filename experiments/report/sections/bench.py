@@ -62,8 +62,9 @@ def _threads(t: dict) -> str:
                           f"({t['median_cpu_s'][f'{b} busy, {n} threads']:.1f} s CPU)" for n in threads)
         cells.append(f"{b} busy process(es) started beside it (the 1-minute load average before each run "
                      f"{min(loads):.1f}-{max(loads):.1f}): {times}")
-    return (f"- **threads** (`{t['command']}` whole, start-up included: wall time and CPU time, the median of "
-            f"{t['rounds']} round(s) of 1 and 2 threads in turn, {t['cores']} cores, {t.get('date', 'undated')}): "
+    rounds = f"the median of {t['rounds']} rounds" if t["rounds"] > 1 else "one round"
+    return (f"- **threads** (`{t['command']}` whole, start-up included: wall time and CPU time, {rounds} of "
+            f"1 and 2 threads in turn, {t['cores']} cores, {t.get('date', 'undated')}): "
             + "; ".join(cells)
             + f". The default: `train.threads={t['default_threads']}` (conf/train/cpu.yaml).")
 
