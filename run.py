@@ -21,8 +21,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from experiments.command_line import (BadCommandLine, exclude_sweep_presets, hydra_error_line, remove_empty_sweeps,
                                       validate_command_line)
-from experiments.config import exp_as_choice, experiment_data
+from experiments.config import exp_as_choice, experiment_data, replaced_by_text_model
 from experiments.io import write_json, write_text
+from experiments.job_log import job_log
 from experiments.judging.verdict import verdict_line
 from experiments.layout import CURVES, HYDRA, JOB_LOG, REJECTED, SKIPPED, SUMMARY, TRACEBACK
 from experiments.on_text import NoTextVersion, reject_without_text_version
@@ -54,6 +55,14 @@ def main(cfg: DictConfig) -> int:
         die(str(e))
     except Exception as e:
         return crashed(e, run_dir, cfg, container, multirun)
+    with job_log(run_dir / JOB_LOG, " ".join(["python run.py", *hc.overrides.task])):
+        if note := replaced_by_text_model(list(hc.overrides.task), container):  # a choice overridden: said
+            print(note, flush=True)
+        return train_and_judge(cfg, container, run_dir, multirun)
+
+
+def train_and_judge(cfg: DictConfig, container: dict, run_dir: Path, multirun: bool) -> int:
+    """The run, its control and the verdict line; curves.png; the exit code."""
     try:
         record = run_experiment(container, run_dir, progress_factory, checked=True)
         draw_curves(record, run_dir / CURVES)

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments.layout import LOCK
+
 
 def atomic_write(path: Path, write, mode="w"):
     """write(f) into a temp file beside `path`, fsync, then rename over it."""
@@ -30,19 +32,19 @@ def atomic_write(path: Path, write, mode="w"):
 
 @contextmanager
 def dir_lock(d: Path):
-    """Hold d/.lock exclusively (across processes) while the block runs; d is made if missing. On
+    """Hold d/LOCK (.lock) exclusively (across processes) while the block runs; d is made if missing. On
     leaving, if d holds nothing but the lock, both go, so a finished run leaves no empty dir. A
     process that waited on a lock file removed meanwhile takes the lock again on a fresh one."""
     d = Path(d)
     while True:
         d.mkdir(parents=True, exist_ok=True)
         try:
-            f = open(d / ".lock", "a")
+            f = open(d / LOCK, "a")
         except FileNotFoundError:  # d was removed between the two calls
             continue
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
-            if os.fstat(f.fileno()).st_ino == os.stat(d / ".lock").st_ino:
+            if os.fstat(f.fileno()).st_ino == os.stat(d / LOCK).st_ino:
                 break
         except FileNotFoundError:
             pass
@@ -51,8 +53,8 @@ def dir_lock(d: Path):
         yield
     finally:
         try:
-            if [p.name for p in d.iterdir()] == [".lock"]:
-                (d / ".lock").unlink()
+            if [p.name for p in d.iterdir()] == [LOCK]:
+                (d / LOCK).unlink()
                 d.rmdir()
         finally:
             f.close()

@@ -20,9 +20,11 @@ def error_message(e: BaseException) -> str:
     return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
 
 
-# keys that do not change what is trained: two configs differing only here share a control
+# keys that do not change what is trained: two configs differing only here share a control. The
+# thread count changes only float summation order (summary.json's env records it), and leaving it
+# out keeps every hash from before it was a key
 NOT_HASHED = ("exp", "logger", "results_dir")
-NOT_HASHED_TRAIN = ("progress", "ckpt_every")
+NOT_HASHED_TRAIN = ("progress", "ckpt_every", "threads")
 
 
 def _same(a, b) -> bool:
@@ -124,6 +126,8 @@ class RunRecord:
     # a shared control: the final metrics measured after its W&B run closed, on its saved weights,
     # for a later experiment that reuses it (runner.measure_cached); only summary.json has them
     measured_later: list | None = None
+    # a control or floor: the experiment whose run trained it (every later one reuses it from the cache)
+    trained_for: str | None = None
     # where it was read from (not in summary.json)
     dir: Path | None = field(default=None, compare=False)
     id: str = field(default="", compare=False)     # the run dir as the report shows it
@@ -134,7 +138,7 @@ class RunRecord:
     def to_summary(self) -> dict:
         """summary.json's content; control, verdict, expected_error and floor only where set."""
         out = {k: getattr(self, k) for k in self.SUMMARY_FIELDS}
-        for k in ("control", "verdict", "expected_error", "floor", "measured_later"):
+        for k in ("control", "verdict", "expected_error", "floor", "measured_later", "trained_for"):
             if out[k] is None:
                 del out[k]
         return out

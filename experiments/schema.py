@@ -69,6 +69,7 @@ SCHEMA: dict[str, Allowed] = {
     "train.dtype": Allowed("str", choices=("auto", *DTYPES)),
     "train.compile": Allowed("bool"),
     "train.progress": Allowed("str", choices=("auto", True, False)),
+    "train.threads": Allowed("int", lo=1, null=True),   # torch CPU threads; null: torch's default
     "train.z_loss": Allowed("float", lo=0),     # PaLM's z-loss coefficient on mean(log Z^2); 0: off
     "logger.name": Allowed("str", choices=LOGGERS),
 }

@@ -1,4 +1,7 @@
+"""What the suite needs it sets here, so that `pytest` in a plain shell is the command CI runs
+(.ci/run exports only switches that make CI stricter: ATTN_REQUIRE_SLURM, ATTN_REQUIRE_CORPUS)."""
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -9,7 +12,36 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("MPLBACKEND", "Agg")
 
+# The tiny Shakespeare corpus is not in the repository (users download it once; CI has ../shared).
+# Without it the corpus tests skip, saying so; under ATTN_REQUIRE_CORPUS=1 (.ci/run) they fail.
 SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
+CORPUS_REQUIRED = os.environ.get("ATTN_REQUIRE_CORPUS") == "1"
+
+
+def require_corpus() -> None:
+    """Skip the calling test without the corpus, or fail it where the corpus is required."""
+    if not SHAKESPEARE.is_file():
+        why = f"no tiny Shakespeare corpus at {SHAKESPEARE}"
+        if CORPUS_REQUIRED:
+            pytest.fail(why + " [required: ATTN_REQUIRE_CORPUS=1]")
+        pytest.skip(why)
+
+
+@pytest.fixture
+def corpus() -> Path:
+    """The tiny Shakespeare corpus (require_corpus: skip without it, fail where it is required)."""
+    require_corpus()
+    return SHAKESPEARE
+
+
+needs_corpus = pytest.mark.usefixtures("corpus")
+
+
+def run_py(args, cwd=ROOT, env=None, timeout=300) -> subprocess.CompletedProcess:
+    """`python run.py ARGS`, as a user types it, in a new process: never a fork of this one (a
+    child forked after torch started its OpenMP threads here can wait on a futex forever)."""
+    return subprocess.run([sys.executable, str(ROOT / "run.py"), *map(str, args)], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
 @pytest.fixture

@@ -1,51 +1,54 @@
 """Bad input ends with one line on stderr naming the field, exit code 2, and no run recorded as
-completed. Each case runs `run.py` as __main__ in its own process; the processes are forked
-from this one after torch and Hydra are imported (seconds per case otherwise), and one case
-runs through a plain `python run.py` to check the real command line as well."""
-import os
+completed. Every case runs run.py as __main__, one after another in ONE new Python process (torch
+and Hydra imported once: seconds for all of them; never a fork of the test process, see
+tests/test_processes.py), and one case runs through a plain `python run.py` as well."""
+import io
+import json
 import runpy
 import subprocess
 import sys
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, TINY
+from conftest import ROOT, TINY, run_py
 
-import torch  # imported once here, shared by the forked cases
-import hydra  # noqa: F401
-
-
-def run_forked(args: list[str], tmp_path: Path) -> tuple[int, str]:
-    """`python run.py ARGS` in a forked child; returns (exit code, stderr)."""
-    err = tmp_path / "stderr.txt"
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        code = 70
-        try:
-            fd = os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-            os.dup2(fd, 2)
-            os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
-            sys.stderr = open(2, "w", closefd=False)
-            sys.stdout = open(1, "w", closefd=False)
-            os.chdir(ROOT)
-            sys.argv = ["run.py", *args]
-            runpy.run_path(str(ROOT / "run.py"), run_name="__main__")
-            code = 0
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        except BaseException as e:  # noqa: BLE001
-            print(f"uncaught: {e!r}", file=sys.stderr)
-        finally:
-            sys.stderr.flush()
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status), err.read_text()
+import torch
 
 
-def assert_rejected(args, tmp_path, must_name, results=None):
-    results = results or tmp_path / "results"
-    code, err = run_forked([*TINY, *args, f"results_dir={results}"], tmp_path)
+def run_cases(cases: dict[str, list[str]]) -> dict[str, tuple[int, str]]:
+    """{name: run.py's argv} -> {name: (exit code, stderr)}, each run as `python run.py ARGS`
+    would run, in one new process (serve_cases)."""
+    code = "import sys; sys.path.insert(0, 'tests'); from test_bad_input import serve_cases; serve_cases()"
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, input=json.dumps(cases), capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return {name: tuple(v) for name, v in json.loads(p.stdout.splitlines()[-1]).items()}
+
+
+def serve_cases():
+    """In the child: each case's run.py as __main__, its stderr and exit code; JSON on stdout."""
+    from hydra.core.global_hydra import GlobalHydra
+    out, stdout = {}, sys.stdout
+    for name, args in json.load(sys.stdin).items():
+        GlobalHydra.instance().clear()  # as in a new process
+        sys.argv, err, code = ["run.py", *args], io.StringIO(), 0
+        with redirect_stderr(err), redirect_stdout(io.StringIO()):
+            try:
+                runpy.run_path(str(ROOT / "run.py"), run_name="__main__")
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            except BaseException as e:  # noqa: BLE001
+                code, _ = 70, print(f"uncaught: {e!r}", file=sys.stderr)
+        out[name] = (code, err.getvalue())
+    print(json.dumps(out), file=stdout, flush=True)
+
+
+def assert_rejected(result: tuple[int, str], results: Path, must_name: str) -> str:
+    """(exit code, stderr) of a run.py rejected with one line naming `must_name`, that left no run
+    dir under `results`; returns the line."""
+    code, err = result
     lines = [l for l in err.splitlines() if l.strip()]
     assert code == 2, err
     assert len(lines) == 1 and lines[0].startswith("error: "), err
@@ -56,7 +59,8 @@ def assert_rejected(args, tmp_path, must_name, results=None):
 
 
 CASES = {
-    "d_model_not_divisible_by_n_heads": (["model.d_model=33"], "model.d_model=33"),
+    "d_model_not_divisible_by_n_heads": (["model.d_model=33"], "error: model.d_model=33 is not divisible by "
+                                         "model.n_heads=2 (or set model.attention.d_k)"),
     "n_heads_not_divisible_by_n_kv_heads": (["model.n_heads=2", "model.n_kv_heads=3"], "model.n_kv_heads=3"),
     "d_k_zero": (["model.attention.d_k=0"], "attention.d_k=0"),
     "d_k_negative": (["model.attention.d_k=-8"], "attention.d_k=-8"),
@@ -76,6 +80,7 @@ CASES = {
     "vocab_of_one": (["data.vocab_size=1"], "data.vocab_size=1 is not allowed: an integer >= 2"),
     "diag_every_negative": (["train.diag_every=-5"], "train.diag_every=-5 is not allowed: an integer >= 0"),
     "eval_batches_negative": (["train.eval_batches=-1"], "train.eval_batches=-1 is not allowed: an integer >= 1"),
+    "threads_zero": (["train.threads=0"], "train.threads=0 is not allowed: an integer >= 1 or null"),
     # one per class of check: type, range, choice, cross-field
     "type": (["seed=abc"], "seed='abc' is not allowed: an integer >= 0"),
     "type_bool": (["model.bias=maybe"], "model.bias='maybe' is not allowed: true or false"),
@@ -97,45 +102,40 @@ CASES = {
 }
 
 
+CASES.update({
+    "multirun_unknown_key": (["-m", "train.step=1,2"], "error: train.step is not a config key (did you mean train.steps?)"),
+    "text_data_path_missing": (["data=shakespeare_char", "data.path=/nonexistent/no_such_corpus.txt", "data.seq_len=16"],
+                               "data.path"),
+    "results_dir_unwritable": ([], "results_dir"),
+})
+if not torch.cuda.is_available():
+    CASES["cuda_without_a_gpu"] = (["device=cuda"], "device='cuda' but no CUDA device is available")
+
+
+def results_for(tmp: Path, name: str) -> Path:
+    return tmp / "a_file" / "results" if name == "results_dir_unwritable" else tmp / name / "results"
+
+
+@pytest.fixture(scope="module")
+def rejected(tmp_path_factory):
+    """(tmp dir, {case: (exit code, stderr)}) of every case, run once."""
+    tmp = tmp_path_factory.mktemp("bad_input")
+    (tmp / "a_file").write_text("not a directory")  # root ignores permission bits; a file in the path does not
+    return tmp, run_cases({name: [*(a for a in args if a.startswith("-")), *TINY,  # -m first, as typed
+                                  *(a for a in args if not a.startswith("-")), f"results_dir={results_for(tmp, name)}"]
+                           for name, (args, _) in CASES.items()})
+
+
 @pytest.mark.parametrize("name", list(CASES))
-def test_bad_config_exits_2_with_one_line(name, tmp_path):
-    args, must_name = CASES[name]
-    assert_rejected(args, tmp_path, must_name)
-
-
-def test_an_unknown_key_in_a_multirun_exits_2_and_leaves_no_sweep_dir(tmp_path):
-    code, err = run_forked(["-m", *TINY, "train.step=1,2", f"results_dir={tmp_path / 'results'}"], tmp_path)
-    assert code == 2 and err.strip() == "error: train.step is not a config key (did you mean train.steps?)", err
-    assert not (tmp_path / "results" / "multirun").exists()
-
-
-def test_cuda_without_a_gpu(tmp_path):
-    if torch.cuda.is_available():
-        pytest.skip("this machine has CUDA")
-    assert_rejected(["device=cuda"], tmp_path, "device='cuda' but no CUDA device is available")
-
-
-def test_text_data_path_that_does_not_exist(tmp_path):
-    if not (ROOT / "conf" / "data" / "shakespeare_char.yaml").exists():
-        pytest.skip("no text data config")
-    missing = tmp_path / "no_such_corpus.txt"
-    assert_rejected(["data=shakespeare_char", f"data.path={missing}", "data.seq_len=16"], tmp_path,
-                    "data.path")
-
-
-def test_results_dir_that_cannot_be_written(tmp_path):
-    blocker = tmp_path / "a_file"
-    blocker.write_text("not a directory")  # root ignores permission bits; a file in the path does not
-    line = assert_rejected([], tmp_path, "results_dir", results=blocker / "results")
-    assert "cannot be written" in line
+def test_bad_config_exits_2_with_one_line(name, rejected):
+    tmp, results = rejected
+    line = assert_rejected(results[name], results_for(tmp, name), CASES[name][1])
+    if name == "results_dir_unwritable":
+        assert "cannot be written" in line
+    if name == "multirun_unknown_key":
+        assert line == CASES[name][1] and not (results_for(tmp, name) / "multirun").exists()
 
 
 def test_bad_input_through_the_real_command_line(tmp_path):
-    p = subprocess.run([sys.executable, "run.py", *TINY, "model.d_model=33", f"results_dir={tmp_path}"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert p.returncode == 2, p.stderr
-    lines = [l for l in p.stderr.splitlines() if l.strip()]
-    assert lines == ["error: model.d_model=33 is not divisible by model.n_heads=2 (or set model.attention.d_k)"]
-    assert not (tmp_path / "runs").exists()
-
+    p = run_py([*TINY, "model.d_model=33", f"results_dir={tmp_path}"])
+    assert_rejected((p.returncode, p.stderr), tmp_path, CASES["d_model_not_divisible_by_n_heads"][1])

@@ -46,3 +46,25 @@ def test_bad_input_is_one_line_and_exit_2_and_nothing_is_rewritten(tmp_path, cap
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and msg in err[0], err
     assert (tmp_path / "r" / "summary.json").read_text() == before
+
+
+def test_judging_again_redraws_the_figure_with_the_new_verdict(tmp_path, capsys):
+    """curves.png's verdict panel says what summary.json says after a re-judge (issue 35): the
+    figure is drawn again from the run's files, byte for byte as a fresh draw of them."""
+    from conftest import TINY
+    from experiments.config import compose
+    from experiments.layout import CURVES
+    from experiments.report.figures import draw_curves
+    from experiments.training.runner import run_experiment
+    cfg = compose([*TINY, "+exp=no_scaling"])
+    cfg["results_dir"] = str(tmp_path)
+    d = tmp_path / "runs" / "no_scaling" / "t"
+    draw_curves(run_experiment(cfg, d), d / CURVES)  # as run.py leaves it
+    before = (d / CURVES).read_bytes()
+    assert main([str(d), "exp.checks.saturated_rows.value=2"]) == 0  # a share of rows can never reach 2
+    assert "saturated_rows=" in capsys.readouterr().out
+    after = RunRecord.read(d)
+    assert not after.verdict["reproduced"] and not next(c for c in after.verdict["checks"]
+                                                         if c["key"] == "saturated_rows")["passed"]
+    draw_curves(after, tmp_path / "fresh.png")
+    assert (d / CURVES).read_bytes() == (tmp_path / "fresh.png").read_bytes() != before

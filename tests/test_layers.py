@@ -11,7 +11,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # matched); a module no prefix matches, and every `__main__` (a command), sits at the top, beside run.py.
 LAYERS = [
     ("attention", "data"),                                           # the library: torch, no experiments
-    ("experiments.layout", "experiments.io", "experiments.suggest", "experiments.on_text"),  # names, files
+    ("experiments.layout", "experiments.facts", "experiments.suggest"),  # names, and numbers training and report share
+    ("experiments.io", "experiments.on_text", "experiments.job_log"),  # files (the lock's name is layout's)
     ("experiments.judging", "experiments.schema"),                   # rules: what a config may be, how a run is judged
     ("experiments.records", "experiments.config", "experiments.command_line"),
     ("experiments.training", "experiments.report",                   # training never draws; the report never trains

@@ -23,3 +23,12 @@ def test_notebook_runs(notebook, tmp_path):
                         "--nbmake-timeout=120", str(notebook)],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+
+
+def test_the_results_notebook_asserts_what_it_shows():
+    """Each code cell of 02_results that shows something checks it (issue 35): executing it is a test."""
+    import json
+    cells = [c for c in json.loads((ROOT / "notebooks" / "02_results.ipynb").read_text())["cells"]
+             if c["cell_type"] == "code"]
+    shown = [c for c in cells if any(w in "".join(c["source"]) for w in ("display(", "plt.", ".plot(", "runs_table"))]
+    assert shown and all("assert " in "".join(c["source"]) for c in shown)

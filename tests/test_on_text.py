@@ -9,12 +9,11 @@ import pytest
 import torch
 
 from attention.mha import AttentionConfig, MultiHeadAttention
-from conftest import ROOT, SHAKESPEARE
+from conftest import SHAKESPEARE, TINY, needs_corpus, run_py
 from experiments.judging.checks import signature
 from experiments.judging.verdict import RunView, evaluate
-from test_bad_input import assert_rejected, run_forked
+from test_bad_input import assert_rejected
 
-needs_corpus = pytest.mark.skipif(not SHAKESPEARE.is_file(), reason=f"no corpus at {SHAKESPEARE}")
 LINES = ("fully_masked_rows", "left_padding_positions", "mask_broadcast", "mask_broadcast_shape_error",
          "mask_min_overflow")  # the padded-lines versions
 
@@ -33,31 +32,48 @@ def test_overlay_applies_on_text_only_and_the_command_line_wins(compose_cfg):
 
 
 def trained_and_recorded(tmp_path, args):
-    """(the config that trained, as summary.json has it; the run dir's .hydra/config.yaml, resolved)."""
+    """(the config that trained, as summary.json has it; the run dir's .hydra/config.yaml, resolved;
+    the run's stdout)."""
     from omegaconf import OmegaConf
-    from conftest import TINY
     tiny = [a for a in TINY if not a.startswith("data.vocab_size")] if "data=shakespeare_char" in args else TINY
-    code, err = run_forked([*tiny, *args, f"results_dir={tmp_path}"], tmp_path)
-    assert code == 0, err
+    p = run_py([*tiny, *args, f"results_dir={tmp_path}"])
+    assert p.returncode == 0, p.stderr[-3000:]
     (run_dir,) = [p.parent for p in (tmp_path / "runs").rglob("summary.json")]
     recorded = OmegaConf.to_container(OmegaConf.load(run_dir / ".hydra" / "config.yaml"), resolve=True)
-    return json.loads((run_dir / "summary.json").read_text())["config"], recorded
+    return json.loads((run_dir / "summary.json").read_text())["config"], recorded, p.stdout
 
 
 @needs_corpus
 def test_the_run_dir_records_exactly_the_config_that_trained_on_text(tmp_path):
-    trained, recorded = trained_and_recorded(tmp_path, ["+exp=sum_normalize", "data=shakespeare_char",
-                                                        f"data.path={SHAKESPEARE}", "train.diag_every=0"])
+    trained, recorded, out = trained_and_recorded(tmp_path, ["+exp=sum_normalize", "data=shakespeare_char",
+                                                             f"data.path={SHAKESPEARE}", "train.diag_every=0",
+                                                             "optim=nanogpt_cpu"])
     assert trained == recorded
+    # the text model replaced the optimizer chosen on the command line, and the run said so first
+    assert trained["optim"]["lr"] == 6e-3 and trained["optim"]["betas"] == [0.9, 0.99]
+    assert out.splitlines()[0].startswith("note: on text data the text model (conf/text_lm/char.yaml) replaced "
+                                          "what optim=nanogpt_cpu set: optim.lr=0.001 -> 0.006, ")
     assert trained["exp"]["expect"] == ["negative_weights", "outside_hull", "loses_the_gain"]  # the text version's
     assert trained["exp"]["floor"]["name"] == "no_attention_floor" and trained["exp"]["loss_metric"] == "loss/train"
     # on copy: tests/test_run.py::test_tiny_run_writes_metrics_summary_figure_and_offline_wandb
 
 
+def test_a_group_the_text_model_replaces_is_named_in_one_line_and_text_lm_none_keeps_it():
+    from experiments.config import compose, replaced_by_text_model
+    args = ["model=nanogpt_cpu", "data=python_source_char", "model.n_heads=8"]
+    line = replaced_by_text_model(args, compose(args))
+    assert line == ("note: on text data the text model (conf/text_lm/char.yaml) replaced what model=nanogpt_cpu "
+                    "set: model.n_layers=4 -> 2; add text_lm=none to train your choice")  # n_heads: the command line's
+    kept = [*args, "text_lm=none"]
+    assert replaced_by_text_model(kept, compose(kept)) is None and compose(kept)["model"]["n_layers"] == 4
+    copy = ["model=nanogpt_cpu"]  # no text model on the copy task: nothing replaced
+    assert replaced_by_text_model(copy, compose(copy)) is None
+
+
 def test_an_experiment_without_a_text_version_exits_2_in_one_line_saying_why(tmp_path):
-    line = assert_rejected(["+exp=rank_collapse_depth", "model.residual=false", "model.n_layers=2",
-                            "data=python_source_char"],
-                           tmp_path, "rank_collapse_depth has no text version")
+    p = run_py([*TINY, "+exp=rank_collapse_depth", "model.residual=false", "model.n_layers=2",
+                "data=python_source_char", f"results_dir={tmp_path}"])
+    line = assert_rejected((p.returncode, p.stderr), tmp_path, "rank_collapse_depth has no text version")
     assert "data=copy" in line and "the depth sweep of rank_collapse" in line
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import CORPUS_REQUIRED, ROOT
 from tests.wandb_offline import read_run
 
 
@@ -141,6 +141,9 @@ def environment(bin_dir: Path) -> dict:
     return {**env, "PATH": f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", "OMP_NUM_THREADS": "1"}
 
 
+NO_CORPUS = "no tiny Shakespeare corpus here (data/cache/ or ../shared/data/)"
+
+
 def corpus_available() -> bool:
     from data.text import CACHE, SHARED
     return CACHE.is_file() or SHARED.is_file()
@@ -183,7 +186,7 @@ def runnable(cmd: str, entry: Cmd | None) -> str:
     if not entry.full and os.environ.get("ATTN_README_FULL") == "only":
         return "ATTN_README_FULL=only: the committed reference's lines alone"
     if "shakespeare" in cmd and not corpus_available():
-        return "no tiny Shakespeare corpus here (data/cache/ or ../shared/data/)"
+        return NO_CORPUS
     return ""
 
 
@@ -216,6 +219,8 @@ def test_readme_command(cmd, state, tmp_path_factory):
     if entry is None:
         pytest.fail(f"no entry in COMMANDS for the README command {cmd!r}")
     if why := runnable(cmd, entry):
+        if why == NO_CORPUS and CORPUS_REQUIRED:
+            pytest.fail(f"{why} [required: ATTN_REQUIRE_CORPUS=1]")
         pytest.skip(why)
     start_all(tmp_path_factory)
     if entry.after:

@@ -345,3 +345,43 @@ def test_slug_of_a_long_variant_label_is_short_and_unique():
     a, b = "exp " + "model.attention.x=1 " * 30, "exp " + "model.attention.x=1 " * 29 + "y=2"
     assert slug("no_scaling [d_k=64]") == "no_scaling_d_k=64"
     assert len(slug(a)) <= 96 and len(slug(b)) <= 96 and slug(a) != slug(b)
+
+
+def test_a_section_that_fails_to_render_exits_1_names_it_and_leaves_the_readme_alone(results, tmp_path,
+                                                                                       monkeypatch, capsys):
+    from experiments.report.sections import disk
+
+    def broken(runs, fig_dir):
+        raise KeyError("no_such_metric")
+    monkeypatch.setattr(disk, "render", broken)
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- BEGIN report:catalogue -->\nSTALE-BLOCK\n<!-- END report:catalogue -->\n")
+    assert report.main([str(results), "--readme", str(readme)]) == 1
+    err = capsys.readouterr().err
+    assert "error: report section disk failed to render: KeyError: 'no_such_metric'" in err
+    assert readme.read_text() == "<!-- BEGIN report:catalogue -->\nSTALE-BLOCK\n<!-- END report:catalogue -->\n"
+    assert "This section failed to render: `KeyError: 'no_such_metric'`" in (results / "REPORT.md").read_text()
+    monkeypatch.undo()  # whole again: exit 0, the README's block written
+    assert report.main([str(results), "--readme", str(readme)]) == 0 and "STALE-BLOCK" not in readme.read_text()
+
+
+def test_sections_renders_one_section_in_place_and_leaves_the_rest(results, tmp_path, capsys):
+    """`--sections bench`: a section read from committed JSON refreshed without the runs the others
+    need; the same bytes as a whole build's, the rest of REPORT.md as it was."""
+    from experiments.io import write_json
+    assert report.main([str(results)]) == 0
+    whole = (results / "REPORT.md").read_text()
+    assert "## Benchmarks" not in whole
+    write_json(results / "bench" / "cost.json", {"bench": "cost", "d": 4, "exact": True, "predicted": 8, "counted": 8,
+                                                 "timed": 8, "rows": []})
+    assert report.main([str(results)]) == 0
+    with_bench = (results / "REPORT.md").read_text()
+    write_json(results / "bench" / "cost.json", {"bench": "cost", "d": 4, "exact": True, "predicted": 8, "counted": 8,
+                                                 "timed": 16, "rows": []})
+    empty = tmp_path / "no_runs"
+    empty.mkdir()
+    assert report.main([str(empty), "--out", str(results), "--sections", "bench"]) == 0  # no runs needed
+    refreshed = (results / "REPORT.md").read_text()
+    assert refreshed == with_bench.replace("timed T = 8.", "timed T = 16.") != with_bench
+    assert report.main([str(results), "--sections", "catalogue,nope"]) == 2
+    assert "no section 'nope'" in capsys.readouterr().err and (results / "REPORT.md").read_text() == refreshed

@@ -1,21 +1,15 @@
 """run.py end to end on a tiny config, and every experiment config composes."""
 import csv
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, TINY
+from tests.conftest import ROOT, TINY, run_py
 
 EXPS = sorted(p.stem for p in (ROOT / "conf" / "exp").glob("*.yaml"))
-
-
-def run_py(args, cwd, env=None):
-    return subprocess.run([sys.executable, str(ROOT / "run.py"), *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=300, env={**os.environ, **(env or {})})
 
 
 def test_tiny_run_writes_metrics_summary_figure_and_offline_wandb(tmp_path):
@@ -26,7 +20,8 @@ def test_tiny_run_writes_metrics_summary_figure_and_offline_wandb(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["exp"] == "baseline"
     import torch
-    assert summary["env"]["torch"] == torch.__version__ and summary["env"]["threads"] == torch.get_num_threads()
+    assert summary["env"]["torch"] == torch.__version__
+    assert summary["env"]["threads"] == summary["config"]["train"]["threads"] == 1  # train.threads' default, set at the start
     assert set(summary["verdict"]) >= {"reproduced", "checks"}
     assert summary["verdict"]["checks"][0]["measured"] == summary["final"]["loss/copy"]
     rows = list(csv.DictReader(open(run_dir / "metrics.csv")))
@@ -37,6 +32,8 @@ def test_tiny_run_writes_metrics_summary_figure_and_offline_wandb(tmp_path):
     assert (run_dir / "curves.png").stat().st_size > 1000
     assert list(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
     assert "reproduced:" in p.stdout
+    log = (run_dir / "run.log").read_text()  # what the run printed, from its command to its verdict line
+    assert log.startswith("$ python run.py model.d_model=32 ") and p.stdout.splitlines()[-1] + "\n" in log
     from omegaconf import OmegaConf  # the run dir records exactly the config that trained (on text: test_on_text.py)
     assert OmegaConf.to_container(OmegaConf.load(run_dir / ".hydra" / "config.yaml"), resolve=True) == summary["config"]
 
@@ -61,6 +58,34 @@ def test_experiment_with_control_trains_the_control_once_and_reuses_it(compose_c
     assert s1.verdict["signature_broken"] and not s1.verdict["reproduced"]
     ctrl = json.loads((Path(s1.control["dir"]) / "summary.json").read_text())
     assert ctrl["config"]["model"]["attention"]["scale"] == "sqrt_dk"
+    # named for what it is (issue 35): the experiment's name for it, whose control it is, its config
+    # hash, the experiment it was trained for; the verdict line says trained, or reused from where
+    from experiments.judging.verdict import verdict_line
+    assert {k: s1.control[k] for k in ("name", "of", "trained_for", "reused")} == {
+        "name": "baseline", "of": "unscaled_tiny", "trained_for": "unscaled_tiny", "reused": False}
+    assert {k: s2.control[k] for k in ("name", "of", "trained_for", "reused")} == {
+        "name": "healthy", "of": "renamed", "trained_for": "unscaled_tiny", "reused": True}
+    assert ctrl["trained_for"] == "unscaled_tiny" and s2.control["config_hash"] == cdir.name
+    assert "| control: trained | " in verdict_line(s1, tmp_path / "a")
+    assert f"| control: reused ({cdir}) | " in verdict_line(s2, tmp_path / "b")
+    from experiments.report.figures import control_label
+    assert control_label(s2.control) == f"healthy (control; config {cdir.name}, trained for unscaled_tiny)"
+
+
+def test_a_control_named_after_an_experiment_is_that_experiments_config():
+    """no_scaling's control was named `baseline` but is another model than `python run.py` trains
+    (issue 35): a control that bears an experiment's name must train that experiment's config."""
+    from experiments.config import compose
+    from experiments.records import config_hash
+    from experiments.training.runner import control_config
+    named = {}
+    for exp in EXPS:
+        cfg = compose([f"+exp={exp}"])
+        if cfg["exp"]["control"] and cfg["exp"]["control"].get("name") in EXPS:
+            named[exp] = cfg["exp"]["control"]["name"]
+            assert config_hash(control_config(cfg)) == config_hash(compose([f"+exp={named[exp]}"])), (exp, named[exp])
+    assert named == {"cosine_no_temperature": "cosine_learned_temperature",  # each other's control: checked above
+                     "cosine_learned_temperature": "cosine_no_temperature"}
 
 
 @pytest.mark.parametrize("exp", EXPS)
@@ -108,3 +133,23 @@ def test_the_report_package_loads_neither_torch_nor_wandb():
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and p.stdout.strip() == "[]", p.stderr[-2000:] + p.stdout
 
+
+
+def test_train_threads_sets_torchs_threads_for_the_run_and_summary_records_them(compose_cfg, tmp_path):
+    import torch
+    from experiments.training.runner import run_experiment
+    before = torch.get_num_threads()
+    try:
+        for n in (2, 1):
+            rec = run_experiment(compose_cfg([*TINY, f"train.threads={n}"], results_dir=tmp_path), tmp_path / str(n))
+            assert torch.get_num_threads() == n and rec.env["threads"] == n
+            assert json.loads((tmp_path / str(n) / "summary.json").read_text())["env"]["threads"] == n
+        torch.set_num_threads(3)
+        rec = run_experiment(compose_cfg([*TINY, "train.threads=null"], results_dir=tmp_path), tmp_path / "null")
+        assert rec.env["threads"] == 3  # null: as torch (or the launcher) set them
+        # not hashed: one control, whatever the threads (and every hash from before the key, kept)
+        from experiments.records import config_hash
+        a, b = (compose_cfg([*TINY, f"train.threads={n}"]) for n in (1, 2))
+        assert config_hash(a) == config_hash(b)
+    finally:
+        torch.set_num_threads(before)

@@ -2,11 +2,9 @@
 import pytest
 import torch
 
-from conftest import SHAKESPEARE
+from conftest import SHAKESPEARE, needs_corpus
 from data import build_task
 from data import text as text_mod
-
-needs_corpus = pytest.mark.skipif(not SHAKESPEARE.is_file(), reason=f"no corpus at {SHAKESPEARE}")
 
 
 @needs_corpus
@@ -209,3 +207,16 @@ def test_another_python_is_said_in_one_line_and_a_missing_module_is_an_error(mon
         assert text_mod.PY_SHA256[:12] in err and len(chars) == len(set("def f():\n    return 1\n"))
     finally:
         text_mod.load_python_source.cache_clear()  # the next caller assembles the real corpus again
+
+
+def test_without_the_corpus_its_tests_skip_and_where_it_is_required_they_fail(monkeypatch, tmp_path):
+    """CI (.ci/run) sets ATTN_REQUIRE_CORPUS=1, as ATTN_REQUIRE_SLURM for the cluster: a missing
+    ../shared fails the corpus tests there instead of skipping them silently (issue 35)."""
+    import conftest
+    monkeypatch.setattr(conftest, "SHAKESPEARE", tmp_path / "missing.txt")
+    monkeypatch.setattr(conftest, "CORPUS_REQUIRED", False)
+    with pytest.raises(pytest.skip.Exception, match="no tiny Shakespeare corpus"):
+        conftest.require_corpus()
+    monkeypatch.setattr(conftest, "CORPUS_REQUIRED", True)
+    with pytest.raises(pytest.fail.Exception, match=r"required: ATTN_REQUIRE_CORPUS=1"):
+        conftest.require_corpus()

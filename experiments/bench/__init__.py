@@ -4,8 +4,9 @@
     python -m experiments.bench throughput    # our loop vs a bare loop, diagnostics off / default interval
     python -m experiments.bench cost          # FLOPs of projections vs attention, counted and timed
     python -m experiments.bench memory        # bytes saved for backward: explicit weights vs SDPA
+    python -m experiments.bench threads       # `python run.py` at 1 and 2 torch threads, idle and beside busy processes
 Each takes --tiny (a seconds-long smoke size, used by the tests). training.py holds the first two,
-attention_cost.py the last two, nanogpt_reference.py nanoGPT's loop transcribed.
+attention_cost.py the next two, threads.py the last, nanogpt_reference.py nanoGPT's loop transcribed.
 """
 import argparse
 import datetime
@@ -15,11 +16,12 @@ from pathlib import Path
 import torch
 
 from experiments.bench.attention_cost import GiB, MiB, bench_cost, bench_memory, saved_bytes  # noqa: F401
+from experiments.bench.threads import bench_threads
 from experiments.bench.training import NANOGPT, TINY_MODEL, bench_shakespeare, bench_throughput, compose  # noqa: F401
 from experiments.io import write_json
 
 BENCHES = {"shakespeare": bench_shakespeare, "throughput": bench_throughput,
-           "cost": bench_cost, "memory": bench_memory}
+           "cost": bench_cost, "memory": bench_memory, "threads": bench_threads}
 
 
 def main(argv=None):
@@ -31,13 +33,13 @@ def main(argv=None):
                    help="also write the figures as JSON (results/bench/NAME.json feeds the report)")
     p.add_argument("--reference", action="store_true",
                    help="shakespeare: also train nanoGPT's own loop (transcribed) from the same seed")
-    p.add_argument("overrides", nargs="*", help="Hydra overrides (shakespeare, throughput), e.g. device=cuda")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides (shakespeare, throughput, threads), e.g. device=cuda")
     a = p.parse_intermixed_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
     kwargs = {"tiny": a.tiny}
     if a.overrides:
-        if a.name not in ("shakespeare", "throughput"):
+        if a.name not in ("shakespeare", "throughput", "threads"):
             p.error(f"{a.name} takes no config overrides")
         kwargs["overrides"] = a.overrides
     if a.reference:

@@ -5,7 +5,8 @@
 Every run under the DIRs (run dirs, a sweep dir, results/) whose experiment has a signature is
 judged again from its own metrics.csv and summary.json and its control's, with the overrides
 applied to its `exp` node (a check an experiment does not have is left alone there; one no run has
-is an error); its summary.json gets the new verdict (and the overrides in its config), and one
+is an error); its summary.json gets the new verdict (and the overrides in its config), its
+curves.png is drawn again from its files (the verdict panel shows the new verdict), and one
 verdict line per run is printed. Then `python -m experiments.report DIR...` rebuilds the report.
 The W&B run keeps the verdict it was trained with (an offline run cannot be reopened cheaply):
 summary.json is the record. Bad input: one line, exit 2; a run that cannot be judged: exit 1.
@@ -18,9 +19,10 @@ import yaml
 
 from experiments.io import write_json
 from experiments.judging.checks import FIELDS, signature
-from experiments.judging.verdict import RunView, evaluate, verdict_line
-from experiments.layout import CHECKPOINTS, SUMMARY, WANDB
+from experiments.judging.verdict import RunView, evaluate, expected_error, verdict_line
+from experiments.layout import CHECKPOINTS, CURVES, SUMMARY, WANDB
 from experiments.records import RunRecord
+from experiments.report.figures import draw_curves
 from experiments.suggest import did_you_mean
 
 USAGE = "usage: python -m experiments.judging DIR... exp.checks.NAME.FIELD=VALUE ..."
@@ -74,7 +76,8 @@ def with_overrides(record: RunRecord, overrides: list) -> dict:
 
 
 def rejudge(run_dir: Path, record: RunRecord, spec: dict) -> RunRecord:
-    """run_dir's verdict under the exp node `spec`, written into its summary.json."""
+    """run_dir's verdict under the exp node `spec`, written into its summary.json; its curves.png
+    (where run.py drew one) drawn again from the run's files, so the figure says what the summary says."""
     checks = signature(spec)
     control = crows = None
     if record.control:
@@ -89,9 +92,11 @@ def rejudge(run_dir: Path, record: RunRecord, spec: dict) -> RunRecord:
             control.context = {**control.context, "floor": record.floor["final"]["loss/train"]}
     record.verdict = evaluate(checks, RunView.of(record, record.metrics()),
                               RunView.of(control, crows) if control else None)
-    record.expected_error = any(c["kind"] == "status" and c["value"] == "error" for c in checks)
+    record.expected_error = expected_error(record.status, record.verdict)
     record.config = {**record.config, "exp": spec}
     write_json(run_dir / SUMMARY, record.to_summary())
+    if (run_dir / CURVES).exists():
+        draw_curves(RunRecord.read(run_dir), run_dir / CURVES)
     return record
 
 

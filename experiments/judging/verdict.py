@@ -157,6 +157,15 @@ def evaluate(expect: list[dict], run: RunView, control: RunView | None) -> dict:
     return out
 
 
+def expected_error(status: str, verdict: dict | None) -> bool:
+    """Whether a run that raised raised what its experiment expects: a status == error check of
+    its signature held on it (with its message_contains, the very error). Any other crash of the
+    same experiment is unexpected: its exit code is non-zero. The runner and the re-judge both
+    set RunRecord.expected_error from here."""
+    return status == "error" and any(c["kind"] == "status" and c["threshold"] == "error" and c["passed"]
+                                     for c in (verdict or {}).get("checks", []))
+
+
 def _num(x) -> str:
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         return "–" if x is None else str(x)
@@ -174,9 +183,15 @@ def check_text(c: dict) -> str:
     return f"{c.get('key', c['name'])}={_num(c['measured'])}{held} {outcome}"
 
 
+def provenance(ref: dict) -> str:
+    """A control's (or floor's) origin as the verdict line says it: `trained` (by this run), or
+    `reused (its dir)`, from the cache of controls."""
+    return f"reused ({ref['dir']})" if ref["reused"] else "trained"
+
+
 def verdict_line(record, run_dir) -> str:
-    """`[exp] reproduced: ... | status ... | each check | time | run dir`; a run or a control that
-    raised says so in place of the checks."""
+    """`[exp] reproduced: ... | status ... | each check | control: trained or reused (DIR) | time |
+    run dir`; a run or a control that raised says so in place of the checks."""
     v = record.verdict or {}
     broken = " (signature also holds on the control: broken)" if v.get("signature_broken") else ""
     if record.status == "error" and not record.expected_error:
@@ -185,6 +200,8 @@ def verdict_line(record, run_dir) -> str:
         checks = f"not judged: the control raised {v['control_error']}"
     else:
         checks = ", ".join(check_text(c) for c in v.get("checks", []))
+    refs = "".join(f"{role}: {provenance(ref)} | " for role, ref in (("control", record.control),
+                                                                      ("floor", record.floor)) if ref and "reused" in ref)
     wall = f"{record.wall_s:.1f}s | " if record.wall_s is not None else ""
     return (f"[{record.exp}] reproduced: {str(bool(v.get('reproduced'))).lower()}{broken} | "
-            f"status {record.status} | {checks} | {wall}{run_dir}")
+            f"status {record.status} | {checks} | {refs}{wall}{run_dir}")

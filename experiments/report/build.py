@@ -3,6 +3,7 @@
     python -m experiments.report                       # results/ -> results/REPORT.md, runs.csv, figures/
     python -m experiments.report results/multirun/X    # one sweep, written into that dir
     python -m experiments.report --readme README.md    # also refresh README's report blocks
+    python -m experiments.report --sections bench      # only that section, into the existing REPORT.md
 
 Deterministic: the same run dirs give the same REPORT.md, byte for byte (no timestamps, no
 absolute paths), so the committed reference can be regenerated and diffed.
@@ -31,13 +32,24 @@ SECTIONS = (catalogue, text, phase, logit_fixes, heads, lr_sensitivity, collapse
             bench, disk, doctor, zoo, cost)
 
 
-def render_blocks(runs: list[RunRecord], fig_dir: Path) -> dict[str, str]:
+class SectionsFailed(Exception):
+    """Sections that raised while rendering: REPORT.md names them, the README is left alone, and
+    the command exits non-zero (a report with a broken section is never shipped as whole)."""
+
+    def __init__(self, failed: dict[str, str]):
+        super().__init__("; ".join(f"section {name} failed to render: {why}" for name, why in failed.items()))
+        self.failed = failed
+
+
+def render_blocks(runs: list[RunRecord], fig_dir: Path, failed: dict | None = None, sections=SECTIONS) -> dict[str, str]:
     """Every section's markdown blocks, in report order. A section that raises is reported as
-    failed (with the reason) instead of taking the whole report down. Runs on text data (the
-    experiments' text versions) go only to sections with `TEXT = True` (sections/text.py)."""
+    failed (with the reason, also into `failed`: {section: why}) in place of its block, so the
+    rest of the report can be read. Runs on text data (the experiments' text versions) go only to
+    sections with `TEXT = True` (sections/text.py)."""
     blocks: dict[str, str] = {}
+    failed = {} if failed is None else failed
     synthetic = [r for r in runs if not text_version(r)]
-    for mod in SECTIONS:
+    for mod in sections:
         try:  # text versions only reach the sections that ask for them (TEXT = True)
             mine = runs if getattr(mod, "TEXT", False) else synthetic
             if hasattr(mod, "blocks"):
@@ -48,7 +60,8 @@ def render_blocks(runs: list[RunRecord], fig_dir: Path) -> dict[str, str]:
                     blocks[mod.NAME] = md
         except Exception as e:
             traceback.print_exc()
-            blocks[mod.NAME] = f"## {mod.NAME}\n\nThis section failed to render: `{type(e).__name__}: {e}`\n"
+            failed[mod.NAME] = f"{type(e).__name__}: {e}"
+            blocks[mod.NAME] = f"## {mod.NAME}\n\nThis section failed to render: `{failed[mod.NAME]}`\n"
     return blocks
 
 
@@ -95,6 +108,8 @@ def update_readme(readme: Path, blocks: dict[str, str], out: Path) -> list[str]:
 
 
 def build(dirs, out: Path, readme: Path | None = None) -> Path:
+    """REPORT.md, runs.csv and figures/ into `out` (and the README's blocks); raises SectionsFailed
+    after writing REPORT.md if a section failed, leaving the README as it was."""
     out = Path(out)
     fig_dir = out / "figures"
     fig_dir.mkdir(parents=True, exist_ok=True)
@@ -103,8 +118,9 @@ def build(dirs, out: Path, readme: Path | None = None) -> Path:
     table = runs_table(runs)
     if not table.empty:
         atomic_write(out / "runs.csv", lambda f: table.to_csv(f, index=False, lineterminator="\n"))
+    failed: dict[str, str] = {}
     if runs:
-        blocks = render_blocks(runs, fig_dir)
+        blocks = render_blocks(runs, fig_dir, failed)
         text = header(runs) + "".join(f"\n{b.strip()}\n" for b in blocks.values())
     else:
         blocks = {}
@@ -114,11 +130,44 @@ def build(dirs, out: Path, readme: Path | None = None) -> Path:
     for p, mtime in before.items():
         if p.exists() and p.stat().st_mtime_ns == mtime:
             p.unlink()
+    if failed:
+        raise SectionsFailed(failed)
     if readme is not None:
         for name in update_readme(Path(readme), blocks, out):
             print(f"report: README marker report:{name} has no block (known: {', '.join(blocks)})",
                   file=sys.stderr)
     return out / "REPORT.md"
+
+
+def refresh(names: list[str], dirs, out: Path) -> Path:
+    """Render only the sections `names` into the existing out/REPORT.md, in place of their old text,
+    leaving the rest as it was: the sections that read committed JSON (bench, doctor, zoo, cost)
+    refreshed without the runs the others are built from. The same bytes a whole build would
+    give that section. Raises SectionsFailed, ValueError for a name or a section it cannot place."""
+    known = {m.NAME: m for m in SECTIONS}
+    for n in names:
+        if n not in known:
+            raise ValueError(f"--sections: no section {n!r} (known: {', '.join(known)})")
+    path = Path(out) / "REPORT.md"
+    if not path.is_file():
+        raise ValueError(f"--sections: {path} does not exist (build the whole report first)")
+    runs, text = load_runs(dirs), path.read_text()
+    for name in names:
+        failed: dict[str, str] = {}
+        blocks = render_blocks(runs, Path(out) / "figures", failed, [known[name]])
+        if failed:
+            raise SectionsFailed(failed)
+        md = "".join(f"\n{b.strip()}\n" for b in blocks.values()).strip()  # as build() joins them
+        title = md.splitlines()[0] if md else ""
+        start = text.find(f"\n{title}\n")
+        if not title.startswith("## ") or start < 0:
+            raise ValueError(f"--sections: section {name} renders nothing from these dirs, or {path} has no "
+                             f"section {title!r} to replace")
+        end = text.find("\n\n## ", start + 1)
+        end = len(text) if end < 0 else end + 1
+        text = f"{text[:start + 1]}{md}\n{text[end:]}"
+    write_text(path, text)
+    return path
 
 
 def main(argv=None) -> int:
@@ -127,6 +176,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, help="where REPORT.md, runs.csv, figures/ go "
                                              "(default: the only DIR given, else results)")
     ap.add_argument("--readme", type=Path, help="refresh this README's <!-- BEGIN report:NAME --> blocks")
+    ap.add_argument("--sections", help="only these sections (comma-separated, e.g. bench), rendered into the "
+                                       "existing OUT/REPORT.md in place of their old text")
     a = ap.parse_args(argv)
     dirs = a.dirs or [Path("results")]
     for d in dirs:
@@ -137,8 +188,25 @@ def main(argv=None) -> int:
         print(f"error: --readme {a.readme} does not exist", file=sys.stderr)
         return 2
     out = a.out or (dirs[0] if len(dirs) == 1 else Path("results"))
-    path = build(dirs, out, a.readme)
-    print(f"report: {display(path)}")
+    try:
+        if a.sections:
+            try:
+                if a.readme:
+                    raise ValueError("--sections refreshes REPORT.md only; --readme needs the whole report")
+                path = refresh([n.strip() for n in a.sections.split(",") if n.strip()], dirs, out)
+            except ValueError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 2
+        else:
+            path = build(dirs, out, a.readme)
+    except SectionsFailed as e:
+        for name, why in e.failed.items():
+            print(f"error: report section {name} failed to render: {why}", file=sys.stderr)
+        print(f"report: {display(Path(out) / 'REPORT.md')} " + ("left as it was" if a.sections else
+              f"written with {len(e.failed)} failed section(s)") + (f"; {a.readme} left as it was" if a.readme else ""),
+              file=sys.stderr)
+        return 1
+    print(f"report: {display(path)}" + (f" (sections {a.sections})" if a.sections else ""))
     return 0
 
 

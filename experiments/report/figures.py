@@ -189,6 +189,13 @@ def look_at(spec: dict, failure: str, control: str | None, loss_metric: str = "l
         "; every check per seed against its threshold: the verdict panel (right)."
 
 
+def control_label(ctrl: dict) -> str:
+    """A run's control as its figure names it: the experiment's name for it, its config hash and
+    the experiment it was trained for (a shared control may have been trained for another one)."""
+    was = [f"config {ctrl['config_hash']}"] + ([f"trained for {ctrl['trained_for']}"] if ctrl.get("trained_for") else [])
+    return f"{ctrl['name']} (control; {', '.join(was)})"
+
+
 def draw_curves(record, path) -> None:
     """A judged run's curves.png: its curves and heatmaps against its control's (plot_experiment),
     read back from the two run dirs."""
@@ -196,7 +203,7 @@ def draw_curves(record, path) -> None:
     from experiments.records import read_attn_weights, read_rows, rows_frame
     spec = record.config["exp"]
     ctrl = record.control
-    controls = ([(ctrl["name"], rows_frame(read_rows(Path(ctrl["dir"]) / METRICS)), read_attn_weights(ctrl["dir"]))]
+    controls = ([(control_label(ctrl), rows_frame(read_rows(Path(ctrl["dir"]) / METRICS)), read_attn_weights(ctrl["dir"]))]
                 if ctrl else [])
     plot_experiment(path, spec["name"], [(spec["name"], record.metrics_frame(), record.attn_weights())],
                     controls, control_name=controls[0][0] if controls else "control",

@@ -20,7 +20,7 @@ import torch
 
 from experiments.io import dir_lock, save_attn_weights, save_torch, write_json, write_text
 from experiments.judging.checks import signature
-from experiments.judging.verdict import RunView, evaluate
+from experiments.judging.verdict import RunView, evaluate, expected_error
 from experiments.layout import ATTN_WEIGHTS, SUMMARY, TRACEBACK, WEIGHTS, checkpoint_path, control_dir
 from experiments.records import RunRecord, config_hash, error_message
 from experiments.schema import validate
@@ -98,6 +98,13 @@ def _context(cfg: dict, trainer: Trainer, res) -> dict:
             "log_every": cfg["train"]["log_every"]}
 
 
+def use_threads(cfg: dict) -> None:
+    """train.threads: torch's CPU threads from the run's start (null: as torch or the launcher set
+    them); summary.json's env.threads records what ran."""
+    if cfg["train"]["threads"] is not None:
+        torch.set_num_threads(cfg["train"]["threads"])
+
+
 def run_env(device) -> dict:
     return {"torch": torch.__version__, "threads": torch.get_num_threads(), "python": platform.python_version(),
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
@@ -170,22 +177,35 @@ def control_key(ccfg: dict) -> str:
     return config_hash(ccfg)
 
 
-def find_or_train_control(cfg: dict, progress_factory=None, make=control_config) -> RunRecord:
+def find_or_train_control(cfg: dict, progress_factory=None, make=control_config) -> tuple[RunRecord, bool]:
+    """(the control, or with make=floor_config the floor, of experiment cfg; whether it was reused
+    from the cache rather than trained now). A reused one is named as this experiment names it; its
+    dir keeps the name it was trained under, and trained_for the experiment that trained it."""
     ccfg = make(cfg)
     cdir = control_dir(ccfg["results_dir"], control_key(ccfg))
     with dir_lock(cdir):  # a parallel job waits here, then reuses the result
         if (cdir / SUMMARY).exists():  # maybe trained for another experiment: named as this one names it
             cached = measure_cached(RunRecord.read(cdir), ccfg)
+            # trained before trained_for was recorded: its W&B group, its first experiment's name
+            cached.trained_for = cached.trained_for or cached.config.get("exp", {}).get("group")
             cached.exp, cached.claim = ccfg["exp"]["name"], ccfg["exp"]["claim"]
-            return cached
+            return cached, True
         record, logger = train_run(ccfg, cdir, role="control", progress_factory=progress_factory,
                                    keep_weights=make is control_config)  # a floor measures nothing
+        record.trained_for = cfg["exp"]["name"]
         try:
             logger.summary({"status": record.status, **{f"final/{k}": v for k, v in record.final.items()}})
         finally:
             logger.finish()
         write_json(cdir / SUMMARY, record.to_summary())
-        return record
+        return record, False
+
+
+def reference_entry(ref: RunRecord, of: str, reused: bool) -> dict:
+    """summary.json's `control` (or `floor`): what it is (its name, as the experiment `of` names
+    it), its config hash, the experiment it was trained for, and whether this run reused it."""
+    return {"name": ref.exp, "of": of, "config_hash": ref.config_hash, "trained_for": ref.trained_for,
+            "reused": reused, "dir": str(ref.dir), "status": ref.status, "final": ref.final}
 
 
 def finished_record(cfg: dict, run_dir: Path) -> RunRecord | None:
@@ -229,6 +249,7 @@ def run_experiment(cfg: dict, run_dir: Path, progress_factory=None, checked: boo
     run_dir = Path(run_dir)
     if not checked:  # run.py preflights first, so that a bad config (exit 2) is never taken for a crash
         preflight(cfg)
+    use_threads(cfg)
     if (done := finished_record(cfg, run_dir)) is not None:
         return done
     record, logger = train_run(cfg, run_dir, role="failure" if cfg["exp"]["control"] else "baseline",
@@ -260,23 +281,21 @@ def judge(cfg: dict, record: RunRecord, progress_factory=None) -> None:
     rows = record.metrics()
     control, crows = None, []
     if spec["control"]:
-        control = find_or_train_control(cfg, progress_factory)
+        control, reused = find_or_train_control(cfg, progress_factory)
         crows = control.metrics()
-        record.control = {"name": control.exp, "dir": str(control.dir), "status": control.status,
-                          "final": control.final, "config_hash": control.config_hash,
+        record.control = {**reference_entry(control, spec["name"], reused),
                           "nonfinite": control.nonfinite, "error": control.error}
     loss = spec["loss_metric"]
     if control is not None and control.status == "completed" and loss in control.final:
         for r in (record, control):  # `control` in check expressions, for run and control alike
             r.context = {**r.context, "control": control.final[loss]}
     if spec["floor"]:  # its final loss is `floor` in check expressions, for run and control alike
-        floor = find_or_train_control(cfg, progress_factory, make=floor_config)
-        record.floor = {"name": floor.exp, "dir": str(floor.dir), "status": floor.status, "final": floor.final,
-                        "config_hash": floor.config_hash}
+        floor, reused = find_or_train_control(cfg, progress_factory, make=floor_config)
+        record.floor = reference_entry(floor, spec["name"], reused)
         if floor.status == "completed":
             for r in (record, control):
                 if r is not None:
                     r.context = {**r.context, "floor": floor.final["loss/train"]}
     checks = signature(spec)
     record.verdict = evaluate(checks, RunView.of(record, rows), RunView.of(control, crows) if control else None)
-    record.expected_error = any(c["kind"] == "status" and c["value"] == "error" for c in checks)
+    record.expected_error = expected_error(record.status, record.verdict)

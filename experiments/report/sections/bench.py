@@ -49,6 +49,26 @@ def _throughput(t: dict) -> str:
             f"bare loop = {ratios} (targets 0.95 and 0.90){mfu}.")
 
 
+def _threads(t: dict) -> str:
+    """The default run at 1 and 2 torch threads (experiments/bench/threads.py): the figures behind
+    conf/train/cpu.yaml's train.threads."""
+    busy = sorted({r["busy"] for r in t["rows"]})
+    threads = sorted({r["threads"] for r in t["rows"]})
+    cells = []
+    for b in busy:
+        mine = [r for r in t["rows"] if r["busy"] == b]
+        loads = [r["load_before"] for r in mine]
+        times = ", ".join(f"{n} thread(s) **{t['median_s'][f'{b} busy, {n} threads']:.1f} s** "
+                          f"({t['median_cpu_s'][f'{b} busy, {n} threads']:.1f} s CPU)" for n in threads)
+        cells.append(f"{b} busy process(es) started beside it (the 1-minute load average before each run "
+                     f"{min(loads):.1f}-{max(loads):.1f}): {times}")
+    rounds = f"the median of {t['rounds']} rounds" if t["rounds"] > 1 else "one round"
+    return (f"- **threads** (`{t['command']}` whole, start-up included: wall time and CPU time, {rounds} of "
+            f"1 and 2 threads in turn, {t['cores']} cores, {t.get('date', 'undated')}): "
+            + "; ".join(cells)
+            + f". The default: `train.threads={t['default_threads']}` (conf/train/cpu.yaml).")
+
+
 def _mib(n: float) -> str:
     return f"{n / 2 ** 20:,.0f} MiB" if n < 2 ** 30 else f"{n / 2 ** 30:,.1f} GiB"
 
@@ -62,6 +82,8 @@ def render(summaries: list[dict], fig_dir: Path) -> str | None:
         out.append(_shakespeare(b["shakespeare"]))
     for t in b.get("throughput", []):
         out.append(_throughput(t))
+    for t in b.get("threads", []):
+        out.append(_threads(t))
     if "cost" in b:
         c = b["cost"][-1]
         rows = "\n".join(f"| {r['T']} | {r['proj_flops']:,} | {r['proj_formula']:,} | {r['attn_flops']:,} | "

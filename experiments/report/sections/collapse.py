@@ -8,6 +8,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from experiments.facts import COLLAPSED_NATS  # noqa: E402
 from experiments.records import RunRecord  # noqa: E402
 from experiments.report.figures import save
 
@@ -33,13 +34,13 @@ def _figure(pairs: list[tuple[RunRecord, RunRecord | None]], path: Path):
             for c in _heads(df):
                 d = df.dropna(subset=[c])
                 ax.plot(d["step"], d[c], lw=1.2, marker=".", ms=3, label=c.removeprefix("attn/entropy_head/"))
-            ax.axhline(0.1, color="grey", ls=":", lw=0.8)
+            ax.axhline(COLLAPSED_NATS, color="grey", ls=":", lw=0.8)
             ax.set_title(f"seed {r.seed}: {role}", fontsize=9)
             ax.set_xlabel("step")
             if j == 0:
                 ax.set_ylabel("mean row entropy (nats)")
     axes[0][0].legend(fontsize=7)
-    fig.suptitle("attention entropy per head (dotted: 0.1 nats)", fontsize=9)
+    fig.suptitle(f"attention entropy per head (dotted: {COLLAPSED_NATS:g} nats)", fontsize=9)
     save(fig, path)
 
 
@@ -56,7 +57,7 @@ def render(runs: list[RunRecord], fig_dir: Path) -> str | None:
     fails.sort(key=lambda r: r.seed or 0)
     _figure([(r, r.control_run) for r in fails], fig_dir / "entropy_collapse_heads.png")
     lines = ["## Entropy collapse per head (entropy_collapse)", "",
-             "Per run: the first diagnostic step at which some head's mean row entropy fell below 0.1 nats, "
+             f"Per run: the first diagnostic step at which some head's mean row entropy fell below {COLLAPSED_NATS:g} nats, "
              "the max |logit| of any layer at that step and over the run, the lowest head entropy at the end, "
              "and the final loss/copy; the control is the same run with sigma-reparam.", "",
              "| seed | run | collapse step | max logit at collapse | max logit over the run | heads collapsed at the end "

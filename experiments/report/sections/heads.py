@@ -16,6 +16,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from experiments.facts import about_even  # noqa: E402
 from experiments.records import RunRecord  # noqa: E402
 
 NAME = "heads"
@@ -106,7 +107,7 @@ def statements(stats: dict, d_model: int, layers: int = 1) -> list[str]:
         out.append(f"h=1 only: acc/answer {one['acc']:.3g} against the equal-weight average's ceiling "
                    f"{one['ceiling']:.3g}: one head {'is not' if beats else 'is'} limited to the average here.")
     if one and one["fa"] is not None:
-        even = abs(one["fa"] - one["fb"]) < 0.1 and min(one["fa"], one["fb"]) >= 0.25
+        even = about_even(one["fa"], one["fb"])
         out.append(f"One head's split: {one['fa']:.2f} on a, {one['fb']:.2f} on b "
                    f"({'about 50/50' if even else 'not 50/50'}); "
                    f"{one['split']:.0%} of its fact-reading rows mix both facts.")

@@ -17,6 +17,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from attention.variance import predicted_score_std  # noqa: E402
+from experiments.config import exp_check  # noqa: E402
+from experiments.judging.expressions import evaluate as expr  # noqa: E402
 from experiments.judging.verdict import RunView  # noqa: E402
 from experiments.records import RunRecord  # noqa: E402
 from experiments.report.runs import sweep_runs  # noqa: E402
@@ -24,7 +26,10 @@ from experiments.report.figures import save
 
 NAME = "phase"
 EXP = "phase_no_scaling"
-METRIC, LEVEL = "loss/copy", 0.9  # plateau: steps before loss/copy first drops below 0.9 ln V
+# no_scaling's plateau check, applied to every cell: steps before its metric first drops below its
+# level, and the ratio to the scaled twin at which the flatline holds
+FLATLINE = exp_check("no_scaling", "plateau")
+METRIC = FLATLINE["metric"]
 
 
 def model_score_std(model: dict) -> float:
@@ -55,7 +60,7 @@ def cell(run: RunRecord) -> dict:
     first = next((r for r in rows if r.get("step") == 0), {})
     return {**labels(cfg), "seed": run.seed, "status": run.status,
             "budget": cfg["train"]["steps"],
-            "plateau": min(view.plateau_steps(METRIC, LEVEL * ln_v), cfg["train"]["steps"]),
+            "plateau": min(view.plateau_steps(METRIC, expr(FLATLINE["level"], {"ln_V": ln_v})), cfg["train"]["steps"]),
             "final": run.final.get(METRIC) if run.status == "completed" else math.nan,
             "pred_std": model_score_std(cfg["model"]),
             "init_std": first.get("attn/score_std/L0"), "ln_V": ln_v}
@@ -185,11 +190,13 @@ def _fmt(x, spec=".3g"):
 
 def pairs_table(cells: list[dict]) -> list[str]:
     """Unscaled against scaled at the same d_k, init and optimizer: the flatline holds where the
-    unscaled cell stays on the plateau >= 5x as long as its scaled twin, and that twin left it
-    (a scaled cell stuck too means the init or optimizer, not the scale, is what stalls)."""
+    unscaled cell stays on the plateau as many times as long as its scaled twin as no_scaling's
+    plateau check asks, and that twin left it (a scaled cell stuck too means the init or
+    optimizer, not the scale, is what stalls)."""
     by = {(c["optim"], c["init"], c["d_k"], c["scale"]): c for c in cells}
     out = ["Where the flatline holds: the unscaled cell against its scaled twin (same d_k, init, "
-           "optimizer). *holds*: unscaled plateau >= 5x the scaled one, scaled left the plateau; "
+           f"optimizer). *holds*: unscaled plateau >= {FLATLINE['value']:g}x the scaled one (no_scaling's "
+           "plateau check), scaled left the plateau; "
            "*confounded*: the scaled twin never left it either.", "",
            "| optimizer | q/k init | d_k | predicted std unscaled | plateau scaled | plateau unscaled "
            "| ratio | final loss/copy unscaled / scaled | flatline |",
@@ -199,7 +206,7 @@ def pairs_table(cells: list[dict]) -> list[str]:
         if sc != "unscaled" or s is None:
             continue
         ratio = u["plateau"] / max(s["plateau"], 1)
-        verdict = "confounded" if s["flat"] else ("holds" if ratio >= 5 else "no")
+        verdict = "confounded" if s["flat"] else ("holds" if ratio >= FLATLINE["value"] else "no")
         capped = lambda c: f"{c['plateau']:.0f}{'+' if c['flat'] else ''}"  # noqa: E731
         out.append(f"| {o} | {i} | {d} | {_fmt(u['pred_std'])} | {capped(s)} | {capped(u)} | {ratio:.1f} "
                    f"| {_fmt(u['final'])} / {_fmt(s['final'])} | {verdict} |")
@@ -214,7 +221,7 @@ def render(runs: list[RunRecord], fig_dir: Path) -> str | None:
     points = [cell(s) for s in runs]
     cells = aggregate(points)
     budget = max(c["budget"] for c in cells)
-    _heatmaps(cells, "plateau", "steps on the chance plateau (loss/copy >= 0.9 ln V)",
+    _heatmaps(cells, "plateau", f"steps on the chance plateau ({METRIC} >= {FLATLINE['level']})",
               fig_dir / "phase_plateau.png", vmax=budget,
               cbar_label=f"steps on the plateau (hatched, {budget}+: never left it)")
     _heatmaps(cells, "final", "final loss/copy", fig_dir / "phase_final_loss.png",

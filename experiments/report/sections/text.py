@@ -143,8 +143,8 @@ def render(runs: list[RunRecord], fig_dir: Path) -> str | None:
            "attends only to itself), in nats per character, averaged over seeds; control − floor is what "
            "attention buys the control (the healthy text model: below −0.5; a version whose bug needs "
            "another setting, a high learning rate say, trains its control there too). The thresholds were set on "
-           "Shakespeare; Python source (`data=python_source_char`, `python_source_lines`: 32 modules of "
-           "Python's standard library) is a second corpus of another kind on which the same signatures are "
+           "Shakespeare; Python source (`data=python_source_char`, `python_source_lines`: the modules of "
+           "Python's standard library listed in `data/text.py`) is a second corpus of another kind on which the same signatures are "
            "only checked: its column says in how many seeds each held there (– where not run).", "", *rows, ""]
     if pairs:
         fig_dir = Path(fig_dir)

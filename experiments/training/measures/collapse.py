@@ -3,7 +3,7 @@
 `exp.measures: ["per_head_collapse"]`."""
 import math
 
-COLLAPSED = 0.1  # nats: a head whose mean row entropy is below this attends one-hot
+from experiments.facts import COLLAPSED_NATS
 
 
 def _head_cols(row: dict) -> list[str]:
@@ -11,7 +11,7 @@ def _head_cols(row: dict) -> list[str]:
 
 
 def per_head(trainer, cfg) -> dict:
-    """The lowest head entropy at the last diagnostic step, the share of heads below COLLAPSED
+    """The lowest head entropy at the last diagnostic step, the share of heads below COLLAPSED_NATS
     there, the first step where some head fell below it and the max logit (any layer) at that
     step, and how much the experiment's loss (exp.loss_metric) moved after it (max - min)."""
     rows = [r for r in trainer.res.rows if _head_cols(r)]
@@ -20,8 +20,8 @@ def per_head(trainer, cfg) -> dict:
     cols = _head_cols(rows[-1])
     last = [rows[-1][c] for c in cols]
     out = {"collapse/min_head_entropy": min(last),
-           "collapse/heads_collapsed": sum(e < COLLAPSED for e in last) / len(last)}
-    first = next((r for r in rows if min(r[c] for c in cols) < COLLAPSED), None)
+           "collapse/heads_collapsed": sum(e < COLLAPSED_NATS for e in last) / len(last)}
+    first = next((r for r in rows if min(r[c] for c in cols) < COLLAPSED_NATS), None)
     logit = lambda r: max(v for k, v in r.items() if k.startswith("attn/max_score/"))  # noqa: E731
     out["collapse/step"] = float(first["step"]) if first else math.nan
     out["collapse/max_logit_at_collapse"] = logit(first) if first else math.nan

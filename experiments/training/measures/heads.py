@@ -10,8 +10,7 @@ import torch
 
 from attention.diagnostics import Recorder, kv_cache_bytes
 from attention.mha import KVCache
-
-SPLIT_TOL = 0.1   # a head "splits 50/50" when both facts get >= 0.25 and their shares differ by < this
+from experiments.facts import MIXES, READS_FACTS
 
 
 @torch.no_grad()
@@ -42,14 +41,14 @@ def fact_weights(trainer, cfg) -> dict:
 
     attn/fact_a, attn/fact_b: per example, the weight on fact a (all its copies) of the head that
     looks at a most, likewise b, averaged; for h = 1 that is the one head's split.
-    attn/split: fraction of (example, head) pairs, among heads with >= 1/2 of their weight on
-    facts, that put >= 1/4 on each fact: heads that average the two.
+    attn/split: fraction of (example, head) pairs, among heads with >= READS_FACTS of their weight
+    on facts, that put >= MIXES on each fact (experiments.facts): heads that average the two.
     attn/separated: fraction of examples where one head puts > 1/2 on a and another > 1/2 on b."""
     w, facts = _query_weights(trainer, cfg["train"]["eval_batches"])
     f = torch.einsum("nht,nft->nhf", w[:, 0], facts.float())  # (N, h, 2): weight on a, on b
     best = f.max(1).values                                    # (N, 2)
-    fact_heads = f.sum(-1) >= 0.5
-    mixing = (f >= 0.25).all(-1) & fact_heads
+    fact_heads = f.sum(-1) >= READS_FACTS
+    mixing = (f >= MIXES).all(-1) & fact_heads
     return {"attn/fact_a": float(best[:, 0].mean()), "attn/fact_b": float(best[:, 1].mean()),
             "attn/split": float(mixing.sum() / fact_heads.sum().clamp_min(1)),
             "attn/separated": float((best > 0.5).all(-1).float().mean()),

@@ -1,0 +1,79 @@
+"""How many torch threads a run should use (conf/train/cpu.yaml's train.threads): the README's
+first command, `python run.py`, timed whole (start-up, training, its control-free verdict and
+figure) at 1 and 2 threads, interleaved round by round, on the machine as it is and beside busy
+processes (`python -c "while True: pass"`, as a newcomer's other jobs). Each run's 1-minute load
+average is recorded before it starts: on a shared machine the other users' load is part of the
+wall time; the CPU seconds the run used (its process and children) are less sensitive to it, and
+show what oversubscribed threads burn spinning."""
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from experiments.config import CONF, compose
+
+RUN_PY = CONF.parent / "run.py"
+BUSY = "while True: pass"
+TINY = ["train.steps=20", "train.eval_batches=1", "train.diag_every=0", "logger=none"]
+
+
+def children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def time_run(threads: int, overrides=()) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of `python run.py train.threads=N OVERRIDES` in a fresh dir, W&B
+    offline as the defaults have it."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    with tempfile.TemporaryDirectory() as d:
+        t0, c0 = time.perf_counter(), children_cpu()
+        p = subprocess.run([sys.executable, str(RUN_PY), f"train.threads={threads}", f"results_dir={d}/results",
+                            *overrides], cwd=d, env=env, capture_output=True, text=True, timeout=1800)
+        wall, cpu = time.perf_counter() - t0, children_cpu() - c0
+    if p.returncode != 0:
+        raise RuntimeError(f"python run.py train.threads={threads} exited {p.returncode}: {p.stderr[-500:]}")
+    return wall, cpu
+
+
+def bench_threads(tiny=False, busy=(0, 2), threads=(1, 2), rounds=1, overrides=()) -> dict:
+    """Median wall time of the default run per (busy processes beside it, threads) over `rounds`
+    (one by default: on a shared 2-core machine a run at 2 threads beside other work takes many
+    minutes, and the gap between 1 and 2 threads is many times the spread); tiny: 20 steps, one
+    busy process."""
+    over = [*(TINY if tiny else []), *overrides]
+    busy = (1,) if tiny else busy
+    rows = []
+    for b in busy:
+        spinners = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(b)]
+        try:
+            time.sleep(1 if b else 0)  # the spinners running before the clock starts
+            for r in range(rounds):
+                for t in threads:
+                    load = os.getloadavg()[0]
+                    wall, cpu = time_run(t, over)
+                    rows.append({"busy": b, "threads": t, "round": r, "wall_s": round(wall, 2),
+                                 "cpu_s": round(cpu, 2), "load_before": round(load, 2)})
+                    print(f"threads: {b} busy, train.threads={t}, round {r}: {wall:.1f} s wall, {cpu:.1f} s CPU "
+                          f"(load average before: {load:.2f})", flush=True)
+        finally:
+            for s in spinners:
+                s.kill()
+                s.wait()
+    median = {f"{b} busy, {t} threads": statistics.median(x["wall_s"] for x in rows
+                                                           if x["busy"] == b and x["threads"] == t)
+              for b in busy for t in threads}
+    median_cpu = {f"{b} busy, {t} threads": statistics.median(x["cpu_s"] for x in rows
+                                                               if x["busy"] == b and x["threads"] == t)
+                  for b in busy for t in threads}
+    for k, v in median.items():
+        print(f"threads: median {k}: {v:.1f} s wall, {median_cpu[k]:.1f} s CPU", flush=True)
+    default = compose([])["train"]["threads"]
+    print(f"threads: default train.threads = {default} (conf/train/cpu.yaml)", flush=True)
+    return {"command": "python run.py" + "".join(f" {o}" for o in over), "cores": os.cpu_count(),
+            "default_threads": default, "rounds": rounds, "rows": rows, "median_s": median, "median_cpu_s": median_cpu,
+            "tiny": tiny}
