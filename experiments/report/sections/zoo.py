@@ -74,6 +74,10 @@ def _count(ps: list[dict], kind: str) -> tuple[int, int]:
     return len(mine), sum(len(p["rows"]) for p in mine)
 
 
+def _rows(n: int) -> str:
+    return f"{n} row" + ("" if n == 1 else "s")
+
+
 def _cost(c: dict) -> str:
     if not c:
         return "cost not recorded"
@@ -89,7 +93,7 @@ def summary(z: dict, fig_dir: Path | None = None) -> str:
     for kind in ("finding", "artifact", "false_alarm", "known", "untriaged"):
         n, r = _count(ps, kind)
         if n:
-            parts.append(f"{n} {PLURAL[kind] if n > 1 else KIND_NAMES[kind]} ({r} rows)")
+            parts.append(f"{n} {PLURAL[kind] if n > 1 else KIND_NAMES[kind]} ({_rows(r)})")
     big = max(ps, key=lambda p: len(p["rows"]), default=None)
     line = (f"transformers {z['transformers']}: **{z['examined']} of {z['archs']}** causal-LM architectures examined ("
             + ", ".join(f"{i} {n}" for i, n in sorted(per_impl.items())) + f"); {rows} fail or warn rows from "
@@ -171,7 +175,7 @@ def render_zoo(z: dict, fig_dir: Path) -> str:
     out += _verdict_table(examined, impls)
     ps = _problems(z)
     rows = sum(len(p["rows"]) for p in ps)
-    counts = ", ".join(f"{n} {PLURAL[k] if n > 1 else KIND_NAMES[k]} ({r} rows)" for k in ("finding", "artifact", "false_alarm", "known", "untriaged")
+    counts = ", ".join(f"{n} {PLURAL[k] if n > 1 else KIND_NAMES[k]} ({_rows(r)})" for k in ("finding", "artifact", "false_alarm", "known", "untriaged")
                        for n, r in [_count(ps, k)] if n)
     out.append(f"\n### Every fail and warn, one entry per problem\n\n{rows} fail or warn rows, **{len(ps)} problems**: "
                f"{counts}. A problem is one cause (`experiments/zoo/triage.yaml`): a known behaviour with its public "
