@@ -3,6 +3,8 @@
     python -m experiments.report                       # results/ -> results/REPORT.md, runs.csv, figures/
     python -m experiments.report results/multirun/X    # one sweep, written into that dir
     python -m experiments.report --readme README.md    # also refresh README's report blocks
+    python -m experiments.report --sections zoo --readme README.md   # only these sections, from their
+                                                       # committed results: no runs needed
 
 Deterministic: the same run dirs give the same REPORT.md, byte for byte (no timestamps, no
 absolute paths), so the committed reference can be regenerated and diffed.
@@ -121,12 +123,46 @@ def build(dirs, out: Path, readme: Path | None = None) -> Path:
     return out / "REPORT.md"
 
 
+def splice(out: Path, names: list[str], readme: Path | None = None) -> Path:
+    """Re-render only the sections `names` (they read committed results, not runs: the zoo, the
+    doctor's evidence, the cost) and put each in place of its old text in out/REPORT.md (from its
+    heading to the next section's) and in the README's blocks; the rest is left as it was."""
+    out = Path(out)
+    fig_dir = out / "figures"
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    mods = {m.NAME: m for m in SECTIONS}
+    unknown = [n for n in names if n not in mods]
+    if unknown:
+        raise ValueError(f"no section {unknown[0]!r} (known: {', '.join(mods)})")
+    blocks: dict[str, str] = {}
+    for n in names:
+        mod = mods[n]
+        blocks.update(mod.blocks([], fig_dir) if hasattr(mod, "blocks") else {n: mod.render([], fig_dir) or ""})
+    text = (out / "REPORT.md").read_text()
+    for n in names:
+        new = blocks.get(n, "").strip()
+        if not new:
+            raise ValueError(f"section {n!r} rendered nothing (are its results there?)")
+        heading = new.splitlines()[0]
+        start = text.find(f"\n{heading}\n")
+        if start < 0:
+            raise ValueError(f"REPORT.md has no section headed {heading!r} to replace")
+        end = text.find("\n## ", start + len(heading) + 2)
+        text = text[:start + 1] + new + ("\n" + text[end:] if end >= 0 else "\n")
+    write_text(out / "REPORT.md", text)
+    if readme is not None:
+        update_readme(Path(readme), blocks, out)
+    return out / "REPORT.md"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m experiments.report", description=__doc__.split("\n")[0])
     ap.add_argument("dirs", nargs="*", type=Path, help="run, sweep or results dirs (default: results)")
     ap.add_argument("--out", type=Path, help="where REPORT.md, runs.csv, figures/ go "
                                              "(default: the only DIR given, else results)")
     ap.add_argument("--readme", type=Path, help="refresh this README's <!-- BEGIN report:NAME --> blocks")
+    ap.add_argument("--sections", help="only these sections (comma-separated names, e.g. zoo), re-rendered from "
+                                       "their committed results into the existing REPORT.md and README")
     a = ap.parse_args(argv)
     dirs = a.dirs or [Path("results")]
     for d in dirs:
@@ -137,6 +173,14 @@ def main(argv=None) -> int:
         print(f"error: --readme {a.readme} does not exist", file=sys.stderr)
         return 2
     out = a.out or (dirs[0] if len(dirs) == 1 else Path("results"))
+    if a.sections:
+        try:
+            path = splice(out, [n for n in a.sections.split(",") if n], a.readme)
+        except (OSError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"report: {display(path)} (sections {a.sections})")
+        return 0
     path = build(dirs, out, a.readme)
     print(f"report: {display(path)}")
     return 0

@@ -82,7 +82,7 @@ def use_release(a) -> str | None:
         a.transformers = a.pinned / f"tf-{a.release}"
     if not a.transformers:
         return None
-    d = a.transformers.resolve()
+    d = Path(os.path.abspath(a.transformers))  # not resolved: the package may be a tree of links
     if not (d / "transformers" / "__init__.py").is_file():
         fail(f"{a.transformers} holds no transformers package; install a release there with "
              f"pip install --no-deps --target {a.transformers} transformers==VERSION (and the huggingface-hub, tokenizers it needs)")
@@ -94,7 +94,7 @@ def use_release(a) -> str | None:
         import transformers
     except Exception as e:  # a release that needs another huggingface-hub or tokenizers
         fail(f"transformers from {a.transformers} does not import: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
-    if not Path(transformers.__file__).resolve().is_relative_to(d):
+    if not Path(os.path.abspath(transformers.__file__)).is_relative_to(d):
         fail(f"transformers was imported from {transformers.__file__}, not from {a.transformers}")
     if a.release and transformers.__version__ != a.release:
         fail(f"{a.transformers} holds transformers {transformers.__version__}, not {a.release}")

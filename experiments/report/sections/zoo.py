@@ -261,4 +261,5 @@ def draw(over: dict, path: Path) -> None:
                         for k in kinds], loc="lower center", ncol=3, fontsize=6, frameon=False)
     fig.suptitle("The zoo over transformers releases: each architecture's worst row", fontsize=8)
     fig.tight_layout(rect=(0, 0.07, 1, 0.97))
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     save(fig, path)
