@@ -100,6 +100,7 @@ def over_releases(tables: dict[str, dict], entries: list[dict] | None = None) ->
         q["first_seen"] = seen[0]
         later = [v for v in versions[versions.index(seen[-1]) + 1:] if q["archs"] & examined[v]]
         q["fixed_in"] = later[0] if later else ""
+        q["examined_in"] = [v for v in versions if q["archs"] & examined[v]]
         q["kind"] = q["kinds"][seen[-1]]  # as the latest release that has it shows it
         q["archs"] = sorted(q["archs"])
         del q["kinds"]
@@ -108,8 +109,14 @@ def over_releases(tables: dict[str, dict], entries: list[dict] | None = None) ->
     return {"releases": versions,
             "problems": sorted(probs.values(), key=lambda q: (version_key(q["first_seen"]), q["key"])),
             "cells": {a: {v: per[v].get(a, "absent") for v in versions} for a in archs},
-            "cost": {v: {**z.get("cost", {}), "examined": z["examined"], "archs": z["archs"],
+            "cost": {v: {**z.get("cost", {}), "examined": z["examined"], "archs": z["archs"], "with": z.get("with", {}),
                          "checks_cpu_s": z.get("cpu_s")} for v, z in tables.items()}}
+
+
+def shown_rows(q: dict, v: str):
+    """A problem's rows in release v: their count, 0 where its architectures were examined without it,
+    '' where none of them was examined (not in that release, or not built)."""
+    return q["rows"].get(v, 0 if v in q["examined_in"] else "")
 
 
 CSV_COLUMNS = ["problem", "kind", "first_seen", "fixed_in", "archs"]
@@ -123,5 +130,5 @@ def to_csv(over: dict) -> str:
     w.writerow([*CSV_COLUMNS, *(f"rows {v}" for v in over["releases"]), "thread or finding"])
     for q in over["problems"]:
         w.writerow([q["key"], q["kind"], q["first_seen"], q["fixed_in"] or "open", " ".join(q["archs"]),
-                    *(q["rows"].get(v, 0) for v in over["releases"]), q["ref"]])
+                    *(shown_rows(q, v) for v in over["releases"]), q["ref"]])
     return f.getvalue()

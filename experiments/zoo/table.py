@@ -106,7 +106,7 @@ def write(out: Path, archs: list[str], key: str = "") -> dict:
         wr.writerows(rows)
     atomic_write(Path(out) / "zoo.csv", w)
     seen, ran = examined_archs(results), {r["arch"] for r in results}
-    summary = {"transformers": transformers.__version__, "torch": torch.__version__,
+    summary = {"transformers": transformers.__version__, "torch": torch.__version__, "with": _beside(),
                "archs": len(archs), "examined": len(seen),
                "impls": sorted({r["impl"] for r in results}),
                "cpu_s": round(sum(r.get("cpu_s", 0) for r in results), 1),
@@ -118,6 +118,19 @@ def write(out: Path, archs: list[str], key: str = "") -> dict:
     text = json.dumps(summary, sort_keys=True, separators=(",", ":"), default=str)
     atomic_write(Path(out) / "zoo.json", lambda f: f.write(text.replace(',{"arch"', ',\n{"arch"')))
     return summary
+
+
+def _beside() -> dict:
+    """The versions of the packages a transformers release brings its own of (its --target dir)."""
+    import importlib.metadata as md
+    out = {}
+    for name in ("huggingface_hub", "tokenizers"):
+        try:
+            mod = __import__(name)
+            out[name] = getattr(mod, "__version__", None) or md.version(name)
+        except ImportError:
+            out[name] = None
+    return out
 
 
 def _slim(r: dict) -> dict:

@@ -224,11 +224,12 @@ def _over_releases(fig_dir: Path) -> list[str]:
            + "---|" * len(vs)]
     for q in over["problems"]:
         out.append(f"| {q['key']} | {KIND_NAMES[q['kind']]} | {q['first_seen']} | {q['fixed_in'] or 'open'} | "
-                   + " | ".join(str(q["rows"].get(v, "")) for v in vs) + " |")
+                   + " | ".join(str(releases.shown_rows(q, v)) for v in vs) + " |")
     out.append("\nWhat each release's zoo cost as a whole (imports, builds, checks, reruns; 2 CPU cores shared):\n")
-    out.append("| release | architectures | examined | wall | CPU |\n|---|---|---|---|---|")
+    out.append("| release | with | architectures | examined | wall | CPU |\n|---|---|---|---|---|---|")
     for v, c in over["cost"].items():
-        out.append(f"| {v} | {c['archs']} | {c['examined']} | "
+        beside = ", ".join(f"{k} {x}" for k, x in sorted((c.get("with") or {}).items()) if x)
+        out.append(f"| {v} | {beside} | {c['archs']} | {c['examined']} | "
                    + (f"{c['wall_s'] / 60:.1f} min | {c['cpu_s'] / 60:.1f} min |" if c.get("wall_s") else "not recorded | |"))
     return out
 
