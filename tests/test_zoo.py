@@ -334,3 +334,22 @@ def test_a_new_fail_is_rerun_under_each_condition_and_resumes(tmp_path):
     assert row["reruns"] == "float32:fail float64:fail seed1:fail pad_row:fail pad_id:fail" and row["needs"] == ""
     p = zoo("--arch", "xlm", "--impl", "eager", out=tmp_path)
     assert "to rerun" not in p.stdout and "to run" not in p.stdout
+
+
+def test_report_sections_splice_from_committed_results(tmp_path):
+    """`python -m experiments.report --sections zoo` re-renders the zoo section from results/zoo alone
+    (no runs) and puts it in place of the old one in REPORT.md and README's block; the rest stays."""
+    from experiments.report.build import main
+    (tmp_path / "zoo").mkdir()
+    (tmp_path / "zoo" / "zoo.json").write_text(json.dumps(_table([
+        {"arch": "gpt2", "impl": "eager", "status": "examined", "checks": [_check("low_precision", "fail")]}])))
+    (tmp_path / "REPORT.md").write_text("# Report\n\nbefore\n\n## The zoo: transformers' causal LMs under the doctor\n\n"
+                                        "old zoo text\n\n## What it cost\n\nafter\n")
+    readme = tmp_path / "README.md"
+    readme.write_text("# R\n\n## Zoo\n<!-- BEGIN report:zoo_summary -->\nold\n<!-- END report:zoo_summary -->\nend\n")
+    assert main([str(tmp_path), "--sections", "zoo", "--readme", str(readme)]) == 0
+    text = (tmp_path / "REPORT.md").read_text()
+    assert text.startswith("# Report\n\nbefore\n\n## The zoo") and text.endswith("## What it cost\n\nafter\n")
+    assert "old zoo text" not in text and "1 fail or warn row, **1 problem**" in text
+    assert "**1 of 1**" in readme.read_text() and "\nold\n" not in readme.read_text()
+    assert main([str(tmp_path), "--sections", "nonsense"]) == 2

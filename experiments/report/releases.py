@@ -20,6 +20,7 @@ OUTCOMES = {
     "known": ("known behaviour only", "#ffffbf"),
     "pass": ("every check passed or n/a", "#1a9641"),
     "not_examined": ("not examined (build error, crash, skip)", "#404040"),
+    "not_run": ("in the release, not run in its table", "#e0e0e0"),
     "absent": ("not in this release", "#ffffff"),
 }
 
@@ -75,6 +76,8 @@ def cells(z: dict, entries: list[dict]) -> dict[str, str]:
         kind = problem_kind(p, needs)
         for f in p["rows"]:
             worse(f["arch"], kind)
+    for arch in z.get("not_run", []):
+        out.setdefault(arch, "not_run")
     return out
 
 
@@ -104,7 +107,7 @@ def over_releases(tables: dict[str, dict], entries: list[dict] | None = None) ->
         q["kind"] = q["kinds"][seen[-1]]  # as the latest release that has it shows it
         q["archs"] = sorted(q["archs"])
         del q["kinds"]
-    archs = sorted({r["arch"] for z in tables.values() for r in z["results"]})
+    archs = sorted({r["arch"] for z in tables.values() for r in z["results"]} | {a for z in tables.values() for a in z.get("not_run", [])})
     per = {v: cells(z, entries) for v, z in tables.items()}
     return {"releases": versions,
             "problems": sorted(probs.values(), key=lambda q: (version_key(q["first_seen"]), q["key"])),

@@ -74,8 +74,12 @@ def _count(ps: list[dict], kind: str) -> tuple[int, int]:
     return len(mine), sum(len(p["rows"]) for p in mine)
 
 
+def _count_of(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
 def _rows(n: int) -> str:
-    return f"{n} row" + ("" if n == 1 else "s")
+    return _count_of(n, "row")
 
 
 def _cost(c: dict) -> str:
@@ -96,8 +100,8 @@ def summary(z: dict, fig_dir: Path | None = None) -> str:
             parts.append(f"{n} {PLURAL[kind] if n > 1 else KIND_NAMES[kind]} ({_rows(r)})")
     big = max(ps, key=lambda p: len(p["rows"]), default=None)
     line = (f"transformers {z['transformers']}: **{z['examined']} of {z['archs']}** causal-LM architectures examined ("
-            + ", ".join(f"{i} {n}" for i, n in sorted(per_impl.items())) + f"); {rows} fail or warn rows from "
-            f"**{len(ps)} problems**: " + ("; ".join(parts) or "none") + ".")
+            + ", ".join(f"{i} {n}" for i, n in sorted(per_impl.items())) + f"); {rows} fail or warn {_rows(rows)[len(str(rows)) + 1:]} from "
+            f"**{_count_of(len(ps), 'problem')}**: " + ("; ".join(parts) or "none") + ".")
     if big is not None and len(big["rows"]) > 1:
         e = big["entry"] or {}
         line += (f" The largest, {len(big['rows'])} rows, is one cause: {e.get('note', big['key']).split(':')[0]}"
@@ -177,7 +181,8 @@ def render_zoo(z: dict, fig_dir: Path) -> str:
     rows = sum(len(p["rows"]) for p in ps)
     counts = ", ".join(f"{n} {PLURAL[k] if n > 1 else KIND_NAMES[k]} ({_rows(r)})" for k in ("finding", "artifact", "false_alarm", "known", "untriaged")
                        for n, r in [_count(ps, k)] if n)
-    out.append(f"\n### Every fail and warn, one entry per problem\n\n{rows} fail or warn rows, **{len(ps)} problems**: "
+    out.append(f"\n### Every fail and warn, one entry per problem\n\n{rows} fail or warn {_rows(rows)[len(str(rows)) + 1:]}, "
+               f"**{_count_of(len(ps), 'problem')}**: "
                f"{counts}. A problem is one cause (`experiments/zoo/triage.yaml`): a known behaviour with its public "
                "thread (or the source that says it is by design), a doctor false alarm, or a new finding with its page "
                "in `docs/findings/` (a repro outside the doctor, the cause in transformers' source, a patch, the "
