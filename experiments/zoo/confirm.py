@@ -6,7 +6,7 @@ import traceback
 from pathlib import Path
 
 from experiments.zoo.conditions import CONDITIONS
-from experiments.zoo.worker import NotBuilt, _cpu, _is_memory, _line, build, limit
+from experiments.zoo.worker import NotBuilt, _cpu, _is_memory, _line, build, settle
 
 
 def confirm_path(out: Path, arch: str, impl: str) -> Path:
@@ -38,17 +38,8 @@ def run_confirm(arch: str, impls: list[str], out: str, checks: dict, table: dict
                 mem_bytes: int | None = None, cpu_s: int | None = None):
     """The body of one architecture's confirm process (runner.run forks it): checks is
     {impl: [check names]}; one file per implementation, written when all conditions ran."""
-    import os
-
     from experiments.io import write_json
-    limit(mem_bytes, cpu_s)
-    log = Path(out) / "logs" / f"{arch}.confirm.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    import torch
-    torch.set_num_threads(1)
+    settle(Path(out) / "logs" / f"{arch}.confirm.log", mem_bytes, cpu_s)
     for impl in impls:
         t0, c0 = time.perf_counter(), _cpu()
         res = {"arch": arch, "impl": impl, "checks": checks[impl], "conditions": {}}

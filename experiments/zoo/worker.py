@@ -162,18 +162,22 @@ def examine_one(arch: str, impl: str, table: dict, checks) -> dict:
     return {**res, "status": EXAMINED, "checks": d["checks"], "info": d.get("info", {})}
 
 
-def run_arch(arch: str, impls: list[str], out: str, checks, table: dict, table_hash: str,
-             mem_bytes: int | None = None, cpu_s: int | None = None):
-    """The body of one architecture's process (the runner forks it): caps, quiet logs, then
-    one result file per implementation."""
+def settle(log: Path, mem_bytes: int | None, cpu_s: int | None) -> None:
+    """A forked worker's start: its caps, its output into `log`, one torch thread."""
     limit(mem_bytes, cpu_s)
-    log = Path(out) / "logs" / f"{arch}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     import torch
     torch.set_num_threads(1)
+
+
+def run_arch(arch: str, impls: list[str], out: str, checks, table: dict, table_hash: str,
+             mem_bytes: int | None = None, cpu_s: int | None = None):
+    """The body of one architecture's process (the runner forks it): caps, quiet logs, then
+    one result file per implementation."""
+    settle(Path(out) / "logs" / f"{arch}.log", mem_bytes, cpu_s)
     for impl in impls:
         t0, c0 = time.perf_counter(), _cpu()
         print(f"== {arch} {impl}", flush=True)
