@@ -115,7 +115,8 @@ def test_runner_isolates_hang_crash_memory_and_cpu(tmp_path, monkeypatch):
 def test_shrink_table():
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as M
     t = load_table()
-    assert set(t["archs"]) <= set(M), set(t["archs"]) - set(M)
+    gone = {a for a, e in t["archs"].items() if e.get("releases")}  # mapped by older releases only
+    assert set(t["archs"]) - gone <= set(M), set(t["archs"]) - gone - set(M)
     assert all(e.get("why") or e.get("skip") for e in t["archs"].values())
     c = make_config("deepseek_v2", t)  # MLA: its own sizes, from the table
     assert (c.hidden_size, c.num_hidden_layers, c.kv_lora_rank, c.qk_rope_head_dim) == (64, 2, 16, 8)

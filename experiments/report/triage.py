@@ -9,7 +9,7 @@ import yaml
 
 TRIAGE = Path(__file__).resolve().parents[1] / "zoo" / "triage.yaml"
 KINDS = {"known": "known behaviour", "false_alarm": "doctor false alarm", "finding": "new finding"}
-RULE_KEYS = {"check", "verdict", "impl", "archs", "sides", "cause"}
+RULE_KEYS = {"check", "verdict", "impl", "archs", "sides", "cause", "detail"}
 OUTCOMES = ("pass", "fail", "warn", "skip", "n/a", "inconclusive")
 
 
@@ -91,6 +91,8 @@ def _rule_matches(rule: dict, f: dict) -> bool:
         return False
     if "cause" in rule and f.get("cause") and not any(fnmatch.fnmatchcase(f["cause"], p) for p in rule["cause"]):
         return False  # the doctor named another cause than this entry's
+    if "detail" in rule and not re.search(rule["detail"], f["detail"]):
+        return False  # the row does not show what this reason is about
     if "sides" in rule:  # the thread explains only these sides: a row failing another is not its
         sides = padding_sides(f["detail"], f["tolerance"]) if f["check"] == "padding" else None
         if not sides or not sides <= set(rule["sides"]):
