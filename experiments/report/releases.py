@@ -107,7 +107,8 @@ def over_releases(tables: dict[str, dict], entries: list[dict] | None = None) ->
         q["kind"] = q["kinds"][seen[-1]]  # as the latest release that has it shows it
         q["archs"] = sorted(q["archs"])
         del q["kinds"]
-    archs = sorted({r["arch"] for z in tables.values() for r in z["results"]} | {a for z in tables.values() for a in z.get("not_run", [])})
+    archs = sorted({r["arch"] for z in tables.values() for r in z["results"]}
+                   | {a for z in tables.values() for a in z.get("not_run", [])})
     per = {v: cells(z, entries) for v, z in tables.items()}
     return {"releases": versions,
             "problems": sorted(probs.values(), key=lambda q: (version_key(q["first_seen"]), q["key"])),

@@ -42,7 +42,8 @@ def parse(argv):
                         "transformers==X and the huggingface-hub/tokenizers it needs), used instead of the installed one")
     p.add_argument("--release", metavar="VERSION", help="the release in --pinned DIR/tf-VERSION")
     p.add_argument("--pinned", type=Path, metavar="DIR", help="where --release looks (DIR/tf-VERSION)")
-    p.add_argument("--out", type=Path, help=f"default: {ROOT} (installed transformers), {ROOT}/releases/VERSION (--release, --transformers)")
+    p.add_argument("--out", type=Path,
+                   help=f"default: {ROOT} (installed transformers), {ROOT}/releases/VERSION (--release, --transformers)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--timeout", type=int, default=600, help="wall-clock seconds per architecture")
     p.add_argument("--cpu", type=int, default=300, help="CPU seconds per architecture (SIGXCPU past it)")
@@ -84,8 +85,8 @@ def use_release(a) -> str | None:
         return None
     d = Path(os.path.abspath(a.transformers))  # not resolved: the package may be a tree of links
     if not (d / "transformers" / "__init__.py").is_file():
-        fail(f"{a.transformers} holds no transformers package; install a release there with "
-             f"pip install --no-deps --target {a.transformers} transformers==VERSION (and the huggingface-hub, tokenizers it needs)")
+        fail(f"{a.transformers} holds no transformers package; install a release there with pip install --no-deps "
+             f"--target {a.transformers} transformers==VERSION (and the huggingface-hub, tokenizers it needs)")
     if "transformers" in sys.modules:
         fail("transformers was imported before --transformers could take effect")
     sys.path.insert(0, str(d))

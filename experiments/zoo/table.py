@@ -45,7 +45,8 @@ def reruns(results: list[dict], reran: list[dict]) -> list[dict]:
             for c in CONDITIONS:
                 got = (rec.get("conditions") or {}).get(c.name) or {}
                 mine = got.get(check) or {}
-                conds[c.name] = {"verdict": mine.get("verdict") or f"inconclusive: {got.get('error') or rec.get('reason') or 'not rerun'}"[:200],
+                why = got.get("error") or rec.get("reason") or "not rerun"
+                conds[c.name] = {"verdict": mine.get("verdict") or f"inconclusive: {why}"[:200],
                                  "measured": mine.get("measured"), "changed": got.get("changed", "")}
             out.append({"arch": rec["arch"], "impl": rec["impl"], "check": check, "verdict": row,
                         "conditions": conds, "needs": needs(row, conds)})

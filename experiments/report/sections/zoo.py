@@ -100,7 +100,8 @@ def summary(z: dict, fig_dir: Path | None = None) -> str:
             parts.append(f"{n} {PLURAL[kind] if n > 1 else KIND_NAMES[kind]} ({_rows(r)})")
     big = max(ps, key=lambda p: len(p["rows"]), default=None)
     line = (f"transformers {z['transformers']}: **{z['examined']} of {z['archs']}** causal-LM architectures examined ("
-            + ", ".join(f"{i} {n}" for i, n in sorted(per_impl.items())) + f"); {rows} fail or warn {_rows(rows)[len(str(rows)) + 1:]} from "
+            + ", ".join(f"{i} {n}" for i, n in sorted(per_impl.items()))
+            + f"); {rows} fail or warn {_rows(rows)[len(str(rows)) + 1:]} from "
             f"**{_count_of(len(ps), 'problem')}**: " + ("; ".join(parts) or "none") + ".")
     if big is not None and len(big["rows"]) > 1:
         e = big["entry"] or {}
@@ -179,7 +180,8 @@ def render_zoo(z: dict, fig_dir: Path) -> str:
     out += _verdict_table(examined, impls)
     ps = _problems(z)
     rows = sum(len(p["rows"]) for p in ps)
-    counts = ", ".join(f"{n} {PLURAL[k] if n > 1 else KIND_NAMES[k]} ({_rows(r)})" for k in ("finding", "artifact", "false_alarm", "known", "untriaged")
+    counts = ", ".join(f"{n} {PLURAL[k] if n > 1 else KIND_NAMES[k]} ({_rows(r)})"
+                       for k in ("finding", "artifact", "false_alarm", "known", "untriaged")
                        for n, r in [_count(ps, k)] if n)
     out.append(f"\n### Every fail and warn, one entry per problem\n\n{rows} fail or warn {_rows(rows)[len(str(rows)) + 1:]}, "
                f"**{_count_of(len(ps), 'problem')}**: "
