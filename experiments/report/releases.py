@@ -16,11 +16,11 @@ OUTCOMES = {
     "finding": ("new finding", "#d7191c"),
     "artifact": ("finding that needs a random-init condition", "#fdae61"),
     "false_alarm": ("doctor false alarm", "#abd9e9"),
-    "inconclusive": ("a check inconclusive", "#bababa"),
+    "inconclusive": ("a check inconclusive", "#b2abd2"),
     "known": ("known behaviour only", "#ffffbf"),
     "pass": ("every check passed or n/a", "#1a9641"),
     "not_examined": ("not examined (build error, crash, skip)", "#404040"),
-    "not_run": ("in the release, not run in its table", "#e0e0e0"),
+    "not_run": ("in the release, not run in its table", "#ececec"),
     "absent": ("not in this release", "#ffffff"),
 }
 
