@@ -34,12 +34,12 @@ def touched(patch: Path) -> list[str]:
 
 
 def installed() -> Path:
-    """The installed transformers package (its directory), found without importing it."""
-    import importlib.util
-    spec = importlib.util.find_spec("transformers")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("transformers is not installed (pip install -r requirements-validation.txt)")
-    return Path(list(spec.submodule_search_locations)[0])
+    """The installed transformers package (its directory)."""
+    try:
+        import transformers
+    except ImportError:
+        raise RuntimeError("transformers is not installed (pip install -r requirements-validation.txt)") from None
+    return Path(transformers.__file__).parent
 
 
 def copy(name: str, dest: Path, source: Path | None = None) -> Path:

@@ -123,14 +123,17 @@ def write(out: Path, archs: list[str], key: str = "") -> dict:
 
 def _beside() -> dict:
     """The versions of the packages a transformers release brings its own of (its --target dir)."""
-    import importlib.metadata as md
     out = {}
-    for name in ("huggingface_hub", "tokenizers"):
-        try:
-            mod = __import__(name)
-            out[name] = getattr(mod, "__version__", None) or md.version(name)
-        except ImportError:
-            out[name] = None
+    try:
+        import huggingface_hub
+        out["huggingface_hub"] = huggingface_hub.__version__
+    except ImportError:
+        out["huggingface_hub"] = None
+    try:
+        import tokenizers
+        out["tokenizers"] = tokenizers.__version__
+    except ImportError:
+        out["tokenizers"] = None
     return out
 
 
