@@ -1,40 +1,38 @@
-"""CpmAntForCausalLM's logits at a position depend on the tokens after it.
+"""CpmAntForCausalLM trained with labels: each position attends to the tokens after it, so the
+token it is labelled with is in its input. Exit 1 while the labelled logits see later tokens (the
+bug), 0 when they are causal.
 
-transformers 5.23.0, torch (CPU); random weights from a small config, no download. Run as is:
+transformers 5.23.0, torch (CPU); random weights from a small config, no download; seconds. Run as is:
     python docs/findings/cpmant_causal_lm_sees_the_future.py
-A causal LM's logits before position t must not change when the tokens from t on change (Llama,
-GPT-2: exactly 0). CpmAntModel.forward builds `context` as all ones, and its attention mask lets
-every context token attend to every other one, so the whole input is attended bidirectionally.
+CpmAntModel.forward (modeling_cpmant.py) sets `context` to all ones, and _prepare_attention_mask lets
+every context token attend to every other one: the whole input is a bidirectional prompt, CPM-Live's
+convention at inference (OpenBMB/CPM-Live#259: "when inferencing, context is all set to True"),
+where only the last position's logits are used. CPM-Live trains with context 0 on the target part,
+attended causally; CpmAntForCausalLM(input_ids, labels=...) keeps the inference convention, and its
+loss (on labels not shifted: the user passes the next tokens) is computed on logits that saw them.
 """
+import sys
+
 import torch
-from transformers import CpmAntConfig, CpmAntForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import CpmAntConfig, CpmAntForCausalLM
 
 torch.manual_seed(0)
-small = dict(vocab_size=128, hidden_size=64, num_attention_heads=4, num_hidden_layers=2)
-models = {
-    "cpmant": CpmAntForCausalLM(CpmAntConfig(**small, dim_head=16, dim_ff=128)).eval(),
-    "llama (reference)": LlamaForCausalLM(LlamaConfig(**small, intermediate_size=128)).eval(),
-}
+m = CpmAntForCausalLM(CpmAntConfig(vocab_size=128, hidden_size=64, num_attention_heads=4, num_hidden_layers=2,
+                                   dim_head=16, dim_ff=128)).eval()
 g = torch.Generator().manual_seed(1)
-x = torch.randint(3, 128, (1, 12), generator=g)
-x2 = x.clone()
-x2[:, 6:] = torch.randint(3, 128, (1, 6), generator=g)  # same first 6 tokens, different last 6
+x = torch.randint(3, 128, (1, 13), generator=g)
+inputs, labels = x[:, :-1], x[:, 1:]              # labels: the next tokens (its loss does not shift them)
+later = inputs.clone()
+later[:, 6:] = torch.randint(3, 128, (1, 6), generator=g)  # the same first 6 tokens, the last 6 changed
 with torch.no_grad():
-    for name, m in models.items():
-        a, b = m(input_ids=x).logits[:, :6], m(input_ids=x2).logits[:, :6]
-        print(f"{name}: max |change| of the logits at positions 0..5 when tokens 6..11 change: "
-              f"{(a - b).abs().max().item():.3g} (logits' scale {a.abs().max().item():.3g})")
-    # the loss a user trains with: labels at position t are visible to the model at position t - 1
-    m = models["cpmant"]
-    loss_a = m(input_ids=x, labels=x).loss
-    loss_b = m(input_ids=x2, labels=x).loss  # same labels, later inputs changed
-    print(f"cpmant: loss with the same labels, later inputs changed: {loss_a.item():.4f} -> {loss_b.item():.4f}")
-    # and its cache, called as a decoding loop calls it: CpmAntModel.forward prepends its prompt
-    # positions to the new tokens on every call, and the shapes no longer meet the cached keys
-    for new in (1, 3):
-        cache = m(input_ids=x[:, : 12 - new], use_cache=True).past_key_values
-        try:
-            m(input_ids=x[:, 12 - new:], past_key_values=cache, use_cache=True)
-            print(f"cpmant: prefill {12 - new}, then {new} token(s) through the cache: ran")
-        except RuntimeError as e:
-            print(f"cpmant: prefill {12 - new}, then {new} token(s) through the cache: RuntimeError: {str(e).splitlines()[0]}")
+    a, b = m(input_ids=inputs).logits[:, :6], m(input_ids=later).logits[:, :6]
+    print(f"no labels (generation: a bidirectional prompt, by design): logits at 0..5 when tokens 6..11 change: "
+          f"{(a - b).abs().max().item():.3g} (their scale {a.abs().max().item():.3g})")
+    out_a, out_b = m(input_ids=inputs, labels=labels), m(input_ids=later, labels=labels)
+    leak = (out_a.logits[:, :6] - out_b.logits[:, :6]).abs().max().item()
+    print(f"with labels (training): logits at 0..5 when tokens 6..11 change: expected 0, actual {leak:.3g}; "
+          f"the loss {out_a.loss.item():.4f} -> {out_b.loss.item():.4f}")
+ok = leak == 0
+print("OK: a labelled position sees only the tokens before it" if ok else
+      "BUG: a labelled position attends to the tokens after it (its label among them)")
+sys.exit(0 if ok else 1)

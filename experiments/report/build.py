@@ -3,7 +3,8 @@
     python -m experiments.report                       # results/ -> results/REPORT.md, runs.csv, figures/
     python -m experiments.report results/multirun/X    # one sweep, written into that dir
     python -m experiments.report --readme README.md    # also refresh README's report blocks
-    python -m experiments.report --sections bench      # only that section, into the existing REPORT.md
+    python -m experiments.report --sections zoo --readme README.md   # only these sections, from their
+                                                       # committed results, into REPORT.md and the README
 
 Deterministic: the same run dirs give the same REPORT.md, byte for byte (no timestamps, no
 absolute paths), so the committed reference can be regenerated and diffed.
@@ -139,7 +140,7 @@ def build(dirs, out: Path, readme: Path | None = None) -> Path:
     return out / "REPORT.md"
 
 
-def refresh(names: list[str], dirs, out: Path) -> Path:
+def refresh(names: list[str], dirs, out: Path, readme: Path | None = None) -> Path:
     """Render only the sections `names` into the existing out/REPORT.md, in place of their old text,
     leaving the rest as it was: the sections that read committed JSON (bench, doctor, zoo, cost)
     refreshed without the runs the others are built from. The same bytes a whole build would
@@ -152,11 +153,13 @@ def refresh(names: list[str], dirs, out: Path) -> Path:
     if not path.is_file():
         raise ValueError(f"--sections: {path} does not exist (build the whole report first)")
     runs, text = load_runs(dirs), path.read_text()
+    every: dict[str, str] = {}
     for name in names:
         failed: dict[str, str] = {}
         blocks = render_blocks(runs, Path(out) / "figures", failed, [known[name]])
         if failed:
             raise SectionsFailed(failed)
+        every.update(blocks)
         md = "".join(f"\n{b.strip()}\n" for b in blocks.values()).strip()  # as build() joins them
         title = md.splitlines()[0] if md else ""
         start = text.find(f"\n{title}\n")
@@ -167,6 +170,8 @@ def refresh(names: list[str], dirs, out: Path) -> Path:
         end = len(text) if end < 0 else end + 1
         text = f"{text[:start + 1]}{md}\n{text[end:]}"
     write_text(path, text)
+    if readme is not None:   # only these sections' markers; the others are left as they were
+        update_readme(Path(readme), every, out)
     return path
 
 
@@ -176,8 +181,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, help="where REPORT.md, runs.csv, figures/ go "
                                              "(default: the only DIR given, else results)")
     ap.add_argument("--readme", type=Path, help="refresh this README's <!-- BEGIN report:NAME --> blocks")
-    ap.add_argument("--sections", help="only these sections (comma-separated, e.g. bench), rendered into the "
-                                       "existing OUT/REPORT.md in place of their old text")
+    ap.add_argument("--sections", help="only these sections (comma-separated, e.g. bench,zoo), rendered from their "
+                                       "committed results into the existing OUT/REPORT.md (and --readme) in place "
+                                       "of their old text")
     a = ap.parse_args(argv)
     dirs = a.dirs or [Path("results")]
     for d in dirs:
@@ -191,9 +197,7 @@ def main(argv=None) -> int:
     try:
         if a.sections:
             try:
-                if a.readme:
-                    raise ValueError("--sections refreshes REPORT.md only; --readme needs the whole report")
-                path = refresh([n.strip() for n in a.sections.split(",") if n.strip()], dirs, out)
+                path = refresh([n.strip() for n in a.sections.split(",") if n.strip()], dirs, out, a.readme)
             except ValueError as e:
                 print(f"error: {e}", file=sys.stderr)
                 return 2

@@ -17,9 +17,9 @@ TIMEOUT, CRASH = "timeout", "crash"
 PR_SET_PDEATHSIG = 1
 
 
-def done(out: Path, arch: str, impl: str, table_hash: str) -> bool:
+def done(out: Path, arch: str, impl: str, table_hash: str, path=result_path) -> bool:
     """A result exists for this shrink (a changed shrink-table entry makes it stale)."""
-    p = result_path(out, arch, impl)
+    p = path(out, arch, impl)
     if not p.exists():
         return False
     try:
@@ -29,9 +29,9 @@ def done(out: Path, arch: str, impl: str, table_hash: str) -> bool:
     return r.get("shrink_hash") == table_hash
 
 
-def pending(archs, impls, out: Path, hashes: dict[str, str], redo=False) -> dict[str, list[str]]:
+def pending(archs, impls, out: Path, hashes: dict[str, str], redo=False, path=result_path) -> dict[str, list[str]]:
     """arch -> the implementations without a current result (all of them with redo)."""
-    tasks = {a: [i for i in impls if redo or not done(out, a, i, hashes[a])] for a in archs}
+    tasks = {a: [i for i in impls if redo or not done(out, a, i, hashes[a], path)] for a in archs}
     return {a: i for a, i in tasks.items() if i}
 
 
@@ -69,9 +69,11 @@ def _died(proc, killed_at, limits) -> tuple[str, str]:
 
 def run(tasks: dict[str, list[str]], out: Path, *, checks, table: dict, hashes: dict[str, str],
         workers: int = 2, timeout_s: int = 600, cpu_s: int = 300, mem_bytes: int = 4 << 30,
-        progress=print, body=run_arch) -> None:
+        progress=print, body=run_arch, path=result_path) -> None:
     """tasks: arch -> the implementations still to do. Each arch runs in its own process, which
-    calls body(arch, impls, out, checks, table, hash, mem_bytes, cpu_s) (worker.run_arch)."""
+    calls body(arch, impls, out, checks, table, hash, mem_bytes, cpu_s) (worker.run_arch) and
+    writes path(out, arch, impl) for each impl. checks: the same for every arch, or a dict
+    arch -> what that arch's body gets (the confirm reruns: impl -> check names)."""
     import torch  # noqa: F401  imported before the fork so every child inherits it
     import transformers  # noqa: F401
 
@@ -86,7 +88,8 @@ def run(tasks: dict[str, list[str]], out: Path, *, checks, table: dict, hashes: 
             arch, impls = queue.pop(0)
             mem = (table["archs"].get(arch) or {}).get("mem_gb")
             p = ctx.Process(target=_child, name=f"zoo-{arch}", daemon=True,
-                            args=(body, arch, impls, str(out), checks, table, hashes[arch],
+                            args=(body, arch, impls, str(out), checks[arch] if isinstance(checks, dict) else checks,
+                                  table, hashes[arch],
                                   int(mem * 2 ** 30) if mem else mem_bytes, cpu_s))
             p.start()
             running[arch] = (p, impls, time.monotonic(), None)
@@ -98,12 +101,12 @@ def run(tasks: dict[str, list[str]], out: Path, *, checks, table: dict, hashes: 
                     running[arch] = (p, impls, started, time.monotonic())
                 continue
             p.join()
-            missing = [i for i in impls if not done(out, arch, i, hashes[arch])]
+            missing = [i for i in impls if not done(out, arch, i, hashes[arch], path)]
             if missing:
                 status, reason = _died(p, killed_at, limits)
                 tail = _log_tail(out, arch)
                 for impl in missing:
-                    write_json(result_path(out, arch, impl), {
+                    write_json(path(out, arch, impl), {
                         "arch": arch, "impl": impl, "status": status, "reason": reason,
                         "log_tail": tail, "shrink_hash": hashes[arch],
                         "wall_s": round(time.monotonic() - started, 1)})
@@ -112,7 +115,7 @@ def run(tasks: dict[str, list[str]], out: Path, *, checks, table: dict, hashes: 
             states = []
             for impl in impls:
                 try:
-                    states.append(f"{impl} {json.loads(result_path(out, arch, impl).read_text())['status']}")
+                    states.append(f"{impl} {json.loads(path(out, arch, impl).read_text()).get('status', 'done')}")
                 except (OSError, ValueError, KeyError):
                     states.append(f"{impl} ?")
             progress(f"[{finished}/{n}] {arch}: {', '.join(states)} ({time.monotonic() - started:.0f} s)")

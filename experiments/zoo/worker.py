@@ -84,8 +84,17 @@ def _vocab(model, cfg) -> int:
     return getattr(emb, "num_embeddings", 2)
 
 
-def examine_one(arch: str, impl: str, table: dict, checks) -> dict:
-    """The result of one architecture x implementation (never raises, except for memory)."""
+class NotBuilt(Exception):
+    """The model could not be built; .result is the row that says why (status, stage, reason)."""
+
+    def __init__(self, result: dict):
+        super().__init__(result.get("reason", ""))
+        self.result = result
+
+
+def build(arch: str, impl: str, table: dict, seed: int = 0):
+    """(the row so far, the shrunk model in eval mode, its config), built as every zoo row
+    builds it: torch seeded with `seed`, then the table's config. NotBuilt says why not."""
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -99,12 +108,12 @@ def examine_one(arch: str, impl: str, table: dict, checks) -> dict:
     try:
         cfg = make_config(arch, table)
     except NotExamined as e:
-        return {**res, "status": SKIPPED, "reason": str(e)}
+        raise NotBuilt({**res, "status": SKIPPED, "reason": str(e)}) from None
     except Exception as e:
         if _is_memory(e):
             raise
-        return {**res, "status": NOT_BUILT, "stage": "config", "reason": _line(e)}
-    torch.manual_seed(0)
+        raise NotBuilt({**res, "status": NOT_BUILT, "stage": "config", "reason": _line(e)}) from None
+    torch.manual_seed(seed)
     try:
         if entry.get("use"):  # a sub-config: the mapped class takes it directly
             import transformers
@@ -117,7 +126,17 @@ def examine_one(arch: str, impl: str, table: dict, checks) -> dict:
             raise
         unsupported = "does not support an attention implementation" in str(e) or (
             "not supported" in str(e) and impl in str(e))
-        return {**res, "status": UNSUPPORTED if unsupported else NOT_BUILT, "stage": "model", "reason": _line(e)}
+        raise NotBuilt({**res, "status": UNSUPPORTED if unsupported else NOT_BUILT, "stage": "model",
+                        "reason": _line(e)}) from None
+    return res, model, cfg
+
+
+def examine_one(arch: str, impl: str, table: dict, checks) -> dict:
+    """The result of one architecture x implementation (never raises, except for memory)."""
+    try:
+        res, model, cfg = build(arch, impl, table)
+    except NotBuilt as e:
+        return e.result
     res["params"] = sum(p.numel() for p in model.parameters())
     res["impl_used"] = getattr(model.config, "_attn_implementation", None)
     try:
@@ -143,18 +162,22 @@ def examine_one(arch: str, impl: str, table: dict, checks) -> dict:
     return {**res, "status": EXAMINED, "checks": d["checks"], "info": d.get("info", {})}
 
 
-def run_arch(arch: str, impls: list[str], out: str, checks, table: dict, table_hash: str,
-             mem_bytes: int | None = None, cpu_s: int | None = None):
-    """The body of one architecture's process (the runner forks it): caps, quiet logs, then
-    one result file per implementation."""
+def settle(log: Path, mem_bytes: int | None, cpu_s: int | None) -> None:
+    """A forked worker's start: its caps, its output into `log`, one torch thread."""
     limit(mem_bytes, cpu_s)
-    log = Path(out) / "logs" / f"{arch}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     import torch
     torch.set_num_threads(1)
+
+
+def run_arch(arch: str, impls: list[str], out: str, checks, table: dict, table_hash: str,
+             mem_bytes: int | None = None, cpu_s: int | None = None):
+    """The body of one architecture's process (the runner forks it): caps, quiet logs, then
+    one result file per implementation."""
+    settle(Path(out) / "logs" / f"{arch}.log", mem_bytes, cpu_s)
     for impl in impls:
         t0, c0 = time.perf_counter(), _cpu()
         print(f"== {arch} {impl}", flush=True)

@@ -1,46 +1,35 @@
-"""The zoo in the report: what `python -m experiments.zoo --out <report dir>/zoo` wrote
-(zoo.json beside the report's figures dir): counts per check, every fail and warn with its
-triage (experiments/zoo/triage.yaml), and the architectures not examined with the reason."""
-import fnmatch
-import json
+"""The zoo in the report: what `python -m experiments.zoo` wrote (results/zoo/zoo.json beside the
+report's figures dir, and results/zoo/releases/<version>/zoo.json for other releases): counts per
+check, every fail and warn grouped into problems by experiments/zoo/triage.yaml (one entry per
+problem, its rows counted), the reruns of new findings under other conditions, the architectures
+not examined, and the problems over releases with their picture and each release's cost."""
 import re
 from collections import Counter
 from pathlib import Path
 
-import yaml
+from experiments.report import releases, triage
 
 NAME = "zoo"
-TRIAGE = Path(__file__).resolve().parents[2] / "zoo" / "triage.yaml"
-OUTCOMES = ["pass", "fail", "warn", "n/a", "inconclusive"]   # attention_doctor.result.OUTCOMES
 STATUSES = ["examined", "unsupported", "build_error", "forward_error", "doctor_target_error", "doctor_error", "timeout",
             "crash", "memory", "skipped"]
-KINDS = {"known": "known behaviour", "false_alarm": "doctor false alarm", "finding": "new finding"}
+KIND_NAMES = {**triage.KINDS, "artifact": "finding that needs a random-init condition", "untriaged": "untriaged"}
+PLURAL = {"finding": "new findings", "artifact": "findings that need a random-init condition",
+          "false_alarm": "doctor false alarms", "known": "known behaviours", "untriaged": "untriaged"}
+FIGURE = "zoo_releases.png"
+
+
+def root(fig_dir: Path) -> Path:
+    return Path(fig_dir).parent / "zoo"
 
 
 def load(fig_dir: Path) -> dict | None:
-    p = Path(fig_dir).parent / "zoo" / "zoo.json"
-    return json.loads(p.read_text()) if p.exists() else None
-
-
-def load_triage(path=TRIAGE) -> list[dict]:
-    return yaml.safe_load(Path(path).read_text()) or [] if Path(path).exists() else []
-
-
-def _matches(e: dict, arch: str, impl: str, check: str, verdict: str) -> bool:
-    checks = e["check"] if isinstance(e["check"], list) else [e["check"]]
-    return (any(fnmatch.fnmatchcase(check, c) for c in checks) and e.get("verdict", verdict) == verdict
-            and e.get("impl", impl) in (impl, "*")
-            and any(fnmatch.fnmatchcase(arch, pat) for pat in e.get("archs", ["*"])))
-
-
-def triage(flags: list[tuple], entries: list[dict]) -> dict[int, list[tuple]]:
-    """flag (arch, impl, check, verdict, measured) -> the index of the first entry that matches
-    it (-1: untriaged)."""
-    out: dict[int, list[tuple]] = {}
-    for f in flags:
-        i = next((i for i, e in enumerate(entries) if _matches(e, *f[:4])), -1)
-        out.setdefault(i, []).append(f)
-    return out
+    """The installed release's table (or, without one, the newest release's)."""
+    tables = releases.load_tables(root(fig_dir))
+    main = root(fig_dir) / "zoo.json"
+    if not tables:
+        return None
+    import json
+    return json.loads(main.read_text()) if main.exists() else list(tables.values())[-1]
 
 
 def link(thread: str) -> str:
@@ -49,11 +38,12 @@ def link(thread: str) -> str:
     return f"[{thread}](https://github.com/{m[1]}/issues/{m[2]})" if m else (thread or "")
 
 
-def _where(flags: list[tuple]) -> str:
-    by_arch: dict[str, list[str]] = {}
-    for arch, impl, *_ in flags:
-        by_arch.setdefault(arch, []).append(impl)
-    return ", ".join(f"{a} ({'+'.join(sorted(i))})" for a, i in sorted(by_arch.items()))
+def ref(entry: dict | None) -> str:
+    if not entry:
+        return ""
+    if entry["kind"] == "finding":
+        return f"[{Path(entry['finding']).name}](../{entry['finding']})"
+    return link(entry.get("thread", ""))
 
 
 def blocks(runs, fig_dir: Path) -> dict[str, str]:
@@ -61,35 +51,113 @@ def blocks(runs, fig_dir: Path) -> dict[str, str]:
     z = load(fig_dir)
     if not z:
         return {}
-    return {"zoo": render_zoo(z), "zoo_summary": summary(z)}
+    return {"zoo": render_zoo(z, fig_dir), "zoo_summary": summary(z, fig_dir)}
 
 
 def render(runs, fig_dir: Path) -> str | None:
     z = load(fig_dir)
-    return render_zoo(z) if z else None
+    return render_zoo(z, fig_dir) if z else None
 
 
-def _flags(z: dict) -> list[tuple]:
-    return [(r["arch"], r["impl"], c["name"], c["verdict"], c.get("measured"))
-            for r in z["results"] if r["status"] == "examined" for c in r["checks"]
-            if c["verdict"] in ("fail", "warn")]
+def _problems(z: dict) -> list[dict]:
+    """The table's problems, each with its kind as the reruns show it (a finding that passed
+    under a condition is an artifact of it)."""
+    needs = releases.needs_of(z)
+    ps = triage.problems(triage.flags(z["results"]), triage.load())
+    for p in ps:
+        p["shown"] = releases.problem_kind(p, needs)
+    return ps
 
 
-def summary(z: dict) -> str:
+def _count(ps: list[dict], kind: str) -> tuple[int, int]:
+    mine = [p for p in ps if p["shown"] == kind]
+    return len(mine), sum(len(p["rows"]) for p in mine)
+
+
+def _count_of(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def _rows(n: int) -> str:
+    return _count_of(n, "row")
+
+
+def _cost(c: dict) -> str:
+    if not c:
+        return "cost not recorded"
+    return (f"{c['wall_s'] / 60:.1f} min wall, {c['cpu_s'] / 60:.1f} min CPU"
+            + (f" over {c['sessions']} sessions" if c.get("sessions", 1) > 1 else ""))
+
+
+def summary(z: dict, fig_dir: Path | None = None) -> str:
     per_impl = Counter(r["impl"] for r in z["results"] if r["status"] == "examined")
-    flags = _flags(z)
-    entries = load_triage()
-    groups = triage(flags, entries)
-    kinds = Counter()
-    for i, fl in groups.items():
-        kinds[entries[i]["kind"] if i >= 0 else "untriaged"] += len(fl)
-    tri = ", ".join(f"{kinds[k]} {KINDS.get(k, k)}" for k in [*KINDS, "untriaged"] if kinds[k])
-    return (f"transformers {z['transformers']}: **{z['examined']} of {z['archs']}** causal-LM architectures "
-            f"examined (" + ", ".join(f"{i} {n}" for i, n in sorted(per_impl.items())) + f"); {len(flags)} fail "
-            f"or warn rows, triaged: {tri or 'none'}.\n")
+    ps = _problems(z)
+    rows = sum(len(p["rows"]) for p in ps)
+    parts = []
+    for kind in ("finding", "artifact", "false_alarm", "known", "untriaged"):
+        n, r = _count(ps, kind)
+        if n:
+            parts.append(f"{n} {PLURAL[kind] if n > 1 else KIND_NAMES[kind]} ({_rows(r)})")
+    big = max(ps, key=lambda p: len(p["rows"]), default=None)
+    line = (f"transformers {z['transformers']}: **{z['examined']} of {z['archs']}** causal-LM architectures examined ("
+            + ", ".join(f"{i} {n}" for i, n in sorted(per_impl.items()))
+            + f"); {rows} fail or warn {_rows(rows)[len(str(rows)) + 1:]} from "
+            f"**{_count_of(len(ps), 'problem')}**: " + ("; ".join(parts) or "none") + ".")
+    if big is not None and len(big["rows"]) > 1:
+        e = big["entry"] or {}
+        line += (f" The largest, {len(big['rows'])} rows, is one cause: {e.get('note', big['key']).split(':')[0]}"
+                 + (f" ({e['thread']})" if e.get("thread") else "") + ".")
+    tables = releases.load_tables(root(fig_dir)) if fig_dir else {}
+    if len(tables) > 1:
+        over = releases.over_releases(tables)
+        fixed = [q for q in over["problems"] if q["fixed_in"]]
+        line += (f" Over {len(tables)} releases ({', '.join(tables)}): {len(over['problems'])} problems, "
+                 f"{len(fixed)} fixed by a later release.")
+    return line + "\n"
 
 
-def render_zoo(z: dict) -> str:
+def _reruns(p: dict, z: dict) -> str:
+    """How the problem's rows went under the other conditions (findings, false alarms, untriaged)."""
+    got = {(e["arch"], e["impl"], e["check"]): e for e in z.get("confirm", [])}
+    mine = [got[k] for k in ((f["arch"], f["impl"], f["check"]) for f in p["rows"]) if k in got]
+    if p["kind"] == "known":
+        return ""
+    if not mine:
+        return "**not rerun**"
+    needs = sorted({n for e in mine for n in e["needs"]})
+    held = sorted({c for e in mine for c, v in e["conditions"].items() if triage.outcome(v["verdict"]) in ("fail", "warn")})
+    na = sorted({c for e in mine for c, v in e["conditions"].items()
+                 if triage.outcome(v["verdict"]) not in ("fail", "warn", "pass")} - set(held))
+    text = ("**" + "; ".join(needs) + "**" if needs else "holds") + (f" (fails under {', '.join(held)}" if held else " (")
+    return text + (f"; n/a: {', '.join(na)})" if na else ")")
+
+
+def _verdict_table(examined: list[dict], impls: list[str]) -> list[str]:
+    order = list(dict.fromkeys(c["name"] for r in examined for c in r["checks"]))
+    v = Counter((c["name"], r["impl"], triage.outcome(c["verdict"])) for r in examined for c in r["checks"])
+    kinds = [k for k in triage.OUTCOMES if any(n == k for (_, _, n) in v)]
+    out = [f"\nVerdicts per check (architectures examined with that implementation; {' / '.join(kinds)}):\n",
+           "| check | " + " | ".join(impls) + " |\n|---|" + "---|" * len(impls)]
+    out += [f"| {n} | " + " | ".join(" / ".join(str(v[(n, i, k)]) for k in kinds) for i in impls) + " |" for n in order]
+    return out
+
+
+def _inconclusive(examined: list[dict]) -> list[str]:
+    """Rows where a check could not look (the doctor's inconclusive, or its own error): loud."""
+    by: dict[tuple, list[str]] = {}
+    for r in examined:
+        for c in r["checks"]:
+            if triage.outcome(c["verdict"]) == "inconclusive":
+                by.setdefault((c["name"], c["verdict"][:120]), []).append(f"{r['arch']} ({r['impl']})")
+    if not by:
+        return []
+    out = [f"\n### Inconclusive ({sum(map(len, by.values()))} rows)\n",
+           "| check | verdict | where |\n|---|---|---|"]
+    out += [f"| {c} | {v} | {', '.join(sorted(w))} |" for (c, v), w in sorted(by.items())]
+    return out
+
+
+def render_zoo(z: dict, fig_dir: Path) -> str:
     results = z["results"]
     impls = z["impls"]
     examined = [r for r in results if r["status"] == "examined"]
@@ -100,61 +168,107 @@ def render_zoo(z: dict) -> str:
            f"`experiments/zoo/shrink.yaml`), runs a forward and a KV-cache step, then the doctor's checks, with "
            f"each attention implementation ({', '.join(impls)}; torch {z['torch']}, CPU), each architecture in "
            f"a process of its own. **{z['examined']} of {z['archs']}** architectures were examined with at "
-           f"least one implementation; {sum(r.get('cpu_s', 0) for r in results):,.0f} CPU seconds in all. "
+           f"least one implementation. The run as a whole (imports, builds, checks, reruns): "
+           f"{_cost(z.get('cost', {}))}; the checks alone {z.get('cpu_s', 0):,.0f} CPU seconds. "
            "Of transformers' other implementations, `flex_attention` runs on CPU but compiles for every new "
            "input shape (`--impl flex_attention` runs it; it is not in this reference), `paged|eager` needs "
            "the continuous-batching cache, and the flash-attention kernels need CUDA.\n"]
-    # outcomes
     cnt = Counter((r["impl"], r["status"]) for r in results)
     cols = [s for s in STATUSES if any(cnt[(i, s)] for i in impls)]
     out.append("| implementation | " + " | ".join(cols) + " |\n|---|" + "---|" * len(cols))
     out += [f"| {i} | " + " | ".join(str(cnt[(i, s)]) for s in cols) + " |" for i in impls]
-    # verdicts per check
-    order = [c["name"] for c in examined[0]["checks"]] if examined else []
-    v = Counter()
-    for r in examined:
-        for c in r["checks"]:
-            v[(c["name"], r["impl"], c["verdict"].split(":", 1)[0])] += 1
-    # the doctor's outcomes, and any other a results file holds (an older doctor's `skip`)
-    kinds = OUTCOMES + sorted({k for _, _, k in v} - set(OUTCOMES))
-    out.append(f"\nVerdicts per check (architectures examined with that implementation; {' / '.join(kinds)}):\n")
-    out.append("| check | " + " | ".join(impls) + " |\n|---|" + "---|" * len(impls))
-    out += [f"| {n} | " + " | ".join(" / ".join(str(v[(n, i, k)]) for k in kinds) for i in impls) + " |"
-            for n in order]
-    # triage
-    flags = _flags(z)
-    entries = load_triage()
-    groups = triage(flags, entries)
-    out.append(f"\n### Every fail and warn, triaged\n\n{len(flags)} fail or warn rows. Each is a known "
-               "behaviour with its public thread, a doctor false alarm (noted for the doctor; the row reruns once it "
-               "is fixed), "
-               "or a new finding with a reproduction outside the doctor (`docs/findings/`); "
-               "the triage is `experiments/zoo/triage.yaml`.\n")
-    out.append("| check | verdict | triage | where (architecture, implementations) | thread or finding |\n"
-               "|---|---|---|---|---|")
-    for i in sorted(groups, key=lambda i: (i < 0, i)):
-        fl = groups[i]
-        for (check, verdict) in sorted({(f[2], f[3]) for f in fl}):
-            sub = [f for f in fl if (f[2], f[3]) == (check, verdict)]
-            if i < 0:
-                out.append(f"| {check} | {verdict} | **untriaged** | {_where(sub)} | |")
-            else:
-                e = entries[i]
-                ref = (link(e.get("thread", "")) if e["kind"] != "finding"
-                       else f"[{Path(e['finding']).name}](../{e['finding']})")
-                out.append(f"| {check} | {verdict} | {KINDS[e['kind']]}: {e['note']} | {_where(sub)} | {ref} |")
-    # no attention seen: the black-box checks still apply, the white-box ones are inconclusive
+    out += _verdict_table(examined, impls)
+    ps = _problems(z)
+    rows = sum(len(p["rows"]) for p in ps)
+    counts = ", ".join(f"{n} {PLURAL[k] if n > 1 else KIND_NAMES[k]} ({_rows(r)})"
+                       for k in ("finding", "artifact", "false_alarm", "known", "untriaged")
+                       for n, r in [_count(ps, k)] if n)
+    out.append(f"\n### Every fail and warn, one entry per problem\n\n{rows} fail or warn {_rows(rows)[len(str(rows)) + 1:]}, "
+               f"**{_count_of(len(ps), 'problem')}**: "
+               f"{counts}. A problem is one cause (`experiments/zoo/triage.yaml`): a known behaviour with its public "
+               "thread (or the source that says it is by design), a doctor false alarm, or a new finding with its page "
+               "in `docs/findings/` (a repro outside the doctor, the cause in transformers' source, a patch, the "
+               "report to file). A reason must explain what the row shows (which padding side, which implementation). "
+               "Every fail or warn that is not a known behaviour is rerun with a non-zero pad embedding row (`pad_row`), "
+               "pads holding ordinary token ids (`pad_id`), another seed (`seed1`), as it ran (`float32`) and in "
+               "`float64`; one that passes under a condition needs what that condition takes away, and says so.\n")
+    out.append("| problem | triage | rows | where (architecture, implementations) | thread or finding | reruns |\n"
+               "|---|---|---|---|---|---|")
+    for p in ps:
+        e = p["entry"]
+        what = f"{KIND_NAMES[p['shown']]}: {e['note']}" if e else f"**untriaged** ({', '.join(sorted({f['check'] for f in p['rows']}))})"
+        out.append(f"| {p['key']} | {what} | {len(p['rows'])} | {triage.where(p['rows'])} | {ref(e)} | {_reruns(p, z)} |")
+    out += _inconclusive(examined)
     none = sorted({r["arch"] for r in examined if r.get("info", {}).get("attention_modules") == 0
                    and r.get("info", {}).get("qk_sites", 0) == 0})
     if none:
         out.append(f"\nThe doctor found no attention module in: {', '.join(none)} (state-space and recurrent "
                    "models, or a layout it does not know yet); the black-box checks apply, the white-box ones are "
                    "inconclusive.")
-    # not examined
     ne = z.get("not_examined", {})
     if ne:
         out.append(f"\n### Not examined ({len(ne)})\n")
         out += [f"- **{a}**: " + "; ".join(reasons) for a, reasons in sorted(ne.items())]
     if z.get("not_run"):
         out.append(f"\nNot run in this reference: {', '.join(z['not_run'])}.")
+    out += _over_releases(fig_dir)
     return "\n".join(out) + "\n"
+
+
+def _over_releases(fig_dir: Path) -> list[str]:
+    tables = releases.load_tables(root(fig_dir))
+    if len(tables) < 2:
+        return []
+    over = releases.over_releases(tables)
+    vs = over["releases"]
+    draw(over, Path(fig_dir) / FIGURE)
+    out = [f"\n### Across releases\n\nThe same zoo, doctor and triage on {len(vs)} transformers releases "
+           f"({', '.join(vs)}), each installed on its own (`python -m experiments.zoo --release VERSION --pinned DIR`, "
+           "its table in `results/zoo/releases/VERSION/`); `results/zoo/releases.csv` is this table. Per problem: the "
+           "first release examined that has it, and the first release after its last that no longer has it while "
+           "its architectures are examined there.\n",
+           f"![architectures x releases](figures/{FIGURE})\n",
+           "| problem | triage | first seen | fixed in | " + " | ".join(f"rows {v}" for v in vs) + " |\n|---|---|---|---|"
+           + "---|" * len(vs)]
+    for q in over["problems"]:
+        out.append(f"| {q['key']} | {KIND_NAMES[q['kind']]} | {q['first_seen']} | {q['fixed_in'] or 'open'} | "
+                   + " | ".join(str(releases.shown_rows(q, v)) for v in vs) + " |")
+    out.append("\nWhat each release's zoo cost as a whole (imports, builds, checks, reruns; 2 CPU cores shared):\n")
+    out.append("| release | with | architectures | examined | wall | CPU |\n|---|---|---|---|---|---|")
+    for v, c in over["cost"].items():
+        beside = ", ".join(f"{k} {x}" for k, x in sorted((c.get("with") or {}).items()) if x)
+        out.append(f"| {v} | {beside} | {c['archs']} | {c['examined']} | "
+                   + (f"{c['wall_s'] / 60:.1f} min | {c['cpu_s'] / 60:.1f} min |" if c.get("wall_s") else "not recorded | |"))
+    return out
+
+
+def draw(over: dict, path: Path) -> None:
+    """Architectures x releases, each cell coloured by the worst outcome of the architecture's rows
+    in that release; architectures in columns of panels so that every name is readable."""
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    from experiments.report.figures import plt, save
+    kinds = list(releases.OUTCOMES)
+    archs = sorted(over["cells"])
+    vs = over["releases"]
+    per = 60
+    panels = max(1, -(-len(archs) // per))
+    fig, axes = plt.subplots(1, panels, figsize=(2.3 * panels + 1.0, 0.14 * min(per, len(archs)) + 2.2), squeeze=False)
+    cmap = ListedColormap([releases.OUTCOMES[k][1] for k in kinds])
+    for j, ax in enumerate(axes[0]):
+        mine = archs[j * per:(j + 1) * per]
+        grid = [[kinds.index(over["cells"][a][v]) for v in vs] for a in mine]
+        grid += [[kinds.index("absent")] * len(vs)] * (per - len(mine))
+        ax.imshow(grid, cmap=cmap, vmin=-0.5, vmax=len(kinds) - 0.5, aspect="auto", interpolation="nearest")
+        ax.set_yticks(range(len(mine)), mine, fontsize=5)
+        ax.set_xticks(range(len(vs)), vs, fontsize=6, rotation=90)
+        ax.set_xticks([x - 0.5 for x in range(1, len(vs))], minor=True)
+        ax.grid(which="minor", axis="x", color="white", linewidth=0.8)
+        ax.tick_params(length=0)
+    fig.legend(handles=[Patch(facecolor=releases.OUTCOMES[k][1], edgecolor="grey", label=releases.OUTCOMES[k][0])
+                        for k in kinds], loc="lower center", ncol=3, fontsize=6, frameon=False)
+    fig.suptitle("The zoo over transformers releases: each architecture's worst row", fontsize=8)
+    fig.tight_layout(rect=(0, 0.07, 1, 0.97))
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    save(fig, path)

@@ -1,0 +1,148 @@
+"""The zoo's new findings, each upstream-ready in docs/findings/: NAME.md (the report), NAME.py (a
+repro that imports transformers and torch only: exit 1 while the bug is there, 0 once fixed) and
+NAME.patch (the fix, a diff against an installed transformers 5.23.0: paths transformers/...).
+
+    python -m experiments.zoo.findings check                # every repro before and after its patch
+    python -m experiments.zoo.findings check --zoo          # and the architecture's zoo rows, both ways
+    python -m experiments.zoo.findings copy NAME DIR        # DIR/transformers: the installed one, patched
+
+A patched copy is a tree of links to the installed transformers in which the files the patch
+touches are real copies, patched (seconds, a few MB); PYTHONPATH=DIR (or the zoo's --transformers
+DIR) imports it.
+"""
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+FINDINGS = ROOT / "docs" / "findings"
+RELEASE = "5.23.0"  # the release the patches are written against
+
+
+def names() -> list[str]:
+    """The findings with a patch (each also has its .py repro and .md page)."""
+    return sorted(p.stem for p in FINDINGS.glob("*.patch"))
+
+
+def touched(patch: Path) -> list[str]:
+    """The files a unified diff changes, relative to the copy's root (transformers/...)."""
+    return [ln.split()[1].split("/", 1)[1] for ln in patch.read_text().splitlines() if ln.startswith("+++ ")]
+
+
+def installed() -> Path:
+    """The installed transformers package (its directory)."""
+    try:
+        import transformers
+    except ImportError:
+        raise RuntimeError("transformers is not installed (pip install -r requirements-validation.txt)") from None
+    return Path(transformers.__file__).parent
+
+
+def copy(name: str, dest: Path, source: Path | None = None) -> Path:
+    """dest/transformers: links to `source` (the installed transformers), the patch's files real
+    and patched. Raises RuntimeError when the patch does not apply."""
+    source = Path(source or installed()).resolve()
+    dest = Path(dest)
+    pkg = dest / "transformers"
+    if pkg.exists():
+        shutil.rmtree(pkg)
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(source, pkg, symlinks=True, copy_function=os.symlink,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    patch = FINDINGS / f"{name}.patch"
+    for rel in touched(patch):
+        f = dest / rel
+        f.unlink()
+        shutil.copyfile(source.parent / rel, f)
+    p = subprocess.run(["git", "apply", "--unsafe-paths", "-p1", "--directory", str(dest.resolve()), str(patch.resolve())],
+                       capture_output=True, text=True, cwd=dest)
+    if p.returncode:
+        raise RuntimeError(f"{patch.name} does not apply to {source}: {p.stderr.strip()[:300]}")
+    return dest
+
+
+def repro(name: str, pythonpath: Path | None = None, timeout: int = 300) -> tuple[int, str]:
+    """(exit code, output) of docs/findings/NAME.py, with `pythonpath` first on the path."""
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "HF_HUB_OFFLINE": "1",
+           "TRANSFORMERS_VERBOSITY": "error", "PYTHONWARNINGS": "ignore"}
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join([str(pythonpath), *filter(None, [env.get("PYTHONPATH")])])
+    p = subprocess.run([sys.executable, str(FINDINGS / f"{name}.py")], capture_output=True, text=True,
+                       env=env, timeout=timeout, cwd=tempfile.gettempdir())
+    return p.returncode, (p.stdout + p.stderr).strip()
+
+
+def archs(name: str) -> list[str]:
+    """The architectures of the finding's rows in the triage (experiments/zoo/triage.yaml)."""
+    from experiments.report.triage import load
+    return sorted({a for e in load() if Path(e.get("finding", "")).stem == name
+                   for r in e["rules"] for a in r.get("archs", [])})
+
+
+def zoo_rows(arch_list: list[str], out: Path, transformers: Path | None = None) -> dict:
+    """{(arch, impl, check): verdict} of a zoo run on `arch_list` (into `out`)."""
+    import json
+    cmd = [sys.executable, "-m", "experiments.zoo", "--arch", *arch_list, "--out", str(out), "--no-confirm"]
+    if transformers:
+        cmd += ["--transformers", str(transformers)]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if p.returncode:
+        raise RuntimeError(p.stderr.strip()[-500:])
+    z = json.loads((Path(out) / "zoo.json").read_text())
+    return {(r["arch"], r["impl"], c["name"]): c["verdict"].split(":")[0]
+            for r in z["results"] if r["status"] == "examined" for c in r["checks"]}
+
+
+def check(which: list[str], zoo: bool = False) -> int:
+    """Every repro fails on the installed transformers and passes on its patched copy; with zoo,
+    the finding's architectures' rows before and after (only its own rows may change)."""
+    bad = 0
+    with tempfile.TemporaryDirectory(prefix="findings-") as tmp:
+        for name in which:
+            before, _ = repro(name)
+            d = copy(name, Path(tmp) / name)
+            after, out = repro(name, d)
+            ok = before == 1 and after == 0
+            bad += not ok
+            print(f"{name}: before its patch exit {before} (1 expected), after exit {after} (0 expected)"
+                  + ("" if ok else f"  <-- NOT AS EXPECTED\n{out[-800:]}"), flush=True)
+            if zoo and archs(name):
+                a, b = zoo_rows(archs(name), Path(tmp) / f"{name}-zoo-before"), zoo_rows(
+                    archs(name), Path(tmp) / f"{name}-zoo-after", d)
+                changed = {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+                print(f"  zoo rows of {', '.join(archs(name))}: {len(a)} before, {len(b)} after; changed: "
+                      + (", ".join(f"{'/'.join(k)} {x} -> {y}" for k, (x, y) in changed.items()) or "none"), flush=True)
+    return 1 if bad else 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m experiments.zoo.findings", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("check", help="each repro before and after its patch")
+    c.add_argument("names", nargs="*", help=f"default: all ({', '.join(names())})")
+    c.add_argument("--zoo", action="store_true", help="also the zoo rows of the finding's architectures, both ways")
+    k = sub.add_parser("copy", help="DIR/transformers: the installed transformers with NAME's patch")
+    k.add_argument("name")
+    k.add_argument("dir", type=Path)
+    a = ap.parse_args(argv)
+    unknown = [n for n in ([a.name] if a.cmd == "copy" else a.names) if n not in names()]
+    if unknown:
+        print(f"findings: no docs/findings/{unknown[0]}.patch (known: {', '.join(names())})", file=sys.stderr)
+        return 2
+    try:
+        if a.cmd == "copy":
+            print(copy(a.name, a.dir))
+            return 0
+        return check(a.names or names(), a.zoo)
+    except RuntimeError as e:
+        print(f"findings: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
