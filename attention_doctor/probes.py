@@ -250,6 +250,8 @@ class Probe(TorchFunctionMode):
                 setattr(mod, name, fn)
 
     def _sdpa(self, func, args, kwargs):
+        kwargs = dict(kwargs)   # q, k, v may come by name (diffusers' Flux processors: query=, key=, value=)
+        args = tuple(args) + tuple(kwargs.pop(n) for n in ("query", "key", "value")[len(args):] if n in kwargs)
         q, k, v = args[0], args[1], args[2]
         if self._scaling(self._where()) and (self._recording() or not self.modules):
             q, k = q * self.qk_factor, k * self.qk_factor

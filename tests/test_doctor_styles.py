@@ -162,3 +162,24 @@ def test_input_pos_with_a_cache_set_up_first(bug):
     assert r.info["conventions"]["cache"] == "set_kv_cache(batch_size), then input_pos"
     want = {None: {}, "cache_top_left": {"kv_cache": "fail"}, "rope_bf16": {"long_positions": "fail"}}[bug]
     assert {c.name: c.verdict for c in r.checks if c.verdict != "pass"} == want, r.table() + r.details()
+
+
+class KeywordSDPA(nn.Module):
+    """nanoGPT's attention through SDPA with q, k, v by name (as diffusers' Flux processors call it)."""
+
+    def __init__(self, bug):
+        super().__init__()
+        self.n_head, self.c_attn, self.c_proj = S.HEADS, nn.Linear(S.D, 3 * S.D), nn.Linear(S.D, S.D)
+
+    def forward(self, x, pad=None):
+        q, k, v = (S.heads(t, self.n_head) for t in self.c_attn(x).split(x.shape[-1], dim=2))
+        y = torch.nn.functional.scaled_dot_product_attention(query=q, key=k, value=v, is_causal=True)
+        return self.c_proj(S.merge(y, None))
+
+
+def test_sdpa_called_with_q_k_v_by_name_is_seen():
+    lm = S.NanoLM()
+    lm.attn = nn.ModuleList(KeywordSDPA(None) for _ in lm.attn)
+    r = examine(lm, checks=["eval_dropout", "score_scale", "amplified_logits"], strict=True)
+    assert [c.verdict for c in r.checks] == ["pass"] * 3, r.table() + r.details()
+    assert "score std per attention call" in r["score_scale"].detail
