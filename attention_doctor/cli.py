@@ -12,6 +12,11 @@ EPILOG = """targets:
                             config, random weights, no download
   self:                     this project's LM from conf/ (the healthy baseline)
   'self:KEY=VAL KEY=VAL'    the same with Hydra overrides, e.g. self:model.attention.merge=no_transpose
+  xt:OPTION=VALUE,...       an x-transformers TransformerWrapper + Decoder with these options, small, random
+                            weights (needs x-transformers), e.g. xt:rotary_pos_emb=True,attn_flash=True
+  diffusers:PROCESSOR[,cross][,ARG=VALUE...]
+                            a diffusers attention module with this processor, self- or cross-attention
+                            (needs diffusers), e.g. diffusers:AttnProcessor2_0,cross
 exit codes: 0 nothing failed, 1 a check failed, 2 a target the doctor cannot use"""
 
 
