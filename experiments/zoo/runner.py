@@ -69,13 +69,13 @@ def _died(proc, killed_at, limits) -> tuple[str, str]:
 
 def run(tasks: dict[str, list[str]], out: Path, *, checks, table: dict, hashes: dict[str, str],
         workers: int = 2, timeout_s: int = 600, cpu_s: int = 300, mem_bytes: int = 4 << 30,
-        progress=print, body=run_arch) -> None:
+        progress=print, body=run_arch, preload=("torch", "transformers", "attention_doctor")) -> None:
     """tasks: arch -> the implementations still to do. Each arch runs in its own process, which
-    calls body(arch, impls, out, checks, table, hash, mem_bytes, cpu_s) (worker.run_arch)."""
-    import torch  # noqa: F401  imported before the fork so every child inherits it
-    import transformers  # noqa: F401
-
-    import attention_doctor  # noqa: F401
+    calls body(arch, impls, out, checks, table, hash, mem_bytes, cpu_s) (worker.run_arch).
+    preload: modules imported before the fork, so that every child inherits them."""
+    import importlib
+    for name in preload:
+        importlib.import_module(name)
     limits = {"timeout_s": timeout_s, "cpu_s": cpu_s}
     ctx = mp.get_context("fork")
     queue = list(tasks.items())

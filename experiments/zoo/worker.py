@@ -144,9 +144,11 @@ def examine_one(arch: str, impl: str, table: dict, checks) -> dict:
 
 
 def run_arch(arch: str, impls: list[str], out: str, checks, table: dict, table_hash: str,
-             mem_bytes: int | None = None, cpu_s: int | None = None):
+             mem_bytes: int | None = None, cpu_s: int | None = None, *, examine=None):
     """The body of one architecture's process (the runner forks it): caps, quiet logs, then
-    one result file per implementation."""
+    one result file per implementation. examine(arch, impl, table, checks) -> result (default:
+    examine_one; another zoo passes its own)."""
+    examine = examine or examine_one
     limit(mem_bytes, cpu_s)
     log = Path(out) / "logs" / f"{arch}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -159,7 +161,7 @@ def run_arch(arch: str, impls: list[str], out: str, checks, table: dict, table_h
         t0, c0 = time.perf_counter(), _cpu()
         print(f"== {arch} {impl}", flush=True)
         try:
-            res = examine_one(arch, impl, table, checks)
+            res = examine(arch, impl, table, checks)
         except Exception as e:  # _is_memory: the cap was hit; the next implementation may fit
             traceback.print_exc()
             res = {"arch": arch, "impl": impl, "status": MEMORY if _is_memory(e) else "crash",
