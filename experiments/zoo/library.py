@@ -183,26 +183,26 @@ def selected(prog: str, a, names: list[str], paths: tuple[str, ...]) -> tuple[li
     return chosen, impls, checks
 
 
-def run(prog: str, a, names: list[str], impls: list[str], checks, build, entry_hash, meta: dict, preload) -> dict:
-    """Run what is pending (each target in a capped process of its own, resuming what a killed
-    run left), record the cost, write the table. build(name, impl) -> Adapter (examine_target);
-    entry_hash(name): changes when the table's entry for it changes."""
+def run(prog: str, a, every: list[str], chosen: list[str], impls: list[str], checks, build, entry_hash,
+        meta: dict, preload) -> dict:
+    """Run what is pending of `chosen` (each target in a capped process of its own, resuming what
+    a killed run left), record the cost, write the table of `every` target. build(name, impl) ->
+    Adapter (examine_target); entry_hash(name): changes when the table's entry for it changes."""
     from experiments.zoo.__main__ import doctor_hash
     doctor = doctor_hash()
     suffix = "" if checks is None else "-" + ",".join(checks or ["none"])
-    hashes = {n: f"{entry_hash(n)}-{meta.get('version', '')}-{doctor}{suffix}" for n in names}
-    tasks = runner.pending(names, impls, a.out, hashes, a.redo)
+    hashes = {n: f"{entry_hash(n)}-{meta.get('version', '')}-{doctor}{suffix}" for n in chosen}
+    tasks = runner.pending(chosen, impls, a.out, hashes, a.redo)
     if not a.table and tasks:
-        every = sum(len(i) for i in tasks.values()) == len(names) * len(impls)
-        print(f"{prog}: {len(tasks)} target(s) to run, {len(names) - len(tasks)} already done; {a.workers} "
+        print(f"{prog}: {len(tasks)} target(s) to run, {len(chosen) - len(tasks)} already done; {a.workers} "
               f"worker(s), logs in {a.out}/logs", flush=True)
-        clock = Cost(a.out, fresh=every)
+        clock = Cost(a.out, fresh=sum(len(i) for i in tasks.values()) == len(every) * len(impls))
         examine = functools.partial(_examine, build)
         runner.run(tasks, a.out, checks=checks, table={"archs": {}}, hashes=hashes, workers=a.workers,
                    timeout_s=a.timeout, cpu_s=a.cpu, mem_bytes=int(a.mem_gb * 2 ** 30),
                    body=functools.partial(run_arch, examine=examine), preload=preload)
         clock.record(sum(len(i) for i in tasks.values()), a.workers)
-    return write(a.out, names, meta)
+    return write(a.out, every, meta)
 
 
 def _examine(build, name, impl, table_, checks):

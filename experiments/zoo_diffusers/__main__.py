@@ -52,7 +52,7 @@ def main(argv=None):
     def entry_hash(name):
         return hashlib.sha1(json.dumps(adapter.recipe(name), sort_keys=True, default=str).encode()).hexdigest()[:12]
 
-    s = library.run(PROG, a, chosen, impls, checks, build, entry_hash, meta,
+    s = library.run(PROG, a, names, chosen, impls, checks, build, entry_hash, meta,
                     preload=("torch", "diffusers.models.attention_processor", "attention_doctor",
                              "attention_doctor.diffusers"))
     print(f"{PROG}: diffusers {meta['version']}: {s['examined']} of {s['targets']} processors examined; {a.out}/zoo.csv")

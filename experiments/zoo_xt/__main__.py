@@ -66,7 +66,7 @@ def main(argv=None):
             raise library.NotExamined(table["not_examined"][name])
         return build(name, path, table)
 
-    s = library.run(PROG, a, chosen, impls, checks, build_one, lambda n: entry_hash(n, table), meta,
+    s = library.run(PROG, a, names, chosen, impls, checks, build_one, lambda n: entry_hash(n, table), meta,
                     preload=("torch", "x_transformers", "attention_doctor", "attention_doctor.xtransformers"))
     print(f"{PROG}: x-transformers {v}: {s['examined']} of {s['targets']} targets examined; {a.out}/zoo.csv")
     return 0
