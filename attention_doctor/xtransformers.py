@@ -58,25 +58,26 @@ def _accepts(cls) -> set[str]:
     return set(inspect.signature(cls.__init__).parameters)
 
 
-def build(options: dict | str = "", seed: int = 0):
-    """A TransformerWrapper over a Decoder with random weights: SMALL and DECODER, then `options`
-    (each goes to TransformerWrapper if it names one of its arguments, else to the Decoder, as
-    x-transformers' own prefixes say: attn_*, ff_*, rotary_pos_emb, ...). Raises TargetError when
-    x-transformers refuses the options.
+def build(options: dict | str = "", seed: int = 0) -> "XTransformersLM":
+    """A TransformerWrapper over a Decoder with random weights, in its adapter: SMALL and DECODER,
+    then `options` (each goes to TransformerWrapper if it names one of its arguments, else to the
+    Decoder, as x-transformers' own prefixes say: attn_*, ff_*, rotary_pos_emb, ...). Raises
+    TargetError when x-transformers refuses the options.
 
     Without attn_flash=True the model runs the einsum path, but it is built flash-capable where
     x-transformers allows flash with these options (Attend holds no weights: the same seed gives
     the same model), so the doctor can compare the two paths."""
     opts = parse(options) if isinstance(options, str) else dict(options)
-    if not opts.get("attn_flash"):
-        try:
-            model = _build({**opts, "attn_flash": True}, seed)
-        except TargetError:
-            return _build(opts, seed)
-        for a in _attends(model):
-            a.flash = False
-        return model
-    return _build(opts, seed)
+    name = f"xt:{_spec(opts)}"
+    if opts.get("attn_flash"):
+        return XTransformersLM(_build(opts, seed), name, flash_capable=True)
+    try:
+        model = _build({**opts, "attn_flash": True}, seed)
+    except TargetError:
+        return XTransformersLM(_build(opts, seed), name, flash_capable=False)
+    for a in _attends(model):
+        a.flash = False
+    return XTransformersLM(model, name, flash_capable=True)
 
 
 def _build(opts: dict, seed: int):
@@ -96,19 +97,14 @@ def _build(opts: dict, seed: int):
 
 
 def target(spec: str) -> "XTransformersLM":
-    """`xt:SPEC` on the command line: the model `build(SPEC)` makes, in its adapter."""
-    return XTransformersLM(build(spec), f"xt:{spec}")
+    """`xt:SPEC` on the command line."""
+    adapter = build(spec)
+    adapter.name = f"xt:{spec}"
+    return adapter
 
 
 def _spec(opts: dict) -> str:
     return ",".join(f"{k}={v!r}" for k, v in opts.items())
-
-
-def flash_capable(model) -> bool:
-    """Every Attend was built with flash=True (its SDPA backend context exists), so its options
-    are ones x-transformers allows on the flash path, and the einsum path is always allowed."""
-    attends = _attends(model)
-    return bool(attends) and all(hasattr(a, "sdp_context_manager") for a in attends)
 
 
 def _attends(model) -> list:
@@ -118,13 +114,16 @@ def _attends(model) -> list:
 class XTransformersLM(Adapter):
     """x-transformers' TransformerWrapper over a Decoder: logits from forward(ids, mask=, pos=);
     prefill / step through `cache=` + `return_intermediates=True`; the paths flash=True and
-    flash=False where the model was built flash-capable (the einsum path takes every option; the
-    flash path only those x-transformers allows with flash, so one built with flash=False has no
-    flash path to compare with)."""
+    flash=False where the model is flash-capable: the einsum path takes every option, the flash
+    path only those x-transformers allows with flash (its constructor asserts which), so a model
+    is flash-capable when it was built with flash on (flash_capable=None: every Attend has flash
+    on now; a model built with flash off has no flash path to compare with)."""
     kind = "lm"
 
-    def __init__(self, model, name=""):
+    def __init__(self, model, name="", flash_capable: bool | None = None):
         super().__init__(model, name or "x-transformers TransformerWrapper")
+        attends = _attends(model)
+        self.flash_capable = bool(attends) and (all(a.flash for a in attends) if flash_capable is None else flash_capable)
         self.vocab_size = getattr(model, "num_tokens", None)
         if self.vocab_size is None:
             raise TargetError(f"{self.name}: not a TransformerWrapper (no num_tokens)")
@@ -172,7 +171,7 @@ class XTransformersLM(Adapter):
         return getattr(self.module, "token_emb", None)
 
     def paths(self):
-        return list(PATHS) if flash_capable(self.module) else []
+        return list(PATHS) if self.flash_capable else []
 
     @contextmanager
     def use_path(self, name):

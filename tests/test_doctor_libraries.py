@@ -97,6 +97,8 @@ def test_xt_positions_and_masks_in_the_library_conventions(xt):
 def test_xt_through_the_doctor_and_its_dispatch(xt):
     a = xt.target("rotary_pos_emb=True,attn_flash=True")
     assert type(adapt(a.module)).__name__ == "XTransformersLM"
+    assert adapt(a.module).paths() == ["flash=True", "flash=False"]   # a user's model built with flash on
+    assert adapt(xt.target("rotary_pos_emb=True").module).paths() == []   # flash off now: capability unknown
     r = examine(a, checks=["kv_cache", "padding", "path_agreement"], strict=True)
     assert [c.verdict for c in r.checks] == ["pass", "pass", "pass"], r.table()
 

@@ -48,15 +48,17 @@ def build(name: str, path: str, table: dict):
     flash off). Unsupported when x-transformers refuses flash with these options but builds them
     without; TargetError when it refuses them."""
     from attention_doctor import TargetError, Unsupported
-    from attention_doctor.xtransformers import XTransformersLM, build as build_xt
+    from attention_doctor.xtransformers import build as build_xt
     opts = dict(table["targets"][name])
-    if path == "flash":
-        try:
-            return XTransformersLM(build_xt({**opts, "attn_flash": True}), f"xt:{name} flash")
-        except TargetError as e:
-            build_xt({**opts, "attn_flash": False})   # refused without flash too: a build error
-            raise Unsupported(f"flash refused with these options: {str(e).split('refuses these options ')[-1]}") from None
-    return XTransformersLM(build_xt({**opts, "attn_flash": False}), f"xt:{name} einsum")
+    try:
+        adapter = build_xt({**opts, "attn_flash": path == "flash"})
+    except TargetError as e:
+        if path != "flash":
+            raise
+        build_xt({**opts, "attn_flash": False})   # refused without flash too: a build error
+        raise Unsupported(f"flash refused with these options: {str(e).split('refuses these options ')[-1]}") from None
+    adapter.name = f"xt:{name} {path}"
+    return adapter
 
 
 def version() -> str:

@@ -1,6 +1,7 @@
 """The x-transformers zoo across releases: each release's zoo.json (results/zoo_xt/<version>/)
 side by side, one row per target x path x check that is not `pass` in some release, with the
-first release examined that has it and the first later one where it passes again."""
+first release examined that has it (a fail or warn, or a target that cannot be built or run) and
+the first later one where it passes again. An option a release does not have yet is `absent`."""
 import csv
 import json
 from pathlib import Path
@@ -23,13 +24,21 @@ def load(out: Path) -> dict[str, dict]:
     return dict(sorted(found.items(), key=lambda kv: _key(kv[0])))
 
 
+ABSENT = ("unrecognized kwargs", "unexpected keyword argument")   # x-transformers' words for an unknown option
+HAS_IT = {"fail", "warn", "build_error", "forward_error", "doctor_target_error", "doctor_error", "timeout", "crash",
+          "memory"}
+
+
 def outcomes(z: dict) -> dict[tuple, str]:
-    """(target, path, check) -> the verdict; (target, path, '') -> the status of a target not examined."""
+    """(target, path, check) -> the verdict; (target, path, '') -> the status of a target not
+    examined (`absent` for an option the release does not know)."""
     out = {}
     for r in z["results"]:
         if r["status"] == "examined":
             for c in r["checks"]:
                 out[(r["arch"], r["impl"], c["name"])] = c["verdict"].split(":")[0]
+        elif r["status"] == "build_error" and any(w in r.get("reason", "") for w in ABSENT):
+            out[(r["arch"], r["impl"], "")] = "absent"
         else:
             out[(r["arch"], r["impl"], "")] = r["status"]
     return out
@@ -42,9 +51,9 @@ def across(zoos: dict[str, dict]) -> list[dict]:
     rows = []
     for k in keys:
         seen = [per[v].get(k, "-") for v in zoos]
-        if all(s == "pass" for s in seen):
+        if all(s in ("pass", "-", "absent") for s in seen):   # passes wherever the option exists
             continue
-        bad = [v for v, s in zip(zoos, seen) if s not in ("pass", "-")]
+        bad = [v for v, s in zip(zoos, seen) if s in HAS_IT]
         first = bad[0] if bad else ""
         after = [v for v, s in zip(zoos, seen) if _key(v) > _key(first) and s == "pass"] if first else []
         rows.append({**dict(zip(FIELDS, k)), **dict(zip(zoos, seen)), "first_with": first,
