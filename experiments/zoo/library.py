@@ -15,8 +15,7 @@ from pathlib import Path
 from experiments.io import atomic_write, write_json
 from experiments.zoo import runner, table
 from experiments.zoo.shrink import NotExamined
-from experiments.zoo.worker import (DOCTOR_ERROR, EXAMINED, NO_FORWARD, NOT_BUILT, SKIPPED, TARGET_ERROR,
-                                    UNSUPPORTED, _is_memory, _line, run_arch)
+from experiments.zoo.worker import NO_FORWARD, NOT_BUILT, SKIPPED, UNSUPPORTED, _is_memory, _line, run_arch, run_doctor
 
 
 def smoke(adapter) -> dict:
@@ -47,7 +46,7 @@ def examine_target(build, name: str, impl: str, checks) -> dict:
     """The result of one target x path. build(name, impl) -> an Adapter, or raises NotExamined
     (the zoo's table says why not), Unsupported (the library does not offer this path here) or
     TargetError (the library refuses to build it). Never raises, except for memory."""
-    from attention_doctor import TargetError, Unsupported, examine
+    from attention_doctor import TargetError, Unsupported
     res = {"arch": name, "impl": impl}
     try:
         adapter = build(name, impl)
@@ -71,17 +70,7 @@ def examine_target(build, name: str, impl: str, checks) -> dict:
                 "trace": traceback.format_exc(limit=-4)}
     if checks == []:
         return {**res, "status": "ran"}
-    try:
-        r = examine(adapter, name=f"{name} {impl}", checks=checks, seed=0)
-    except TargetError as e:
-        return {**res, "status": TARGET_ERROR, "stage": "doctor", "reason": str(e)[:300]}
-    except Exception as e:
-        if _is_memory(e):
-            raise
-        return {**res, "status": DOCTOR_ERROR, "stage": "doctor", "reason": _line(e),
-                "trace": traceback.format_exc(limit=-4)}
-    d = r.to_dict()
-    return {**res, "status": EXAMINED, "checks": d["checks"], "info": d.get("info", {})}
+    return run_doctor(res, adapter, f"{name} {impl}", checks)
 
 
 # -- cost ------------------------------------------------------------------------------------------

@@ -129,9 +129,14 @@ def examine_one(arch: str, impl: str, table: dict, checks) -> dict:
                 "trace": traceback.format_exc(limit=-4)}
     if checks == []:  # a build-and-forward run only
         return {**res, "status": "ran"}
+    return run_doctor(res, model, f"hf:{arch} {impl}", checks)
+
+
+def run_doctor(res: dict, target, name: str, checks) -> dict:
+    """res with the doctor's rows on target (a module or an Adapter), or with why there are none."""
     from attention_doctor import TargetError, examine
     try:
-        r = examine(model, name=f"hf:{arch} {impl}", checks=checks, seed=0)
+        r = examine(target, name=name, checks=checks, seed=0)
     except TargetError as e:
         return {**res, "status": TARGET_ERROR, "stage": "doctor", "reason": str(e)[:300]}
     except Exception as e:  # the doctor's own exception: a row for /work/notes/zoo_to_doctor.md
