@@ -136,7 +136,20 @@ class XTransformersLM(Adapter):
             kw["mask"] = mask
         if positions is not None:
             kw.update(self._positions(positions))
-        return self.module(x, **kw)
+        rotary = getattr(self.module.attn_layers, "rotary_pos_emb", None) or getattr(self.module.attn_layers, "polar_pos_emb", None)
+        if "pos" not in kw or not isinstance(rotary, torch.nn.Module):
+            return self.module(x, **kw)
+        seen = []
+        hook = rotary.register_forward_hook(lambda m, args, out: seen.append(args[0]))
+        try:
+            out = self.module(x, **kw)
+        finally:
+            hook.remove()
+        T = x.shape[1]
+        if not any(t.numel() >= T and torch.equal(t.reshape(-1)[-T:].long(), kw["pos"].reshape(-1)[-T:]) for t in seen):
+            raise Unsupported(f"needs positions (this release's TransformerWrapper does not pass pos= on to its "
+                              f"{type(rotary).__name__}: it counts from 0)")
+        return out
 
     def _positions(self, pos) -> dict:
         """Rows with the same positions: `pos` (T,), which every position scheme takes; rows that
