@@ -155,17 +155,16 @@ class XTransformersLM(Adapter):
         """Rows with the same positions: `pos` (T,), which every position scheme takes; rows that
         start late (a left-padded batch's positions from the mask): `seq_start_pos`, the library's
         own way to say it; anything else: `pos` (B, T)."""
-        rel = getattr(getattr(self.module, "attn_layers", None), "rel_pos", None)
-        if rel is not None and type(rel).__name__ != "AlibiPositionalBias":
-            raise Unsupported(f"needs positions ({type(rel).__name__} is relative: it takes no positions)")
-        if bool((pos == pos[:1]).all()):
-            return {"pos": pos[0]}
         T = pos.shape[1]
         start = (T - 1 - pos[:, -1])
         ar = torch.arange(T, device=pos.device)
-        if bool((pos == (ar - start[:, None]).clamp(min=0)).all()):
+        if not bool((pos == pos[:1]).all()) and bool((pos == (ar - start[:, None]).clamp(min=0)).all()):
             return {"seq_start_pos": start}
-        return {"pos": pos}
+        rel = getattr(getattr(self.module, "attn_layers", None), "rel_pos", None)
+        if rel is not None and type(rel).__name__ != "AlibiPositionalBias":   # x-transformers asserts so
+            raise Unsupported(f"needs positions ({type(rel).__name__} takes no pos=; only left padding's "
+                              "seq_start_pos=)")
+        return {"pos": pos[0] if bool((pos == pos[:1]).all()) else pos}
 
     def prefill(self, x):
         if not getattr(self.module, "can_cache_kv", False):

@@ -90,7 +90,7 @@ def test_xt_positions_and_masks_in_the_library_conventions(xt):
         assert a._positions(pos)["seq_start_pos"].tolist() == [4, 0]   # x-transformers' own left-padding argument
         got = a.forward(padded, mask=mask, positions=pos)[0, 4:]
         assert torch.allclose(got, a.forward(x[:1, :12])[0], atol=1e-5)
-    with pytest.raises(Unsupported, match="RelativePositionBias is relative"):
+    with pytest.raises(Unsupported, match="RelativePositionBias takes no pos="):
         xt.target("rel_pos_bias=True").forward(x, positions=torch.arange(16).expand(2, 16))
 
 
