@@ -51,6 +51,10 @@ PROCESSORS = [
     (r"AddedKV", {"attn": {"added_kv_proj_dim": WIDTH, "norm_num_groups": HEADS}, "image": True,
                   "mask_scope": "its context tokens only (the image's own keys are appended unmasked)"}),
     (r"^PAG.*Joint", {"modes": {"self": "SD3's perturbed-attention guidance: joint attention, needs the text stream"}}),
+    # q/k norms as diffusers' own models build these modules (SD3.5, CogVideoX, HunyuanDiT, AuraFlow)
+    (r"Joint", {"attn": {"qk_norm": "rms_norm"}}),
+    (r"CogVideoX|Hunyuan", {"attn": {"qk_norm": "layer_norm"}}),
+    (r"AuraFlow", {"attn": {"qk_norm": "fp32_layer_norm"}}),
     (r"Joint|AuraFlow", {"joint": True, "cross_attn": {"added_kv_proj_dim": WIDTH, "context_pre_only": False}}),
     (r"CogVideoX", {"joint": True, "modes": {"self": "joint text-video attention: needs the text stream"}}),
     (r"Lumina", {"attn": {"qk_norm": "layer_norm_across_heads", "kv_heads": HEADS}, "mask": "keep",
