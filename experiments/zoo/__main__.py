@@ -40,18 +40,6 @@ def parse(argv):
     return p.parse_args(argv)
 
 
-def doctor_hash() -> str:
-    """Changes when the doctor's code does: a result of another doctor is stale (one table, one doctor)."""
-    import hashlib
-
-    import attention_doctor
-    root = Path(attention_doctor.__file__).parent
-    h = hashlib.sha1()
-    for p in sorted(root.rglob("*.py")):
-        h.update(p.relative_to(root).as_posix().encode() + p.read_bytes())
-    return h.hexdigest()[:8]
-
-
 def fail(msg):
     print(f"zoo: {msg}", file=sys.stderr)
     sys.exit(2)
@@ -81,7 +69,7 @@ def main(argv=None):
         shrink = load_table()
     except (OSError, ValueError) as e:
         fail(str(e))
-    doctor = doctor_hash()
+    doctor = runner.doctor_hash()
     hashes = {x: f"{entry_hash(x, shrink)}-{doctor}" + ("" if checks is None else "-" + ",".join(checks or ["none"]))
               for x in archs}
     tasks = runner.pending(archs, impls, a.out, hashes, a.redo)

@@ -177,8 +177,7 @@ def run(prog: str, a, every: list[str], chosen: list[str], impls: list[str], che
     """Run what is pending of `chosen` (each target in a capped process of its own, resuming what
     a killed run left), record the cost, write the table of `every` target. build(name, impl) ->
     Adapter (examine_target); entry_hash(name): changes when the table's entry for it changes."""
-    from experiments.zoo.__main__ import doctor_hash
-    doctor = doctor_hash()
+    doctor = runner.doctor_hash()
     suffix = "" if checks is None else "-" + ",".join(checks or ["none"])
     hashes = {n: f"{entry_hash(n)}-{meta.get('version', '')}-{doctor}{suffix}" for n in chosen}
     tasks = runner.pending(chosen, impls, a.out, hashes, a.redo)

@@ -53,10 +53,17 @@ def main(argv=None):
         return hashlib.sha1(json.dumps(adapter.recipe(name), sort_keys=True, default=str).encode()).hexdigest()[:12]
 
     s = library.run(PROG, a, names, chosen, impls, checks, build, entry_hash, meta,
-                    preload=("torch", "diffusers.models.attention_processor", "attention_doctor",
-                             "attention_doctor.diffusers"))
+                    preload=preload)
     print(f"{PROG}: diffusers {meta['version']}: {s['examined']} of {s['targets']} processors examined; {a.out}/zoo.csv")
     return 0
+
+
+def preload():
+    """Imported before the workers fork (each inherits them)."""
+    import torch  # noqa: F401
+    from diffusers.models import attention_processor  # noqa: F401
+
+    import attention_doctor.diffusers  # noqa: F401
 
 
 if __name__ == "__main__":

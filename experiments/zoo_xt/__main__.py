@@ -67,9 +67,17 @@ def main(argv=None):
         return build(name, path, table)
 
     s = library.run(PROG, a, names, chosen, impls, checks, build_one, lambda n: entry_hash(n, table), meta,
-                    preload=("torch", "x_transformers", "attention_doctor", "attention_doctor.xtransformers"))
+                    preload=preload)
     print(f"{PROG}: x-transformers {v}: {s['examined']} of {s['targets']} targets examined; {a.out}/zoo.csv")
     return 0
+
+
+def preload():
+    """Imported before the workers fork (each inherits them)."""
+    import torch  # noqa: F401
+    import x_transformers  # noqa: F401
+
+    import attention_doctor.xtransformers  # noqa: F401
 
 
 def _torch() -> str:
