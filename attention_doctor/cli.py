@@ -19,6 +19,11 @@ EPILOG = """targets:
                             (in a clone: pip install -r requirements-validation.txt)
   self:                     this project's LM from conf/ (run from inside the clone; needs Hydra)
   'self:KEY=VAL KEY=VAL'    the same with Hydra overrides, e.g. self:model.attention.merge=no_transpose
+  xt:OPTION=VALUE,...       an x-transformers TransformerWrapper + Decoder with these options, small, random
+                            weights (needs x-transformers), e.g. xt:rotary_pos_emb=True,attn_flash=True
+  diffusers:PROCESSOR[,cross][,ARG=VALUE...]
+                            a diffusers attention module with this processor, self- or cross-attention
+                            (needs diffusers), e.g. diffusers:AttnProcessor2_0,cross
 outcomes: pass; fail (with its cause); warn (holds only with what the caller must pass, said in the
   row); n/a: why (the target cannot have the failure, or lacks the interface by nature);
   inconclusive: why (the check applies but the doctor could not perform it: never a pass)

@@ -7,9 +7,10 @@ from attention_doctor.conventions import CallableLM, token_embedding
 
 
 def adapt(obj, causal=None, **kw) -> Adapter:
-    """The built-in adapter for obj: an Adapter as is; transformers' causal LMs; this project's
-    LM and layer; nn.MultiheadAttention; else a module with an embedding table is a causal LM
-    (forward(ids), its conventions found: conventions.py), anything else a layer (forward(x))."""
+    """The built-in adapter for obj: an Adapter as is; transformers' causal LMs; x-transformers'
+    TransformerWrapper; diffusers' attention modules (self-attention); this project's LM and layer;
+    nn.MultiheadAttention; else a module with an embedding table is a causal LM (forward(ids), its
+    conventions found: conventions.py), anything else a layer (forward(x))."""
     if isinstance(obj, Adapter):
         return obj
     if not isinstance(obj, nn.Module):
@@ -18,6 +19,12 @@ def adapt(obj, causal=None, **kw) -> Adapter:
     if "transformers.PreTrainedModel" in mro:
         from attention_doctor.hf import HFCausalLM
         return HFCausalLM(obj, **kw)
+    if "x_transformers.TransformerWrapper" in mro:
+        from attention_doctor.xtransformers import XTransformersLM
+        return XTransformersLM(obj, **kw)
+    if any(m.startswith("diffusers.") for m in mro) and hasattr(obj, "processor"):
+        from attention_doctor.diffusers import DiffusersAttention
+        return DiffusersAttention(obj, **kw)
     if "attention.TransformerLM" in mro or "attention.MultiHeadAttention" in mro:
         from attention_doctor.project import adapt_project
         return adapt_project(obj, **kw)

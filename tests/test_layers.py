@@ -17,7 +17,7 @@ LAYERS = [
     ("experiments.records", "experiments.config", "experiments.command_line"),
     ("experiments.training", "experiments.report",                   # training never draws; the report never trains
      "attention_doctor"),  # the library's client: `self:` composes this project's config (experiments.config)
-    ("experiments.bench", "experiments.callbacks", "experiments.zoo",
+    ("experiments.bench", "experiments.callbacks", "experiments.zoo", "experiments.zoo_xt", "experiments.zoo_diffusers",
      "experiments.doctor_references"),  # the public reference implementations the doctor's evidence builds
     ("experiments.doctor_validation", "experiments.reference"),     # runs the doctor on nanoGPT's attention (bench)
 ]

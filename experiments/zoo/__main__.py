@@ -55,18 +55,6 @@ def parse(argv):
     return p.parse_args(argv)
 
 
-def doctor_hash() -> str:
-    """Changes when the doctor's code does: a result of another doctor is stale (one table, one doctor)."""
-    import hashlib
-
-    import attention_doctor
-    root = Path(attention_doctor.__file__).parent
-    h = hashlib.sha1()
-    for p in sorted(root.rglob("*.py")):
-        h.update(p.relative_to(root).as_posix().encode() + p.read_bytes())
-    return h.hexdigest()[:8]
-
-
 def fail(msg):
     print(f"zoo: {msg}", file=sys.stderr)
     sys.exit(2)
@@ -159,7 +147,7 @@ def main(argv=None):
     except (OSError, ValueError) as e:
         fail(str(e))
     # one table, one doctor, one release: a result of another is stale
-    run_key = f"{doctor_hash()}-tf{transformers.__version__}" + ("" if checks is None else "-" + ",".join(checks or ["none"]))
+    run_key = f"{runner.doctor_hash()}-tf{transformers.__version__}" + ("" if checks is None else "-" + ",".join(checks or ["none"]))
     hashes = {x: f"{entry_hash(x, shrink)}-{run_key}" for x in archs}
     tasks = runner.pending(archs, impls, out, hashes, a.redo)
     session = cost.Session(out, run_key, a.workers, reset=a.redo and not a.arch)

@@ -67,17 +67,34 @@ def _died(proc, killed_at, limits) -> tuple[str, str]:
     return CRASH, f"exited with code {code}"
 
 
-def run(tasks: dict[str, list[str]], out: Path, *, checks, table: dict, hashes: dict[str, str],
-        workers: int = 2, timeout_s: int = 600, cpu_s: int = 300, mem_bytes: int = 4 << 30,
-        progress=print, body=run_arch, path=result_path) -> None:
-    """tasks: arch -> the implementations still to do. Each arch runs in its own process, which
-    calls body(arch, impls, out, checks, table, hash, mem_bytes, cpu_s) (worker.run_arch) and
-    writes path(out, arch, impl) for each impl. checks: the same for every arch, or a dict
-    arch -> what that arch's body gets (the confirm reruns: impl -> check names)."""
+def doctor_hash() -> str:
+    """Changes when the doctor's code does: a result of another doctor is stale (one table, one doctor)."""
+    import hashlib
+
+    import attention_doctor
+    root = Path(attention_doctor.__file__).parent
+    h = hashlib.sha1()
+    for p in sorted(root.rglob("*.py")):
+        h.update(p.relative_to(root).as_posix().encode() + p.read_bytes())
+    return h.hexdigest()[:8]
+
+
+def import_transformers():
     import torch  # noqa: F401  imported before the fork so every child inherits it
     import transformers  # noqa: F401
 
     import attention_doctor  # noqa: F401
+
+
+def run(tasks: dict[str, list[str]], out: Path, *, checks, table: dict, hashes: dict[str, str],
+        workers: int = 2, timeout_s: int = 600, cpu_s: int = 300, mem_bytes: int = 4 << 30,
+        progress=print, body=run_arch, path=result_path, preload=import_transformers) -> None:
+    """tasks: arch -> the implementations still to do. Each arch runs in its own process, which
+    calls body(arch, impls, out, checks, table, hash, mem_bytes, cpu_s) (worker.run_arch) and
+    writes path(out, arch, impl) for each impl. checks: the same for every arch, or a dict
+    arch -> what that arch's body gets (the confirm reruns: impl -> check names). preload():
+    imports what every child needs, before the fork, so that each inherits it."""
+    preload()
     limits = {"timeout_s": timeout_s, "cpu_s": cpu_s}
     ctx = mp.get_context("fork")
     queue = list(tasks.items())

@@ -148,9 +148,14 @@ def examine_one(arch: str, impl: str, table: dict, checks) -> dict:
                 "trace": traceback.format_exc(limit=-4)}
     if checks == []:  # a build-and-forward run only
         return {**res, "status": "ran"}
+    return run_doctor(res, model, f"hf:{arch} {impl}", checks)
+
+
+def run_doctor(res: dict, target, name: str, checks) -> dict:
+    """res with the doctor's rows on target (a module or an Adapter), or with why there are none."""
     from attention_doctor import TargetError, examine
     try:
-        r = examine(model, name=f"hf:{arch} {impl}", checks=checks, seed=0)
+        r = examine(target, name=name, checks=checks, seed=0)
     except TargetError as e:
         return {**res, "status": TARGET_ERROR, "stage": "doctor", "reason": str(e)[:300]}
     except Exception as e:  # the doctor's own exception: a row for /work/notes/zoo_to_doctor.md
@@ -174,15 +179,17 @@ def settle(log: Path, mem_bytes: int | None, cpu_s: int | None) -> None:
 
 
 def run_arch(arch: str, impls: list[str], out: str, checks, table: dict, table_hash: str,
-             mem_bytes: int | None = None, cpu_s: int | None = None):
+             mem_bytes: int | None = None, cpu_s: int | None = None, *, examine=None):
     """The body of one architecture's process (the runner forks it): caps, quiet logs, then
-    one result file per implementation."""
+    one result file per implementation. examine(arch, impl, table, checks) -> result (default:
+    examine_one; another zoo passes its own)."""
+    examine = examine or examine_one
     settle(Path(out) / "logs" / f"{arch}.log", mem_bytes, cpu_s)
     for impl in impls:
         t0, c0 = time.perf_counter(), _cpu()
         print(f"== {arch} {impl}", flush=True)
         try:
-            res = examine_one(arch, impl, table, checks)
+            res = examine(arch, impl, table, checks)
         except Exception as e:  # _is_memory: the cap was hit; the next implementation may fit
             traceback.print_exc()
             res = {"arch": arch, "impl": impl, "status": MEMORY if _is_memory(e) else "crash",
