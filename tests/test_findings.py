@@ -1,6 +1,6 @@
-"""The zoo's new findings (docs/findings/): each page has the parts a maintainer needs, and each
-repro fails on the installed transformers (the bug is there) and passes on a copy patched with its
-.patch (the fix works). The patched copy is a tree of links to the installed transformers with the
+"""The zoos' new findings (docs/findings/): each page has the parts a maintainer needs, and each
+repro fails on the installed library (the bug is there) and passes on a copy patched with its
+.patch (the fix works). The patched copy is a tree of links to the installed library with the
 patched files copied (experiments/zoo/findings.py), built here in a temporary directory."""
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -15,32 +15,40 @@ PARTS = ["## Repro", "## Cause", "## Patch", "## Public threads", "## Report"]
 
 def test_every_finding_is_upstream_ready():
     names = findings.names()
-    assert len(names) >= 9
+    assert len(names) >= 24 and {findings.library(n) for n in names} == set(findings.RELEASES)
     for name in names:
+        package = findings.library(name)
         page = (findings.FINDINGS / f"{name}.md").read_text()
         assert all(part in page for part in PARTS), (name, [p for p in PARTS if p not in page])
-        assert re.search(r"line[s]? \d+", page), f"{name}: the cause names no line of transformers' source"
-        assert "Searched huggingface/transformers" in page, f"{name}: no search of public threads"
+        assert re.search(r"line[s]? \d+", page), f"{name}: the cause names no line of the library's source"
+        assert re.search(rf"Searched ({findings.REPOS[package]}|for )", page), f"{name}: no search of public threads"
         report = page[page.index("## Report"):]
         assert all(k in report for k in ("**Environment**", "**Reproduction**", "**Expected**", "**Actual**",
                                           "**Proposed fix**")), name
         repro = (findings.FINDINGS / f"{name}.py").read_text()
         imports = {m.split(".")[0] for m in re.findall(r"^(?:from|import) (\S+)", repro, re.M)}
-        assert imports <= {"sys", "torch", "transformers"}, (name, imports)  # standalone: no doctor, no project
+        assert imports <= {"sys", "torch", package}, (name, imports)  # standalone: no doctor, no project
         assert findings.touched(findings.FINDINGS / f"{name}.patch"), name
+
+
+def need(package: str):
+    """The installed package, at the release its patches are written against (else a skip saying so)."""
+    mod = pytest.importorskip(package, reason="the validation extra: pip install -r requirements-validation.txt")
+    if mod.__version__ != findings.RELEASES[package]:
+        pytest.skip(f"the patches are written against {package} {findings.RELEASES[package]}, not {mod.__version__}")
+    return findings.installed(package)
 
 
 @pytest.fixture(scope="module")
 def installed():
-    transformers = pytest.importorskip("transformers", reason="the validation extra: pip install -r requirements-validation.txt")
-    if transformers.__version__ != findings.RELEASE:
-        pytest.skip(f"the patches are written against transformers {findings.RELEASE}, not {transformers.__version__}")
-    return findings.installed()
+    return need("transformers")
 
 
-def test_each_repro_fails_before_its_patch_and_passes_after(installed, tmp_path):
-    names = findings.names()
-    copies = {n: findings.copy(n, tmp_path / n, installed) for n in names}
+@pytest.mark.parametrize("package", list(findings.RELEASES))
+def test_each_repro_fails_before_its_patch_and_passes_after(package, tmp_path):
+    need(package)
+    names = findings.names(package)
+    copies = {n: findings.copy(n, tmp_path / n) for n in names}
     # two at a time: each repro is its own Python process (transformers imported once per run)
     with ThreadPoolExecutor(2) as pool:
         before = dict(zip(names, pool.map(findings.repro, names)))

@@ -251,7 +251,7 @@ def test_readme_command(cmd, state, tmp_path_factory):
 
 LINE = re.compile(r"^\[(?P<exp>[^\]]+)\] reproduced: (?P<rep>true|false)(?: \(signature also holds on the control: "
                   r"broken\))? \| status (?P<status>completed|diverged|error) \| (?P<checks>.*?) \| "
-                  r"(?:[\d.]+s \| )?(?P<dir>\S+)$")
+                  r"(?P<refs>(?:(?:control|floor): (?:trained|reused \(\S+\)) \| )*)(?:[\d.]+s \| )?(?P<dir>\S+)$")
 CHECK = re.compile(r"^(?P<key>\w+)(?:=\S+(?: \((?:<=|>=|<|>|==) [^)]*\))? (?:ok|FAIL|reported)"
                    r"|: not measurable on this data)$")
 
@@ -306,6 +306,8 @@ def check_runs(work: Path, stdout: str, multirun: bool, tail: str):
         m = lines.get(run_dir.resolve())
         assert m is not None, f"{run_dir}: no verdict line{tail}"
         assert m["exp"] == s["exp"] and m["rep"] == str(s["verdict"]["reproduced"]).lower() and m["status"] == s["status"]
+        if "reused" in (s.get("control") or {}):   # where the control came from: trained here, or reused
+            assert ("control: reused (" if s["control"]["reused"] else "control: trained") in m["refs"], m.group(0)
         shown = [CHECK.match(c) for c in m["checks"].split(", ")]
         assert all(shown), f"{run_dir}: checks not as `key=measured (op threshold) ok|FAIL`: {m['checks']}"
         assert [c["key"] for c in shown] == [c["key"] for c in s["verdict"]["checks"]], m["checks"]

@@ -1,14 +1,15 @@
-"""The zoo's new findings, each upstream-ready in docs/findings/: NAME.md (the report), NAME.py (a
-repro that imports transformers and torch only: exit 1 while the bug is there, 0 once fixed) and
-NAME.patch (the fix, a diff against an installed transformers 5.23.0: paths transformers/...).
+"""The zoos' new findings, each upstream-ready in docs/findings/: NAME.md (the report), NAME.py (a
+repro that imports its library and torch only: exit 1 while the bug is there, 0 once fixed) and
+NAME.patch (the fix, a diff against the installed library at the release in RELEASES: paths
+transformers/..., x_transformers/... or diffusers/...; the first path names the library).
 
     python -m experiments.zoo.findings check                # every repro before and after its patch
     python -m experiments.zoo.findings check --zoo          # and the architecture's zoo rows, both ways
-    python -m experiments.zoo.findings copy NAME DIR        # DIR/transformers: the installed one, patched
+    python -m experiments.zoo.findings copy NAME DIR        # DIR/<library>: the installed one, patched
 
-A patched copy is a tree of links to the installed transformers in which the files the patch
-touches are real copies, patched (seconds, a few MB); PYTHONPATH=DIR (or the zoo's --transformers
-DIR) imports it.
+A patched copy is a tree of links to the installed library in which the files the patch touches
+are real copies, patched (seconds, a few MB); PYTHONPATH=DIR (or the zoo's --transformers DIR)
+imports it.
 """
 import argparse
 import os
@@ -20,12 +21,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 FINDINGS = ROOT / "docs" / "findings"
-RELEASE = "5.23.0"  # the release the patches are written against
+# the release each library's patches are written against (its package: its pip name, its repository)
+RELEASES = {"transformers": "5.23.0", "x_transformers": "2.31.10", "diffusers": "0.42.1"}
+REPOS = {"transformers": "huggingface/transformers", "x_transformers": "lucidrains/x-transformers",
+         "diffusers": "huggingface/diffusers"}
+RELEASE = RELEASES["transformers"]
 
 
-def names() -> list[str]:
-    """The findings with a patch (each also has its .py repro and .md page)."""
-    return sorted(p.stem for p in FINDINGS.glob("*.patch"))
+def names(package: str | None = None) -> list[str]:
+    """The findings with a patch (each also has its .py repro and .md page), of one library's
+    package (transformers, x_transformers, diffusers) or of all."""
+    return sorted(p.stem for p in FINDINGS.glob("*.patch") if package in (None, library(p.stem)))
+
+
+def library(name: str) -> str:
+    """The package a finding's patch changes (the first path's first part)."""
+    return touched(FINDINGS / f"{name}.patch")[0].split("/")[0]
 
 
 def touched(patch: Path) -> list[str]:
@@ -33,21 +44,21 @@ def touched(patch: Path) -> list[str]:
     return [ln.split()[1].split("/", 1)[1] for ln in patch.read_text().splitlines() if ln.startswith("+++ ")]
 
 
-def installed() -> Path:
-    """The installed transformers package (its directory)."""
+def installed(package: str = "transformers") -> Path:
+    """The installed package (its directory)."""
+    import importlib
     try:
-        import transformers
+        return Path(importlib.import_module(package).__file__).parent
     except ImportError:
-        raise RuntimeError("transformers is not installed (pip install -r requirements-validation.txt)") from None
-    return Path(transformers.__file__).parent
+        raise RuntimeError(f"{package} is not installed (pip install -r requirements-validation.txt)") from None
 
 
 def copy(name: str, dest: Path, source: Path | None = None) -> Path:
-    """dest/transformers: links to `source` (the installed transformers), the patch's files real
-    and patched. Raises RuntimeError when the patch does not apply."""
-    source = Path(source or installed()).resolve()
+    """dest/<package>: links to `source` (the installed package the patch changes), the patch's
+    files real and patched. Raises RuntimeError when the patch does not apply."""
+    source = Path(source or installed(library(name))).resolve()
     dest = Path(dest)
-    pkg = dest / "transformers"
+    pkg = dest / library(name)
     if pkg.exists():
         shutil.rmtree(pkg)
     dest.mkdir(parents=True, exist_ok=True)
@@ -77,8 +88,10 @@ def repro(name: str, pythonpath: Path | None = None, timeout: int = 300) -> tupl
 
 
 def archs(name: str) -> list[str]:
-    """The architectures of the finding's rows in the triage (experiments/zoo/triage.yaml)."""
+    """The architectures of the finding's rows in the transformers zoo's triage (experiments/zoo/triage.yaml)."""
     from experiments.report.triage import load
+    if library(name) != "transformers":
+        return []
     return sorted({a for e in load() if Path(e.get("finding", "")).stem == name
                    for r in e["rules"] for a in r.get("archs", [])})
 
@@ -126,7 +139,7 @@ def main(argv=None) -> int:
     c = sub.add_parser("check", help="each repro before and after its patch")
     c.add_argument("names", nargs="*", help=f"default: all ({', '.join(names())})")
     c.add_argument("--zoo", action="store_true", help="also the zoo rows of the finding's architectures, both ways")
-    k = sub.add_parser("copy", help="DIR/transformers: the installed transformers with NAME's patch")
+    k = sub.add_parser("copy", help="DIR/<library>: the installed library with NAME's patch")
     k.add_argument("name")
     k.add_argument("dir", type=Path)
     a = ap.parse_args(argv)
