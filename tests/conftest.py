@@ -11,6 +11,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("MPLBACKEND", "Agg")
+if "PYTEST_XDIST_WORKER" in os.environ:   # pytest.ini runs one worker per core: one torch thread each,
+    os.environ.setdefault("OMP_NUM_THREADS", "1")   # oversubscribed OpenMP threads spin (before torch loads)
 
 # The tiny Shakespeare corpus is not in the repository (users download it once; CI has ../shared).
 # Without it the corpus tests skip, saying so; under ATTN_REQUIRE_CORPUS=1 (.ci/run) they fail.
