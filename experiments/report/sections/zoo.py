@@ -137,11 +137,11 @@ def _reruns(p: dict, z: dict) -> str:
     return text + (f"; n/a: {', '.join(na)})" if na else ")")
 
 
-def verdict_table(examined: list[dict], impls: list[str]) -> list[str]:
+def verdict_table(examined: list[dict], impls: list[str], unit: str = "architectures examined with that implementation") -> list[str]:
     order = list(dict.fromkeys(c["name"] for r in examined for c in r["checks"]))
     v = Counter((c["name"], r["impl"], triage.outcome(c["verdict"])) for r in examined for c in r["checks"])
     kinds = [k for k in triage.OUTCOMES if any(n == k for (_, _, n) in v)]
-    out = [f"\nVerdicts per check (architectures examined with that implementation; {' / '.join(kinds)}):\n",
+    out = [f"\nVerdicts per check ({unit}; {' / '.join(kinds)}):\n",
            "| check | " + " | ".join(impls) + " |\n|---|" + "---|" * len(impls)]
     out += [f"| {n} | " + " | ".join(" / ".join(str(v[(n, i, k)]) for k in kinds) for i in impls) + " |" for n in order]
     return out
@@ -246,8 +246,8 @@ def over_releases_table(over: dict) -> list[str]:
     return out
 
 
-def cost_table(over: dict) -> list[str]:
-    out = ["| release | with | architectures | examined | wall | CPU |\n|---|---|---|---|---|---|"]
+def cost_table(over: dict, unit: str = "architectures") -> list[str]:
+    out = [f"| release | with | {unit} | examined | wall | CPU |\n|---|---|---|---|---|---|"]
     for v, c in over["cost"].items():
         beside = ", ".join(f"{k} {x}" for k, x in sorted((c.get("with") or {}).items()) if x)
         out.append(f"| {v} | {beside} | {c['archs']} | {c['examined']} | "
