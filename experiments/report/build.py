@@ -145,7 +145,7 @@ def refresh(names: list[str], dirs, out: Path, readme: Path | None = None) -> Pa
     """Render only the sections `names` into the existing out/REPORT.md, in place of their old text,
     leaving the rest as it was: the sections that read committed JSON (bench, doctor, zoo, cost)
     refreshed without the runs the others are built from. The same bytes a whole build would
-    give that section. Raises SectionsFailed, ValueError for a name or a section it cannot place."""
+    give that section; a section REPORT.md does not have yet goes before the next one it has. Raises SectionsFailed, ValueError for a name or a section it cannot place."""
     known = {m.NAME: m for m in SECTIONS}
     for n in names:
         if n not in known:
@@ -165,14 +165,14 @@ def refresh(names: list[str], dirs, out: Path, readme: Path | None = None) -> Pa
         title = md.splitlines()[0] if md else ""
         start = text.find(f"\n{title}\n")
         if title.startswith("## ") and start < 0:   # a section new to this REPORT.md: before the next one it has
-            start = end = _insertion(text, name, known)
-            md += "\n"
-        elif not title.startswith("## ") or start < 0:
+            at = _insertion(text, name, known)
+            text = f"{text[:at + 1]}{md}\n{text[at:]}" if at >= 0 else f"{text.rstrip()}\n\n{md}\n"
+            continue
+        if not title.startswith("## ") or start < 0:
             raise ValueError(f"--sections: section {name} renders nothing from these dirs, or {path} has no "
                              f"section {title!r} to replace")
-        else:
-            end = text.find("\n\n## ", start + 1)
-            end = len(text) if end < 0 else end + 1
+        end = text.find("\n\n## ", start + 1)
+        end = len(text) if end < 0 else end + 1
         text = f"{text[:start + 1]}{md}\n{text[end:]}"
     write_text(path, text)
     if readme is not None:   # only these sections' markers; the others are left as they were
@@ -182,14 +182,14 @@ def refresh(names: list[str], dirs, out: Path, readme: Path | None = None) -> Pa
 
 def _insertion(text: str, name: str, known: dict) -> int:
     """Where a section missing from REPORT.md goes: before the first later section (in SECTIONS
-    order) whose fixed TITLE the text has, else at the end (the index of the newline before it)."""
+    order) whose fixed TITLE the text has (the index of the newline before its title); -1: at the end."""
     later = list(known)[list(known).index(name) + 1:]
     for n in later:
         title = getattr(known[n], "TITLE", None)
         at = text.find(f"\n{title}\n") if title else -1
         if at >= 0:
             return at
-    return len(text.rstrip("\n"))
+    return -1
 
 
 def main(argv=None) -> int:
