@@ -33,6 +33,10 @@ class Library:
     def figure(self) -> str:
         return f"{self.name}_releases.png"
 
+    def blocks(self, runs, fig_dir: Path) -> dict[str, str]:
+        """The section's blocks (the sections protocol: `blocks = LIBRARY.blocks`)."""
+        return blocks(self, fig_dir)
+
 
 def blocks(lib: Library, fig_dir: Path) -> dict[str, str]:
     """The section and its README line; none without a table."""

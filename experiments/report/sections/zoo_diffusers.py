@@ -16,7 +16,4 @@ LIBRARY = library_zoo.Library(
            "on and off inside its checks;"),
     spec=TRIAGE, target="processor")
 
-
-def blocks(runs, fig_dir: Path) -> dict[str, str]:
-    """The section (`zoo_diffusers`) and its README line (`zoo_diffusers_summary`); none without a table."""
-    return library_zoo.blocks(LIBRARY, fig_dir)
+blocks = LIBRARY.blocks   # the section (`zoo_diffusers`) and its README line (`zoo_diffusers_summary`); none without a table

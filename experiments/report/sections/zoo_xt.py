@@ -19,7 +19,4 @@ LIBRARY = library_zoo.Library(
            "step, then the doctor's checks;"),
     spec=TRIAGE, target="target")
 
-
-def blocks(runs, fig_dir: Path) -> dict[str, str]:
-    """The section (`zoo_xt`) and its README line (`zoo_xt_summary`); none without a table."""
-    return library_zoo.blocks(LIBRARY, fig_dir)
+blocks = LIBRARY.blocks   # the section (`zoo_xt`) and its README line (`zoo_xt_summary`); none without a table
