@@ -65,21 +65,33 @@ def test_xt_options_table_covers_every_option_of_the_installed_release(xt):
 
 
 def test_releases_table_first_with_and_first_fixed(tmp_path):
+    """Per problem of the xt triage: the first release that has it and the first later one without it;
+    an option a release does not know yet is absent there (not a build error, not a row)."""
+    from experiments.report.releases import over_releases, load_tables
+    from experiments.report.sections.zoo_xt import TRIAGE
     from experiments.zoo_xt.releases import write_across
 
-    def z(v, verdict, status="examined"):
-        r = {"arch": "opt", "impl": "flash", "status": status,
-             "checks": [{"name": "kv_cache", "verdict": verdict}, {"name": "padding", "verdict": "pass"}]}
+    def z(v, verdict, status="examined", reason=""):
+        r = [{"arch": "shift_tokens", "impl": "flash", "status": status, "reason": reason,
+              "checks": [{"name": "kv_cache", "verdict": verdict}, {"name": "padding", "verdict": "pass"}]},
+             {"arch": "orthog_residual", "impl": "flash", "status": "build_error" if v == "1.44.8" else "examined",
+              "reason": "AssertionError: unrecognized kwargs passed in dict_keys(['orthog_residual'])",
+              "checks": [{"name": "future_leak", "verdict": "fail"}]}]
         (tmp_path / v).mkdir()
-        (tmp_path / v / "zoo.json").write_text(json.dumps({"version": v, "results": [r]}))
+        (tmp_path / v / "zoo.json").write_text(json.dumps({"version": v, "targets": 2, "examined": 1, "results": r}))
     z("1.44.8", "pass")
     z("2.11.24", "fail")
     z("2.3.27", "fail")
     z("2.31.10", "pass")
-    assert "1 target x path x check" in write_across(tmp_path)
-    (row,) = list(csv.DictReader(open(tmp_path / "releases.csv")))
-    assert list(row)[3:7] == ["1.44.8", "2.3.27", "2.11.24", "2.31.10"]   # by version, not by name
-    assert (row["check"], row["first_with"], row["first_fixed"]) == ("kv_cache", "2.3.27", "2.31.10")
+    assert "2 problems over 1.44.8, 2.3.27, 2.11.24, 2.31.10 (1 fixed" in write_across(tmp_path)
+    rows = {r["problem"]: r for r in csv.DictReader(open(tmp_path / "releases.csv"))}
+    cache = rows["xt_cache_without_its_state"]   # by version, not by name
+    assert (cache["first_seen"], cache["fixed_in"]) == ("2.3.27", "2.31.10")
+    assert [cache[f"rows {v}"] for v in ("1.44.8", "2.3.27", "2.11.24", "2.31.10")] == ["0", "1", "1", "0"]
+    orthog = rows["xt_orthog_project_whole_sequence"]
+    assert (orthog["first_seen"], orthog["fixed_in"], orthog["rows 1.44.8"]) == ("2.3.27", "open", "")
+    cells = over_releases(load_tables(tmp_path), spec=TRIAGE)["cells"]
+    assert cells["orthog_residual"] == {"1.44.8": "absent", "2.3.27": "finding", "2.11.24": "finding", "2.31.10": "finding"}
 
 
 def test_diffusers_zoo_statuses(tmp_path):

@@ -23,14 +23,15 @@ from pathlib import Path
 from experiments.io import atomic_write, write_text
 from experiments.records import RunRecord
 from experiments.report.sections import (bench, catalogue, collapse, cost, disk, doctor, heads, logit_fixes,
-                                         lr_sensitivity, phase, rank_collapse, text, text_samples, zoo)
+                                         lr_sensitivity, phase, rank_collapse, text, text_samples, zoo, zoo_diffusers,
+                                         zoo_xt)
 from experiments.report.markdown import headings, nest
 from experiments.report.runs import display, load_runs, runs_table, text_version
 
 # -- assembly ------------------------------------------------------------------------------------
 # REPORT.md's sections, in order (the protocol: experiments/report/sections/__init__.py)
 SECTIONS = (catalogue, text, phase, logit_fixes, heads, lr_sensitivity, collapse, rank_collapse, text_samples,
-            bench, disk, doctor, zoo, cost)
+            bench, disk, doctor, zoo, zoo_xt, zoo_diffusers, cost)
 
 
 class SectionsFailed(Exception):
@@ -144,7 +145,7 @@ def refresh(names: list[str], dirs, out: Path, readme: Path | None = None) -> Pa
     """Render only the sections `names` into the existing out/REPORT.md, in place of their old text,
     leaving the rest as it was: the sections that read committed JSON (bench, doctor, zoo, cost)
     refreshed without the runs the others are built from. The same bytes a whole build would
-    give that section. Raises SectionsFailed, ValueError for a name or a section it cannot place."""
+    give that section; a section REPORT.md does not have yet goes before the next one it has. Raises SectionsFailed, ValueError for a name or a section it cannot place."""
     known = {m.NAME: m for m in SECTIONS}
     for n in names:
         if n not in known:
@@ -163,6 +164,10 @@ def refresh(names: list[str], dirs, out: Path, readme: Path | None = None) -> Pa
         md = "".join(f"\n{b.strip()}\n" for b in blocks.values()).strip()  # as build() joins them
         title = md.splitlines()[0] if md else ""
         start = text.find(f"\n{title}\n")
+        if title.startswith("## ") and start < 0:   # a section new to this REPORT.md: before the next one it has
+            at = _insertion(text, name, known)
+            text = f"{text[:at + 1]}{md}\n{text[at:]}" if at >= 0 else f"{text.rstrip()}\n\n{md}\n"
+            continue
         if not title.startswith("## ") or start < 0:
             raise ValueError(f"--sections: section {name} renders nothing from these dirs, or {path} has no "
                              f"section {title!r} to replace")
@@ -173,6 +178,18 @@ def refresh(names: list[str], dirs, out: Path, readme: Path | None = None) -> Pa
     if readme is not None:   # only these sections' markers; the others are left as they were
         update_readme(Path(readme), every, out)
     return path
+
+
+def _insertion(text: str, name: str, known: dict) -> int:
+    """Where a section missing from REPORT.md goes: before the first later section (in SECTIONS
+    order) whose fixed TITLE the text has (the index of the newline before its title); -1: at the end."""
+    later = list(known)[list(known).index(name) + 1:]
+    for n in later:
+        title = getattr(known[n], "TITLE", None)
+        at = text.find(f"\n{title}\n") if title else -1
+        if at >= 0:
+            return at
+    return -1
 
 
 def main(argv=None) -> int:

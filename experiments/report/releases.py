@@ -30,16 +30,22 @@ def version_key(v: str) -> tuple:
 
 
 def load_tables(root: Path) -> dict[str, dict]:
-    """version -> zoo.json, oldest first; the installed release's table (root/zoo.json) wins over
-    a copy of the same version under releases/."""
+    """version -> zoo.json, oldest first: root/zoo.json (the installed release's), and each release's
+    under root/releases/<version>/ or root/<version>/ (a library zoo's layout); the installed
+    release's table wins over a copy of the same version."""
     root = Path(root)
     found = {}
-    for p in [*sorted((root / "releases").glob("*/zoo.json")), root / "zoo.json"]:
+    for p in [*sorted(root.glob("releases/*/zoo.json")), *sorted(root.glob("*/zoo.json")), root / "zoo.json"]:
         if p.exists():
             z = json.loads(p.read_text())
             if z.get("results"):
-                found[z["transformers"]] = z
+                found[release_of(z)] = z
     return dict(sorted(found.items(), key=lambda kv: version_key(kv[0])))
+
+
+def release_of(z: dict) -> str:
+    """The library release a zoo table was made with (the transformers zoo names it `transformers`)."""
+    return z.get("transformers") or z.get("version") or "unknown"
 
 
 def needs_of(z: dict) -> dict[tuple, list[str]]:
@@ -56,7 +62,7 @@ def problem_kind(p: dict, needs: dict) -> str:
     return "artifact" if got and all(got) else "finding"
 
 
-def cells(z: dict, entries: list[dict]) -> dict[str, str]:
+def cells(z: dict, entries: list[dict], spec: triage.Spec = triage.TRANSFORMERS) -> dict[str, str]:
     """arch -> its outcome in this table (the worst of its rows)."""
     rank = {k: i for i, k in enumerate(OUTCOMES)}
     needs = needs_of(z)
@@ -66,13 +72,15 @@ def cells(z: dict, entries: list[dict]) -> dict[str, str]:
         if arch not in out or rank[kind] < rank[out[arch]]:
             out[arch] = kind
     for r in z["results"]:  # one implementation examined is enough for "examined"
-        if r["status"] != "examined":
+        if spec.is_absent(r):   # an option this release does not have yet
+            worse(r["arch"], "absent")
+        elif r["status"] != "examined":
             worse(r["arch"], "not_examined")
-            continue
-        worse(r["arch"], "pass")
-        if any(triage.outcome(c["verdict"]) == "inconclusive" for c in r["checks"]):
-            worse(r["arch"], "inconclusive")
-    for p in triage.problems(triage.flags(z["results"]), entries):
+        else:
+            worse(r["arch"], "pass")
+            if any(triage.outcome(c["verdict"]) == "inconclusive" for c in r["checks"]):
+                worse(r["arch"], "inconclusive")
+    for p in triage.problems(spec.flags(z["results"]), entries):
         kind = problem_kind(p, needs)
         for f in p["rows"]:
             worse(f["arch"], kind)
@@ -81,16 +89,20 @@ def cells(z: dict, entries: list[dict]) -> dict[str, str]:
     return out
 
 
-def over_releases(tables: dict[str, dict], entries: list[dict] | None = None) -> dict:
+def over_releases(tables: dict[str, dict], entries: list[dict] | None = None,
+                  spec: triage.Spec = triage.TRANSFORMERS) -> dict:
     """{releases, problems: [{key, kind, note, ref, rows: {version: n}, archs, first_seen, fixed_in}],
-    cells: {arch: {version: outcome}}, cost: {version: {...}}}."""
-    entries = triage.load() if entries is None else entries
+    cells: {arch: {version: outcome}}, cost: {version: {...}}}. A problem is fixed in a release
+    where its architectures (targets) are examined, or raise for another reason, without its rows."""
+    entries = spec.entries() if entries is None else entries
     versions = list(tables)
     probs: dict[str, dict] = {}
-    examined = {v: {r["arch"] for r in z["results"] if r["status"] == "examined"} for v, z in tables.items()}
+    flagged = {v: spec.flags(z["results"], v) for v, z in tables.items()}
+    examined = {v: {r["arch"] for r in z["results"] if r["status"] == "examined"}
+                | {f["arch"] for f in flagged[v] if f["verdict"] == "error"} for v, z in tables.items()}
     for v, z in tables.items():
         needs = needs_of(z)
-        for p in triage.problems(triage.flags(z["results"], v), entries):
+        for p in triage.problems(flagged[v], entries):
             e = p["entry"] or {}
             q = probs.setdefault(p["key"], {"key": p["key"], "kind": p["kind"], "note": e.get("note", ""),
                                             "ref": e.get("thread") or e.get("finding") or "", "rows": {}, "archs": set(),
@@ -109,11 +121,11 @@ def over_releases(tables: dict[str, dict], entries: list[dict] | None = None) ->
         del q["kinds"]
     archs = sorted({r["arch"] for z in tables.values() for r in z["results"]}
                    | {a for z in tables.values() for a in z.get("not_run", [])})
-    per = {v: cells(z, entries) for v, z in tables.items()}
+    per = {v: cells(z, entries, spec) for v, z in tables.items()}
     return {"releases": versions,
             "problems": sorted(probs.values(), key=lambda q: (version_key(q["first_seen"]), q["key"])),
             "cells": {a: {v: per[v].get(a, "absent") for v in versions} for a in archs},
-            "cost": {v: {**z.get("cost", {}), "examined": z["examined"], "archs": z["archs"], "with": z.get("with", {}),
+            "cost": {v: {**z.get("cost", {}), "examined": z["examined"], "archs": z.get("archs", z.get("targets")), "with": z.get("with", {}),
                          "checks_cpu_s": z.get("cpu_s")} for v, z in tables.items()}}
 
 

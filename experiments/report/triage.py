@@ -1,8 +1,11 @@
-"""The zoo's triage: every fail and warn of a zoo table (any transformers release) assigned to a
-problem, one cause each (experiments/zoo/triage.yaml). Rows of one problem are counted once as a
-problem and each as a row. Pure Python (the report never loads torch)."""
+"""A zoo's triage: every flagged row of a zoo table (any release) assigned to a problem, one cause
+each, by the zoo's rules file (the transformers zoo: experiments/zoo/triage.yaml, its fail and warn
+rows; a library zoo, experiments/zoo_xt/ and experiments/zoo_diffusers/: every row that is not a
+pass or n/a, see Spec). Rows of one problem are counted once as a problem and each as a row. Pure
+Python (the report never loads torch)."""
 import fnmatch
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -11,6 +14,28 @@ TRIAGE = Path(__file__).resolve().parents[1] / "zoo" / "triage.yaml"
 KINDS = {"known": "known behaviour", "false_alarm": "doctor false alarm", "finding": "new finding"}
 RULE_KEYS = {"check", "verdict", "impl", "archs", "sides", "cause", "detail"}
 OUTCOMES = ("pass", "fail", "warn", "skip", "n/a", "inconclusive")
+# a target x path the doctor never examined because it raised first (experiments/zoo/worker.py's
+# statuses): a library zoo's row with check = the status, verdict `error`, detail = the reason
+ERRORS = ("build_error", "forward_error", "doctor_target_error", "doctor_error", "timeout", "crash", "memory")
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What one zoo's triage covers. rules: its rules file; kinds: the rows that are problems (the
+    verdict classes of outcome(), and `error` for the statuses of ERRORS); absent: words of a
+    build error that say the release does not have the target (an option added later: not a row)."""
+    rules: Path
+    kinds: tuple = ("fail", "warn")
+    absent: tuple = ()
+
+    def entries(self) -> list[dict]:
+        return load(self.rules)
+
+    def flags(self, results: list[dict], release: str = "") -> list[dict]:
+        return flags(results, release, self.kinds, self.absent)
+
+    def is_absent(self, r: dict) -> bool:
+        return r["status"] == "build_error" and any(w in r.get("reason", "") for w in self.absent)
 
 
 def outcome(verdict: str) -> str:
@@ -50,18 +75,27 @@ def load(path=TRIAGE) -> list[dict]:
     return entries
 
 
-def flags(results: list[dict], release: str = "") -> list[dict]:
-    """The fail and warn rows of a zoo table's results (one per architecture x impl x check)."""
+def flags(results: list[dict], release: str = "", kinds=("fail", "warn"), absent=()) -> list[dict]:
+    """The rows of a zoo table's results whose outcome is one of `kinds` (one per architecture x
+    impl x check; with `error` in kinds, one per architecture x impl that raised before the doctor
+    could examine it, unless its build error says the release lacks it: words of `absent`)."""
     out = []
     for r in results:
         if r.get("status") != "examined":
+            if "error" in kinds and r.get("status") in ERRORS and not (
+                    r["status"] == "build_error" and any(w in r.get("reason", "") for w in absent)):
+                out.append({"arch": r["arch"], "impl": r["impl"], "check": r["status"], "verdict": "error",
+                            "measured": None, "tolerance": "", "detail": r.get("reason") or "", "cause": "",
+                            "release": release})
             continue
         for c in r.get("checks", []):
             kind = outcome(c.get("verdict", ""))
-            if kind in ("fail", "warn"):
+            if kind in kinds:
+                why = c["verdict"].split(":", 1)[1].strip() if kind == "inconclusive" and ":" in c["verdict"] else ""
                 out.append({"arch": r["arch"], "impl": r["impl"], "check": c["name"], "verdict": kind,
                             "measured": c.get("measured"), "tolerance": c.get("tolerance") or "",
-                            "detail": c.get("detail") or "", "cause": c.get("cause") or "", "release": release})
+                            "detail": "; ".join(x for x in (why, c.get("detail") or "") if x),  # an inconclusive's why first
+                            "cause": c.get("cause") or "", "release": release})
     return out
 
 
@@ -130,3 +164,6 @@ def where(rows: list[dict]) -> str:
     for f in rows:
         by.setdefault(f["arch"], set()).add(f["impl"])
     return ", ".join(f"{a} ({'+'.join(sorted(i))})" for a, i in sorted(by.items()))
+
+
+TRANSFORMERS = Spec(TRIAGE)

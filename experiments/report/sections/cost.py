@@ -7,6 +7,7 @@ from pathlib import Path
 from experiments.report.sections.disk import size
 
 NAME = "cost"
+TITLE = "## What the reference costs"   # refresh() puts a new section before it
 FILE = "reference.json"
 NOT_COUNTED = ("report",)  # the report is being written from this table: it cannot time itself
 
@@ -60,7 +61,7 @@ def blocks(runs, fig_dir: Path) -> dict[str, str]:
     rows.append(f"| **total** | | | **{duration(sum(e['wall_s'] for _, e in parts))}** | "
                 f"{duration(sum(e['cpu_s'] for _, e in parts))} | {size(sum(e['written_bytes'] for _, e in parts))} | "
                 f"{size(sum(e['disk_bytes'] for _, e in parts))} | |")
-    text = ("## What the reference costs\n\n"
+    text = (f"{TITLE}\n\n"
             f"Each part of `python -m experiments.reference` as it ended (`{FILE}` beside this report), on "
             f"{where(parts)}: wall time over all its attempts (a killed attempt counts up to its last "
             "heartbeat); CPU time of its processes (of the attempts that ran to their end); bytes written to "

@@ -23,9 +23,13 @@ def root(fig_dir: Path) -> Path:
 
 
 def load(fig_dir: Path) -> dict | None:
-    """The installed release's table (or, without one, the newest release's)."""
-    tables = releases.load_tables(root(fig_dir))
-    main = root(fig_dir) / "zoo.json"
+    return current(root(fig_dir))
+
+
+def current(where: Path) -> dict | None:
+    """The installed release's table (where/zoo.json) or, without one, the newest release's."""
+    tables = releases.load_tables(where)
+    main = Path(where) / "zoo.json"
     if not tables:
         return None
     import json
@@ -59,30 +63,36 @@ def render(runs, fig_dir: Path) -> str | None:
     return render_zoo(z, fig_dir) if z else None
 
 
-def _problems(z: dict) -> list[dict]:
+def problems(z: dict, spec: triage.Spec = triage.TRANSFORMERS) -> list[dict]:
     """The table's problems, each with its kind as the reruns show it (a finding that passed
     under a condition is an artifact of it)."""
     needs = releases.needs_of(z)
-    ps = triage.problems(triage.flags(z["results"]), triage.load())
+    ps = triage.problems(spec.flags(z["results"]), spec.entries())
     for p in ps:
         p["shown"] = releases.problem_kind(p, needs)
     return ps
 
 
-def _count(ps: list[dict], kind: str) -> tuple[int, int]:
+def count(ps: list[dict], kind: str) -> tuple[int, int]:
     mine = [p for p in ps if p["shown"] == kind]
     return len(mine), sum(len(p["rows"]) for p in mine)
 
 
-def _count_of(n: int, word: str) -> str:
+def kinds_text(ps: list[dict], sep: str) -> str:
+    """'9 new findings (17 rows); 16 known behaviours (239 rows)': problems and rows per kind."""
+    return sep.join(f"{n} {PLURAL[k] if n > 1 else KIND_NAMES[k]} ({rows_of(r)})"
+                    for k in ("finding", "artifact", "false_alarm", "known", "untriaged") for n, r in [count(ps, k)] if n)
+
+
+def count_of(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
-def _rows(n: int) -> str:
-    return _count_of(n, "row")
+def rows_of(n: int) -> str:
+    return count_of(n, "row")
 
 
-def _cost(c: dict) -> str:
+def cost_text(c: dict) -> str:
     if not c:
         return "cost not recorded"
     return (f"{c['wall_s'] / 60:.1f} min wall, {c['cpu_s'] / 60:.1f} min CPU"
@@ -91,18 +101,13 @@ def _cost(c: dict) -> str:
 
 def summary(z: dict, fig_dir: Path | None = None) -> str:
     per_impl = Counter(r["impl"] for r in z["results"] if r["status"] == "examined")
-    ps = _problems(z)
+    ps = problems(z)
     rows = sum(len(p["rows"]) for p in ps)
-    parts = []
-    for kind in ("finding", "artifact", "false_alarm", "known", "untriaged"):
-        n, r = _count(ps, kind)
-        if n:
-            parts.append(f"{n} {PLURAL[kind] if n > 1 else KIND_NAMES[kind]} ({_rows(r)})")
     big = max(ps, key=lambda p: len(p["rows"]), default=None)
     line = (f"transformers {z['transformers']}: **{z['examined']} of {z['archs']}** causal-LM architectures examined ("
             + ", ".join(f"{i} {n}" for i, n in sorted(per_impl.items()))
-            + f"); {rows} fail or warn {_rows(rows)[len(str(rows)) + 1:]} from "
-            f"**{_count_of(len(ps), 'problem')}**: " + ("; ".join(parts) or "none") + ".")
+            + f"); {rows} fail or warn {rows_of(rows)[len(str(rows)) + 1:]} from "
+            f"**{count_of(len(ps), 'problem')}**: " + (kinds_text(ps, "; ") or "none") + ".")
     if big is not None and len(big["rows"]) > 1:
         e = big["entry"] or {}
         line += (f" The largest, {len(big['rows'])} rows, is one cause: {e.get('note', big['key']).split(':')[0]}"
@@ -132,11 +137,11 @@ def _reruns(p: dict, z: dict) -> str:
     return text + (f"; n/a: {', '.join(na)})" if na else ")")
 
 
-def _verdict_table(examined: list[dict], impls: list[str]) -> list[str]:
+def verdict_table(examined: list[dict], impls: list[str], unit: str = "architectures examined with that implementation") -> list[str]:
     order = list(dict.fromkeys(c["name"] for r in examined for c in r["checks"]))
     v = Counter((c["name"], r["impl"], triage.outcome(c["verdict"])) for r in examined for c in r["checks"])
     kinds = [k for k in triage.OUTCOMES if any(n == k for (_, _, n) in v)]
-    out = [f"\nVerdicts per check (architectures examined with that implementation; {' / '.join(kinds)}):\n",
+    out = [f"\nVerdicts per check ({unit}; {' / '.join(kinds)}):\n",
            "| check | " + " | ".join(impls) + " |\n|---|" + "---|" * len(impls)]
     out += [f"| {n} | " + " | ".join(" / ".join(str(v[(n, i, k)]) for k in kinds) for i in impls) + " |" for n in order]
     return out
@@ -169,7 +174,7 @@ def render_zoo(z: dict, fig_dir: Path) -> str:
            f"each attention implementation ({', '.join(impls)}; torch {z['torch']}, CPU), each architecture in "
            f"a process of its own. **{z['examined']} of {z['archs']}** architectures were examined with at "
            f"least one implementation. The run as a whole (imports, builds, checks, reruns): "
-           f"{_cost(z.get('cost', {}))}; the checks alone {z.get('cpu_s', 0):,.0f} CPU seconds. "
+           f"{cost_text(z.get('cost', {}))}; the checks alone {z.get('cpu_s', 0):,.0f} CPU seconds. "
            "Of transformers' other implementations, `flex_attention` runs on CPU but compiles for every new "
            "input shape (`--impl flex_attention` runs it; it is not in this reference), `paged|eager` needs "
            "the continuous-batching cache, and the flash-attention kernels need CUDA.\n"]
@@ -177,14 +182,12 @@ def render_zoo(z: dict, fig_dir: Path) -> str:
     cols = [s for s in STATUSES if any(cnt[(i, s)] for i in impls)]
     out.append("| implementation | " + " | ".join(cols) + " |\n|---|" + "---|" * len(cols))
     out += [f"| {i} | " + " | ".join(str(cnt[(i, s)]) for s in cols) + " |" for i in impls]
-    out += _verdict_table(examined, impls)
-    ps = _problems(z)
+    out += verdict_table(examined, impls)
+    ps = problems(z)
     rows = sum(len(p["rows"]) for p in ps)
-    counts = ", ".join(f"{n} {PLURAL[k] if n > 1 else KIND_NAMES[k]} ({_rows(r)})"
-                       for k in ("finding", "artifact", "false_alarm", "known", "untriaged")
-                       for n, r in [_count(ps, k)] if n)
-    out.append(f"\n### Every fail and warn, one entry per problem\n\n{rows} fail or warn {_rows(rows)[len(str(rows)) + 1:]}, "
-               f"**{_count_of(len(ps), 'problem')}**: "
+    counts = kinds_text(ps, ", ")
+    out.append(f"\n### Every fail and warn, one entry per problem\n\n{rows} fail or warn {rows_of(rows)[len(str(rows)) + 1:]}, "
+               f"**{count_of(len(ps), 'problem')}**: "
                f"{counts}. A problem is one cause (`experiments/zoo/triage.yaml`): a known behaviour with its public "
                "thread (or the source that says it is by design), a doctor false alarm, or a new finding with its page "
                "in `docs/findings/` (a repro outside the doctor, the cause in transformers' source, a patch, the "
@@ -221,20 +224,30 @@ def _over_releases(fig_dir: Path) -> list[str]:
         return []
     over = releases.over_releases(tables)
     vs = over["releases"]
-    draw(over, Path(fig_dir) / FIGURE)
-    out = [f"\n### Across releases\n\nThe same zoo, doctor and triage on {len(vs)} transformers releases "
-           f"({', '.join(vs)}), each installed on its own (`python -m experiments.zoo --release VERSION --pinned DIR`, "
-           "its table in `results/zoo/releases/VERSION/`); `results/zoo/releases.csv` is this table. Per problem: the "
-           "first release examined that has it, and the first release after its last that no longer has it while "
-           "its architectures are examined there.\n",
-           f"![architectures x releases](figures/{FIGURE})\n",
-           "| problem | triage | first seen | fixed in | " + " | ".join(f"rows {v}" for v in vs) + " |\n|---|---|---|---|"
+    draw(over, Path(fig_dir) / FIGURE, "The zoo over transformers releases: each architecture's worst row")
+    return [f"\n### Across releases\n\nThe same zoo, doctor and triage on {len(vs)} transformers releases "
+            f"({', '.join(vs)}), each installed on its own (`python -m experiments.zoo --release VERSION --pinned DIR`, "
+            "its table in `results/zoo/releases/VERSION/`); `results/zoo/releases.csv` is this table. Per problem: the "
+            "first release examined that has it, and the first release after its last that no longer has it while "
+            "its architectures are examined there.\n",
+            f"![architectures x releases](figures/{FIGURE})\n", *over_releases_table(over),
+            "\nWhat each release's zoo cost as a whole (imports, builds, checks, reruns; 2 CPU cores shared):\n",
+            *cost_table(over)]
+
+
+def over_releases_table(over: dict) -> list[str]:
+    """One row per problem: its triage, first release seen, the release that fixed it, rows per release."""
+    vs = over["releases"]
+    out = ["| problem | triage | first seen | fixed in | " + " | ".join(f"rows {v}" for v in vs) + " |\n|---|---|---|---|"
            + "---|" * len(vs)]
     for q in over["problems"]:
         out.append(f"| {q['key']} | {KIND_NAMES[q['kind']]} | {q['first_seen']} | {q['fixed_in'] or 'open'} | "
                    + " | ".join(str(releases.shown_rows(q, v)) for v in vs) + " |")
-    out.append("\nWhat each release's zoo cost as a whole (imports, builds, checks, reruns; 2 CPU cores shared):\n")
-    out.append("| release | with | architectures | examined | wall | CPU |\n|---|---|---|---|---|---|")
+    return out
+
+
+def cost_table(over: dict, unit: str = "architectures") -> list[str]:
+    out = [f"| release | with | {unit} | examined | wall | CPU |\n|---|---|---|---|---|---|"]
     for v, c in over["cost"].items():
         beside = ", ".join(f"{k} {x}" for k, x in sorted((c.get("with") or {}).items()) if x)
         out.append(f"| {v} | {beside} | {c['archs']} | {c['examined']} | "
@@ -242,7 +255,7 @@ def _over_releases(fig_dir: Path) -> list[str]:
     return out
 
 
-def draw(over: dict, path: Path) -> None:
+def draw(over: dict, path: Path, title: str) -> None:
     """Architectures x releases, each cell coloured by the worst outcome of the architecture's rows
     in that release; architectures in columns of panels so that every name is readable."""
     from matplotlib.colors import ListedColormap
@@ -268,7 +281,7 @@ def draw(over: dict, path: Path) -> None:
         ax.tick_params(length=0)
     fig.legend(handles=[Patch(facecolor=releases.OUTCOMES[k][1], edgecolor="grey", label=releases.OUTCOMES[k][0])
                         for k in kinds], loc="lower center", ncol=3, fontsize=6, frameon=False)
-    fig.suptitle("The zoo over transformers releases: each architecture's worst row", fontsize=8)
+    fig.suptitle(title, fontsize=8)
     fig.tight_layout(rect=(0, 0.07, 1, 0.97))
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     save(fig, path)

@@ -1,0 +1,173 @@
+"""The library zoos in the report (experiments/report/library_zoo.py; sections zoo_xt and
+zoo_diffusers): synthetic tables in tmp_path, no library needed. Counts of problems and rows, an
+untriaged row said loudly, the triage rules checked against what a row shows, a section new to
+REPORT.md put in its place by `--sections`."""
+import json
+
+import pytest
+
+from conftest import ROOT
+
+PAD = "real tokens' outputs against the unpadded row: right padding {r}, left padding {l}"
+POS = ", left padding with position ids from the mask {p}"
+
+
+def _check(name, verdict, detail="", tolerance="<= 1e-05"):
+    return {"name": name, "verdict": verdict, "detail": detail, "tolerance": tolerance, "measured": None}
+
+
+def _table(results, version, **extra):
+    examined = {r["arch"] for r in results if r["status"] == "examined"}
+    return {"library": "x", "version": version, "torch": "2.13.0+cpu", "targets": len({r["arch"] for r in results}),
+            "examined": len(examined), "impls": sorted({r["impl"] for r in results}), "not_examined": {},
+            "not_run": [], "results": results, "cost": {"wall_s": 600.0, "cpu_s": 900.0}, **extra}
+
+
+def _write(root, version, results, **extra):
+    (root / version).mkdir(parents=True)
+    (root / version / "zoo.json").write_text(json.dumps(_table(results, version, **extra)))
+
+
+XT_ROWS = [
+    {"arch": "alibi_pos_bias", "impl": "flash", "status": "examined",
+     "checks": [_check("padding", "warn", PAD.format(r="2e-07", l="0.67") + POS.format(p="2e-07")),
+                _check("score_scale", "pass")]},
+    {"arch": "alibi_pos_bias", "impl": "einsum", "status": "examined",
+     "checks": [_check("padding", "warn", PAD.format(r="0", l="0.67") + POS.format(p="0")),
+                _check("low_precision", "fail", "float16 weights: 1024 non-finite plain at scores ~3e4")]},
+    {"arch": "shift_tokens", "impl": "flash", "status": "examined",
+     "checks": [_check("kv_cache", "fail", "cached against the full forward: new tokens 0.735")]},
+    {"arch": "attn_gumbel_softmax", "impl": "einsum", "status": "examined",
+     "checks": [_check("score_scale", "inconclusive: needs dot-product scores of a known q/k site's calls (none seen)"),
+                _check("long_positions", "n/a: needs positions")]},
+    {"arch": "add_value_residual+attn_kv_heads", "impl": "einsum", "status": "forward_error",
+     "reason": "RuntimeError: The size of tensor a (2) must match the size of tensor b (4)"},
+    {"arch": "newopt", "impl": "einsum", "status": "examined", "checks": [_check("future_leak", "fail", "t=1: 0.02")]},
+    {"arch": "attn_causal", "impl": "einsum", "status": "skipped", "reason": "the Decoder sets it"},
+]
+
+
+def test_xt_section_counts_problems_and_rows_and_says_untriaged(tmp_path):
+    from experiments.report.sections import zoo_xt
+    _write(tmp_path / "zoo_xt", "2.31.10", XT_ROWS,
+           not_examined={"attn_causal": ["einsum: skipped: the Decoder sets it"]})
+    blocks = zoo_xt.blocks([], tmp_path / "figures")
+    md, line = blocks["zoo_xt"], blocks["zoo_xt_summary"]
+    # 7 rows: two left-padding warns (one known problem), one fp16 fail (known), one kv_cache fail and one
+    # forward_error (two findings), one inconclusive (a doctor false alarm), one untriaged fail
+    assert "7 rows (5 fail or warn, 1 inconclusive, 1 raised before the doctor), **6 problems**" in md
+    assert "2 new findings (2 rows), 1 doctor false alarm (1 row), 2 known behaviours (3 rows), 1 untriaged (1 row)" in md
+    assert "| xt_absolute_positions_left_padding | known behaviour: " in md and "| 2 | alibi_pos_bias (einsum+flash) |" in md
+    assert "[lucidrains/x-transformers#84](https://github.com/lucidrains/x-transformers/issues/84)" in md
+    assert "| xt_value_residual_grouped_kv | new finding: " in md and "xt_value_residual_grouped_kv.md" in md
+    assert "| untriaged:newopt:future_leak | **untriaged** (future_leak) | 1 | newopt (einsum) |" in md
+    assert "- **attn_causal**: einsum: skipped: the Decoder sets it" in md
+    assert "10.0 min wall, 15.0 min CPU" in md
+    assert line.startswith("x-transformers 2.31.10: **4 of 6** targets examined (einsum 3, flash 2); 7 rows")
+    assert "**6 problems**" in line and "1 untriaged (1 row)" in line and "10.0 min wall, 15.0 min CPU" in line
+    assert "Across releases" not in md   # one release: no table over releases
+
+
+def test_xt_section_over_releases_with_its_picture(tmp_path):
+    from experiments.report.sections import zoo_xt
+    old = [dict(r) for r in XT_ROWS if r["arch"] != "shift_tokens"] + [
+        {"arch": "shift_tokens", "impl": "flash", "status": "examined", "checks": [_check("kv_cache", "pass")]},
+        {"arch": "polar_pos_emb", "impl": "flash", "status": "build_error",
+         "reason": "AssertionError: unrecognized kwargs passed in dict_keys(['rotary_pos_emb_type'])"}]
+    _write(tmp_path / "zoo_xt", "1.44.8", old)
+    _write(tmp_path / "zoo_xt", "2.31.10", XT_ROWS)
+    blocks = zoo_xt.blocks([], tmp_path / "figures")
+    md = blocks["zoo_xt"]
+    assert "### Across releases" in md and "`results/zoo_xt/releases.csv`" in md
+    assert "| xt_cache_without_its_state | new finding | 2.31.10 | open | 0 | 1 |" in md
+    assert "| xt_value_residual_grouped_kv | new finding | 1.44.8 | open | 1 | 1 |" in md
+    assert "| 1.44.8 |  | 7 | 4 | 10.0 min | 15.0 min |" in md   # each release's cost
+    assert "Over 2 releases (1.44.8, 2.31.10): 6 problems, 0 fixed" in blocks["zoo_xt_summary"]
+    png = tmp_path / "figures" / "zoo_xt_releases.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+
+def test_diffusers_section_counts(tmp_path):
+    from experiments.report.sections import zoo_diffusers
+    rows = [
+        {"arch": "JointAttnProcessor2_0", "impl": "cross", "status": "examined",
+         "checks": [_check("padding", "fail", PAD.format(r="0.323", l="0.272"))]},
+        {"arch": "AttnProcessor2_0", "impl": "cross", "status": "examined",
+         "checks": [_check("padding", "pass"), _check("self_visibility", "inconclusive: needs the attention weights")]},
+        {"arch": "FluxAttnProcessor2_0", "impl": "self", "status": "doctor_error",
+         "reason": "TargetRaised: IndexError: tuple index out of range"},
+    ]
+    _write(tmp_path / "zoo_diffusers", "0.42.1", rows)
+    blocks = zoo_diffusers.blocks([], tmp_path / "figures")
+    md = blocks["zoo_diffusers"]
+    assert "3 rows (1 fail or warn, 1 inconclusive, 1 raised before the doctor), **3 problems**" in md
+    assert "[huggingface/diffusers#8673](https://github.com/huggingface/diffusers/issues/8673)" in md
+    assert "| cross_attention_self_visibility | doctor false alarm: " in md and "| flux_sdpa_by_keyword |" in md
+    assert blocks["zoo_diffusers_summary"].startswith("diffusers 0.42.1: **2 of 3** processors examined")
+    assert "untriaged" not in blocks["zoo_diffusers_summary"]
+
+
+def test_library_triage_rules_check_the_row():
+    from experiments.report import triage
+    from experiments.report.sections import zoo_diffusers, zoo_xt
+    xt = zoo_xt.TRIAGE.entries()
+    row = lambda arch, check, verdict, detail, impl="einsum": {  # noqa: E731
+        "arch": arch, "impl": impl, "check": check, "verdict": verdict, "detail": detail, "tolerance": "<= 1e-05", "cause": ""}
+    pos = PAD.format(r="0", l="0.7") + POS.format(p="0")
+    assert triage.assign(row("use_rmsnorm", "padding", "warn", pos), xt)["id"] == "xt_absolute_positions_left_padding"
+    # a right padding that moves the outputs is not explained by the positions of left padding
+    assert triage.assign(row("use_rmsnorm", "padding", "warn", PAD.format(r="0.1", l="0.7")), xt) is None
+    # the fp16 overflow is the einsum path's; the same fail on the flash path is not this reason
+    lp = "float16 weights: 2048 non-finite plain at scores ~3e4"
+    assert triage.assign(row("use_rmsnorm", "low_precision", "fail", lp), xt)["id"] == "xt_einsum_qk_fp16_before_scale"
+    assert triage.assign(row("use_rmsnorm", "low_precision", "fail", lp, impl="flash"), xt) is None
+    # a build error for another reason than the finding's is not the finding
+    assert triage.assign(row("polar_bias_uniform_init", "build_error", "error", "leaf Variable ... in-place"), xt)["kind"] == "finding"
+    assert triage.assign(row("polar_bias_uniform_init", "build_error", "error", "CUDA out of memory"), xt) is None
+    # a release without the option: its build error is not a row at all
+    absent = {"arch": "polar_pos_emb", "impl": "flash", "status": "build_error",
+              "reason": "AssertionError: unrecognized kwargs passed in dict_keys(['polar_pos_emb'])"}
+    other = {**absent, "reason": "RuntimeError: boom"}
+    assert zoo_xt.TRIAGE.flags([absent]) == [] and [f["check"] for f in zoo_xt.TRIAGE.flags([other])] == ["build_error"]
+    # the transformers zoo's triage still flags only its fail and warn rows
+    inc = {"arch": "a", "impl": "eager", "status": "examined", "checks": [_check("score_scale", "inconclusive: x")]}
+    assert triage.TRANSFORMERS.flags([inc, other]) == [] and len(zoo_xt.TRIAGE.flags([inc, other])) == 2
+    for spec in (zoo_xt.TRIAGE, zoo_diffusers.TRIAGE):   # each finding's page, repro and patch exist
+        for e in spec.entries():
+            if e["kind"] == "finding":
+                page = ROOT / e["finding"]
+                assert page.is_file() and page.with_suffix(".py").is_file() and page.with_suffix(".patch").is_file(), e["id"]
+
+
+def test_sections_new_to_the_report_are_placed_and_refreshed(tmp_path):
+    """`--sections zoo_xt` on a REPORT.md without that section puts it before the cost section, and
+    fills the README's block; a second refresh replaces it in place."""
+    from experiments.report.build import main
+    _write(tmp_path / "zoo_xt", "2.31.10", XT_ROWS)
+    (tmp_path / "REPORT.md").write_text("# Report\n\nbefore\n\n## The zoo: x\n\nzoo\n\n## What the reference costs\n\nafter\n")
+    readme = tmp_path / "README.md"
+    readme.write_text("# R\n\n## Zoo\n<!-- BEGIN report:zoo_xt_summary -->\nold\n<!-- END report:zoo_xt_summary -->\nend\n")
+    for _ in range(2):
+        assert main([str(tmp_path), "--sections", "zoo_xt", "--readme", str(readme)]) == 0
+        text = (tmp_path / "REPORT.md").read_text()
+        assert text.count("## The x-transformers zoo") == 1
+        assert text.index("## The zoo: x") < text.index("## The x-transformers zoo") < text.index("## What the reference costs")
+        assert text.endswith("## What the reference costs\n\nafter\n") and "\n\n\n" not in text
+    assert "**4 of 6** targets" in readme.read_text() and "\nold\n" not in readme.read_text()
+
+
+@pytest.mark.parametrize("name", ["zoo_xt", "zoo_diffusers"])
+def test_library_sections_render_nothing_without_a_table(name, tmp_path):
+    from experiments.report.build import SECTIONS
+    (mod,) = [m for m in SECTIONS if m.NAME == name]
+    assert mod.blocks([], tmp_path / "figures") == {}
+
+
+def test_a_new_last_section_goes_at_the_end(tmp_path):
+    from experiments.report.build import main
+    _write(tmp_path / "zoo_diffusers", "0.42.1", [
+        {"arch": "AttnProcessor2_0", "impl": "self", "status": "examined", "checks": [_check("padding", "pass")]}])
+    (tmp_path / "REPORT.md").write_text("# Report\n\nbefore\n")
+    assert main([str(tmp_path), "--sections", "zoo_diffusers"]) == 0
+    text = (tmp_path / "REPORT.md").read_text()
+    assert text.startswith("# Report\n\nbefore\n\n## The diffusers zoo") and text.endswith(".\n") and "\n\n\n" not in text
