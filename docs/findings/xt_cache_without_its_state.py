@@ -1,6 +1,6 @@
 """x-transformers: two options whose output needs more than the cached keys and values say
-can_cache_kv=True, so a cached decode (AutoregressiveWrapper.generate's default) silently differs
-from the full forward: the data-dependent ALiBi of the forgetting transformer
+can_cache_kv=True, so a cached decode (AutoregressiveWrapper.generate's default) silently
+differs from the full forward: the data-dependent ALiBi of the forgetting transformer
 (attn_data_dependent_alibi) and token shifting (shift_tokens). Exit 1 while a model that says it
 can cache decodes differently from its full forward, 0 once it either agrees or says it cannot.
 
