@@ -33,9 +33,9 @@ def test_every_finding_is_upstream_ready():
 
 def need(package: str):
     """The installed package, at the release its patches are written against (else a skip saying so)."""
-    mod = pytest.importorskip(package, reason="the validation extra: pip install -r requirements-validation.txt")
-    if mod.__version__ != findings.RELEASES[package]:
-        pytest.skip(f"the patches are written against {package} {findings.RELEASES[package]}, not {mod.__version__}")
+    pytest.importorskip(package, reason="the validation extra: pip install -r requirements-validation.txt")
+    if findings.version(package) != findings.RELEASES[package]:
+        pytest.skip(f"the patches are written against {package} {findings.RELEASES[package]}, not {findings.version(package)}")
     return findings.installed(package)
 
 

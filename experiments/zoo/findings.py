@@ -46,11 +46,23 @@ def touched(patch: Path) -> list[str]:
 
 def installed(package: str = "transformers") -> Path:
     """The installed package (its directory)."""
-    import importlib
     try:
-        return Path(importlib.import_module(package).__file__).parent
+        if package == "x_transformers":
+            import x_transformers as mod
+        elif package == "diffusers":
+            import diffusers as mod
+        else:
+            import transformers as mod
     except ImportError:
         raise RuntimeError(f"{package} is not installed (pip install -r requirements-validation.txt)") from None
+    return Path(mod.__file__).parent
+
+
+def version(package: str = "transformers") -> str:
+    """The installed package's release, from its dist-info beside it (x-transformers has no
+    __version__); "unknown" when there is not exactly one."""
+    found = [p.name[len(package) + 1:-len(".dist-info")] for p in installed(package).parent.glob(f"{package}-*.dist-info")]
+    return found[0] if len(found) == 1 else "unknown"
 
 
 def copy(name: str, dest: Path, source: Path | None = None) -> Path:
