@@ -78,7 +78,7 @@ def test_xt_section_over_releases_with_its_picture(tmp_path):
     _write(tmp_path / "zoo_xt", "2.31.10", XT_ROWS)
     blocks = zoo_xt.blocks([], tmp_path / "figures")
     md = blocks["zoo_xt"]
-    assert "### Across releases" in md and "`results/zoo_xt/releases.csv`" in md
+    assert "### x-transformers across releases" in md and "`results/zoo_xt/releases.csv`" in md
     assert "| xt_cache_without_its_state | new finding | 2.31.10 | open | 0 | 1 |" in md
     assert "| xt_value_residual_grouped_kv | new finding | 1.44.8 | open | 1 | 1 |" in md
     assert "| 1.44.8 |  | 7 | 4 | 10.0 min | 15.0 min |" in md   # each release's cost

@@ -89,7 +89,7 @@ def render(lib: Library, z: dict, fig_dir: Path) -> str:
     out += zoo.verdict_table(examined, impls, f"{lib.target}s examined on that path")
     ps = zoo.problems(z, lib.spec)
     rows = sum(len(p["rows"]) for p in ps)
-    out.append(f"\n### Every row that is not a pass or n/a, one entry per problem\n\n{zoo.rows_of(rows)} "
+    out.append(f"\n### {lib.library}: every row that is not a pass or n/a, one entry per problem\n\n{zoo.rows_of(rows)} "
                f"({_verdicts(ps) or 'none'}), **{zoo.count_of(len(ps), 'problem')}**: {zoo.kinds_text(ps, ', ') or 'none'}. "
                f"A fail, a warn, an inconclusive check and a {lib.target} that raised before the doctor could examine "
                f"it are each a row; a problem is one cause (`{_rel(lib.spec.rules)}`): a known behaviour with its "
@@ -104,7 +104,7 @@ def render(lib: Library, z: dict, fig_dir: Path) -> str:
         out.append(f"| {p['key']} | {what} | {len(p['rows'])} | {triage.where(p['rows'])} | {zoo.ref(e)} |")
     ne = {a: why for a, why in z.get("not_examined", {}).items()}
     if ne:
-        out.append(f"\n### Not examined ({len(ne)})\n\nEach with why (by design, a path the library refuses, "
+        out.append(f"\n### {lib.library}: {lib.target}s not examined ({len(ne)})\n\nEach with why (by design, a path the library refuses, "
                    "or the error above):\n")
         out += [f"- **{a}**: " + "; ".join(reasons) for a, reasons in sorted(ne.items())]
     if z.get("not_run"):
@@ -120,7 +120,7 @@ def _over_releases(lib: Library, fig_dir: Path) -> list[str]:
     over = releases.over_releases(tables, spec=lib.spec)
     vs = over["releases"]
     zoo.draw(over, Path(fig_dir) / lib.figure, f"The {lib.library} zoo over releases: each {lib.target}'s worst row")
-    return [f"\n### Across releases\n\nThe same zoo, doctor and triage on {len(vs)} {lib.library} releases "
+    return [f"\n### {lib.library} across releases\n\nThe same zoo, doctor and triage on {len(vs)} {lib.library} releases "
             f"({', '.join(vs)}), each installed on its own (`{lib.command} --release VERSION --pinned DIR`, its table "
             f"in `results/{lib.results}/VERSION/`); `results/{lib.results}/releases.csv` is this table. Per problem: "
             f"the first release examined that has it, and the first release after its last that no longer has it "
