@@ -158,7 +158,7 @@ def run_doctor(res: dict, target, name: str, checks) -> dict:
         r = examine(target, name=name, checks=checks, seed=0)
     except TargetError as e:
         return {**res, "status": TARGET_ERROR, "stage": "doctor", "reason": str(e)[:300]}
-    except Exception as e:  # the doctor's own exception: a row for /work/notes/zoo_to_doctor.md
+    except Exception as e:  # the doctor's own exception: a doctor_error row, triaged as a false alarm
         if _is_memory(e):
             raise
         return {**res, "status": DOCTOR_ERROR, "stage": "doctor", "reason": _line(e),
