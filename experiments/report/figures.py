@@ -1,5 +1,6 @@
 """The figure of a run (curves.png) and of an experiment in the report: the failure next to its
 control, and the diagnostics that explain it."""
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -63,7 +64,7 @@ def shown_heads(weights: list) -> list:
 
 def _heatmap(ax, w, title):
     im = ax.imshow(np.asarray(w, dtype=np.float32), cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
-    ax.set_title(title, fontsize=9)
+    ax.set_title(title, fontsize=8)
     ax.set_xlabel("key position", fontsize=8)
     ax.set_ylabel("query position", fontsize=8)
     ax.tick_params(labelsize=7)
@@ -82,15 +83,19 @@ def plot_experiment(path: Path, name: str, runs: list, controls: list, control_n
     weights at step 0 and at the end, for the first run of each, on one colour scale: the
     failure's most focused head, and the same layer and head of the control."""
     n_heat = 2 * (1 + bool(controls))
-    fig = plt.figure(figsize=(20 if verdicts else 14, 8.2), layout="constrained")
+    # a fixed layout, not "constrained": that one draws the figure twice and measures every label,
+    # most of the figure's cost (2.6 s of CPU per run); these margins hold the longest labels
+    width = 20 if verdicts else 14
+    fig = plt.figure(figsize=(width, 8.2))
     fig.suptitle(name)
+    margins = dict(left=0.9 / width, right=1 - 0.2 / width, bottom=0.07, top=0.9)
     if verdicts:
-        outer = fig.add_gridspec(1, 2, width_ratios=[14, 6])
-        rows = outer[0].subgridspec(2, 1, height_ratios=[1, 1.05])
+        outer = fig.add_gridspec(1, 2, width_ratios=[14, 6], wspace=0.1, **margins)
+        rows = outer[0].subgridspec(2, 1, height_ratios=[1, 1.05], hspace=0.3)
         verdict_panel.draw(fig, outer[1], verdicts)
     else:
-        rows = fig.add_gridspec(2, 1, height_ratios=[1, 1.05])
-    top_grid = rows[0].subgridspec(1, 4, width_ratios=[1, 1, 1, 0.5])
+        rows = fig.add_gridspec(2, 1, height_ratios=[1, 1.05], hspace=0.3, **margins)
+    top_grid = rows[0].subgridspec(1, 4, width_ratios=[1, 1, 1, 0.5], wspace=0.4)
     top = [fig.add_subplot(top_grid[0, i]) for i in range(3)]
     panels = [(loss_metric, f"{loss_metric}", f"{loss_metric} (nats)"),
               ("attn/entropy", "attention entropy (mean over layers)", "entropy per row (nats)"),
@@ -121,8 +126,9 @@ def plot_experiment(path: Path, name: str, runs: list, controls: list, control_n
     if handles:
         legend_ax = fig.add_subplot(top_grid[0, 3])
         legend_ax.set_axis_off()
+        labels = [textwrap.fill(l, 30) for l in labels]  # a control's label is long: kept in its column
         legend_ax.legend(handles, labels, loc="center left", fontsize=8, frameon=False)
-    heat_grid = rows[1].subgridspec(1, n_heat)
+    heat_grid = rows[1].subgridspec(1, n_heat, wspace=0.35)
     col, im, heat_axes = 0, None, []
     groups = [g for g in (runs, controls) if g]
     for group, picked in zip(groups, shown_heads([g[0][2] for g in groups])):
@@ -138,7 +144,7 @@ def plot_experiment(path: Path, name: str, runs: list, controls: list, control_n
                 ax.set_axis_off()
                 continue
             layer, head = picked
-            im = _heatmap(ax, weights[step][layer][head], f"{label}: {layer} H{head}, step {step}")
+            im = _heatmap(ax, weights[step][layer][head], textwrap.fill(f"{label}: {layer} H{head}, step {step}", 42))
     if im is not None:
         fig.colorbar(im, ax=heat_axes, shrink=0.85, aspect=25, label="attention weight (a row sums to 1)")
     path = Path(path)

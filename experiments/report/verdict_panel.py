@@ -136,7 +136,8 @@ def draw(fig, slot, verdicts: list[tuple]):
             + f"\n{legend}; filled: the check holds; shaded: its signature side")
     lines = head.count("\n") + 1
     slots = max(len(measurable), MIN_STRIPS)  # strips of one height in every figure; spare slots stay empty
-    grid = slot.subgridspec(slots + 1, 1, height_ratios=[0.32 * lines] + [1] * slots)
+    # room between strips for a two-line title above and an x label below (the figure's layout is fixed)
+    grid = slot.subgridspec(slots + 1, 1, height_ratios=[0.32 * lines] + [1] * slots, hspace=2.3)
     top = fig.add_subplot(grid[0, 0])
     top.set_axis_off()
     off = [d["check"]["name"] for d in checks if d["check"].get("not_measurable")]

@@ -12,6 +12,7 @@ are real copies, patched (seconds, a few MB); PYTHONPATH=DIR (or the zoo's --tra
 imports it.
 """
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -88,15 +89,58 @@ def copy(name: str, dest: Path, source: Path | None = None) -> Path:
     return dest
 
 
+def _repro_env() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_VERBOSITY": "error", "PYTHONWARNINGS": "ignore"}
+
+
 def repro(name: str, pythonpath: Path | None = None, timeout: int = 300) -> tuple[int, str]:
     """(exit code, output) of docs/findings/NAME.py, with `pythonpath` first on the path."""
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "HF_HUB_OFFLINE": "1",
-           "TRANSFORMERS_VERBOSITY": "error", "PYTHONWARNINGS": "ignore"}
+    env = _repro_env()
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join([str(pythonpath), *filter(None, [env.get("PYTHONPATH")])])
     p = subprocess.run([sys.executable, str(FINDINGS / f"{name}.py")], capture_output=True, text=True,
                        env=env, timeout=timeout, cwd=tempfile.gettempdir())
     return p.returncode, (p.stdout + p.stderr).strip()
+
+
+def repros(names: list[str], timeout: int = 900) -> dict[str, tuple[int, str]]:
+    """{name: (exit code, output)} of several repros on the installed libraries, one after another
+    in ONE Python process (torch and the library imported once, seconds per repro saved): each run
+    as `python NAME.py` runs it, its SystemExit its exit code, an uncaught exception exit 1 with
+    its traceback. A patched copy needs a process of its own (repro)."""
+    code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from experiments.zoo.findings import _serve; _serve()"
+    p = subprocess.run([sys.executable, "-c", code], input="\n".join(names), capture_output=True, text=True,
+                       env=_repro_env(), timeout=timeout, cwd=tempfile.gettempdir())
+    last = p.stdout.strip().splitlines()[-1:] or [""]
+    if p.returncode or not last[0].startswith(_DONE):
+        raise RuntimeError(f"the repros' process ended with exit {p.returncode}: {(p.stdout + p.stderr)[-800:]}")
+    return {n: tuple(v) for n, v in json.loads(last[0][len(_DONE):]).items()}
+
+
+_DONE = "repros done: "
+
+
+def _serve():
+    """In repros' process: each name on stdin, its repro as __main__, its output captured."""
+    import io
+    import runpy
+    import traceback
+    from contextlib import redirect_stderr, redirect_stdout
+    out, stdout = {}, sys.stdout
+    for name in sys.stdin.read().split():
+        buf, code = io.StringIO(), 0
+        sys.argv = [str(FINDINGS / f"{name}.py")]
+        with redirect_stdout(buf), redirect_stderr(buf):
+            try:
+                runpy.run_path(sys.argv[0], run_name="__main__")
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            except BaseException:  # noqa: BLE001 - as Python ends on an uncaught exception
+                code = 1
+                traceback.print_exc()
+        out[name] = (code, buf.getvalue().strip())
+    print(_DONE + json.dumps(out), file=stdout, flush=True)
 
 
 def archs(name: str) -> list[str]:
@@ -110,7 +154,6 @@ def archs(name: str) -> list[str]:
 
 def zoo_rows(arch_list: list[str], out: Path, transformers: Path | None = None) -> dict:
     """{(arch, impl, check): verdict} of a zoo run on `arch_list` (into `out`)."""
-    import json
     cmd = [sys.executable, "-m", "experiments.zoo", "--arch", *arch_list, "--out", str(out), "--no-confirm"]
     if transformers:
         cmd += ["--transformers", str(transformers)]
@@ -127,9 +170,12 @@ def check(which: list[str], zoo: bool = False) -> int:
     """Every repro fails on the installed transformers and passes on its patched copy; with zoo,
     the finding's architectures' rows before and after (only its own rows may change)."""
     bad = 0
+    befores = {}
+    for package in dict.fromkeys(map(library, which)):  # the installed libraries: one process each
+        befores.update(repros([n for n in which if library(n) == package]))
     with tempfile.TemporaryDirectory(prefix="findings-") as tmp:
         for name in which:
-            before, _ = repro(name)
+            before = befores[name][0]
             d = copy(name, Path(tmp) / name)
             after, out = repro(name, d)
             ok = before == 1 and after == 0
