@@ -145,15 +145,15 @@ def test_gpu_figures_get_their_own_lines_beside_the_cpu_ones(tmp_path):
 
 
 def test_threads_times_the_default_run_at_each_thread_count_and_the_report_says_the_default(tmp_path, capsys):
-    """The figures behind train.threads (issue 35): `python run.py` timed at 1 and 2 threads beside a
-    busy process, and the report's benchmark line built from them."""
+    """The figures behind train.threads (issue 35): `python run.py` timed at 1 and 2 threads, and the
+    report's benchmark line built from them (tiny: no busy process beside them)."""
     from experiments.io import write_json
     from experiments.report.sections.bench import render
     out = bench.bench_threads(tiny=True)
-    assert [(r["busy"], r["threads"]) for r in out["rows"]] == [(1, 1), (1, 2)]
+    assert [(r["busy"], r["threads"]) for r in out["rows"]] == [(0, 1), (0, 2)]
     assert all(r["wall_s"] > 0 and 0 < r["cpu_s"] and r["load_before"] >= 0 for r in out["rows"])
-    assert out["default_threads"] == 1 and out["median_s"]["1 busy, 2 threads"] == out["rows"][1]["wall_s"]
-    assert "median 1 busy, 1 threads" in capsys.readouterr().out
+    assert out["default_threads"] == 1 and out["median_s"]["0 busy, 2 threads"] == out["rows"][1]["wall_s"]
+    assert "median 0 busy, 1 threads" in capsys.readouterr().out
     write_json(tmp_path / "bench" / "threads.json", {"bench": "threads", "date": "2026-01-01", **out})
     md = render([], tmp_path / "figures")
     assert f"2 thread(s) **{out['rows'][1]['wall_s']:.1f} s** ({out['rows'][1]['cpu_s']:.1f} s CPU)" in md

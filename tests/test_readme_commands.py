@@ -29,7 +29,7 @@ from tests.wandb_offline import read_run
 
 @dataclass(frozen=True)
 class Cmd:
-    add: str = ""      # appended to the command: sizes only (train.steps, model / data sizes, a cut seed list)
+    add: str = ""      # appended to the command: sizes only (train.steps, batch, model / data sizes, a cut seed list)
     exit: int = 0
     stdout: str = ""   # a regex stdout must match
     stderr: str = ""   # a regex stderr must match
@@ -41,19 +41,21 @@ class Cmd:
 
 
 S = "train.steps=6 train.eval_batches=1"  # every run: 6 steps, one eval batch; sizes as configured
+# and batches of 8 where no experiment needs its own (mask_broadcast needs batch == its queries: 32)
+S8 = f"{S} train.batch_size=8"
 NO_SCALING = "python run.py +exp=no_scaling"
 CATALOGUE = "python run.py -m '+exp=glob(*)' seed=0,1,2"
 REPORTED = r"^report: \S+REPORT.md$"
 
 COMMANDS = {
     # the front door
-    "pip install -r requirements.txt && python run.py": Cmd(S),
+    "pip install -r requirements.txt && python run.py": Cmd(S8),
     "pytest": Cmd(skip="the suite itself (CI runs it)"),
-    NO_SCALING: Cmd(S),
+    NO_SCALING: Cmd(S8),
     CATALOGUE: Cmd(f"{S} seed=0", stdout=REPORTED),
-    "python run.py -m +exp=heads seed=0": Cmd(S, stdout=REPORTED),
-    "python run.py +exp=no_scaling data=shakespeare_char": Cmd(S),
-    "python run.py -m '+exp=glob(*)' data=shakespeare_char": Cmd(S, stdout=r"^skipped: \S+mask_broadcast"),
+    "python run.py -m +exp=heads seed=0": Cmd(S8, stdout=REPORTED),
+    "python run.py +exp=no_scaling data=shakespeare_char": Cmd(S8),
+    "python run.py -m '+exp=glob(*)' data=shakespeare_char": Cmd(S8, stdout=r"^skipped: \S+mask_broadcast"),
     "python -m experiments.judging results/runs/no_scaling exp.checks.plateau.value=30":
         Cmd(after=NO_SCALING, stdout=r"^\[no_scaling\] reproduced: false \| .* plateau=\S+ \(>= 30; .*\) FAIL"),
     "python -m experiments.report": Cmd(after=NO_SCALING, files=("results/REPORT.md", "results/runs.csv")),

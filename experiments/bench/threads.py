@@ -43,10 +43,10 @@ def time_run(threads: int, overrides=()) -> tuple[float, float]:
 def bench_threads(tiny=False, busy=(0, 2), threads=(1, 2), rounds=1, overrides=()) -> dict:
     """Median wall time of the default run per (busy processes beside it, threads) over `rounds`
     (one by default: on a shared 2-core machine a run at 2 threads beside other work takes many
-    minutes, and the gap between 1 and 2 threads is many times the spread); tiny: 20 steps, one
-    busy process."""
+    minutes, and the gap between 1 and 2 threads is many times the spread); tiny (the tests): 20
+    steps, nothing beside them (a busy process would spin through as much CPU as the two runs)."""
     over = [*(TINY if tiny else []), *overrides]
-    busy = (1,) if tiny else busy
+    busy = (0,) if tiny else busy
     rows = []
     for b in busy:
         spinners = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(b)]
