@@ -49,12 +49,10 @@ def test_each_repro_fails_before_its_patch_and_passes_after(package, tmp_path):
     need(package)
     names = findings.names(package)
     copies = {n: findings.copy(n, tmp_path / n) for n in names}
-    # before: every repro on the installed library, in one process; after: each on its own patched
-    # copy, a process each, two at a time beside the first
+    # before: every repro on the installed library; after: each on its own patched copy (the library
+    # imported afresh from it); each in one process, side by side
     with ThreadPoolExecutor(2) as pool:
-        before_all = pool.submit(findings.repros, names)
-        after = dict(zip(names, pool.map(lambda n: findings.repro(n, copies[n]), names)))
-        before = before_all.result()
+        before, after = pool.map(lambda c: findings.repros(names, c), [None, copies])
     for n in names:
         assert before[n][0] == 1 and "BUG" in before[n][1], (n, before[n][1][-1500:])
         assert after[n][0] == 0 and "OK" in after[n][1], (n, after[n][1][-1500:])

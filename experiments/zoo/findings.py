@@ -104,13 +104,15 @@ def repro(name: str, pythonpath: Path | None = None, timeout: int = 300) -> tupl
     return p.returncode, (p.stdout + p.stderr).strip()
 
 
-def repros(names: list[str], timeout: int = 900) -> dict[str, tuple[int, str]]:
-    """{name: (exit code, output)} of several repros on the installed libraries, one after another
-    in ONE Python process (torch and the library imported once, seconds per repro saved): each run
-    as `python NAME.py` runs it, its SystemExit its exit code, an uncaught exception exit 1 with
-    its traceback. A patched copy needs a process of its own (repro)."""
+def repros(names: list[str], copies: dict | None = None, timeout: int = 900) -> dict[str, tuple[int, str]]:
+    """{name: (exit code, output)} of several repros, one after another in ONE Python process (torch
+    imported once: seconds per repro saved), each as `python NAME.py` runs it: its SystemExit its
+    exit code, an uncaught exception exit 1 with its traceback. copies: {name: DIR}, its patched
+    copy (copy()): that repro imports its library from DIR, every module of the library imported
+    before it dropped first, so each repro sees its own patch alone; the others the installed one."""
     code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from experiments.zoo.findings import _serve; _serve()"
-    p = subprocess.run([sys.executable, "-c", code], input="\n".join(names), capture_output=True, text=True,
+    jobs = [(n, str((copies or {}).get(n) or "")) for n in names]
+    p = subprocess.run([sys.executable, "-c", code], input=json.dumps(jobs), capture_output=True, text=True,
                        env=_repro_env(), timeout=timeout, cwd=tempfile.gettempdir())
     last = p.stdout.strip().splitlines()[-1:] or [""]
     if p.returncode or not last[0].startswith(_DONE):
@@ -122,13 +124,20 @@ _DONE = "repros done: "
 
 
 def _serve():
-    """In repros' process: each name on stdin, its repro as __main__, its output captured."""
+    """In repros' process: each (name, patched copy or "") on stdin, its repro as __main__ with its
+    library imported afresh (from the copy, else the installed one), its output captured."""
+    import importlib
     import io
     import runpy
     import traceback
     from contextlib import redirect_stderr, redirect_stdout
-    out, stdout = {}, sys.stdout
-    for name in sys.stdin.read().split():
+    out, stdout, path = {}, sys.stdout, list(sys.path)
+    for name, copy_dir in json.load(sys.stdin):
+        package = library(name)
+        for m in [m for m in sys.modules if m == package or m.startswith(package + ".")]:
+            del sys.modules[m]  # the library as this repro's own process would import it
+        sys.path[:] = ([copy_dir] if copy_dir else []) + path
+        importlib.invalidate_caches()
         buf, code = io.StringIO(), 0
         sys.argv = [str(FINDINGS / f"{name}.py")]
         with redirect_stdout(buf), redirect_stderr(buf):
@@ -139,6 +148,9 @@ def _serve():
             except BaseException:  # noqa: BLE001 - as Python ends on an uncaught exception
                 code = 1
                 traceback.print_exc()
+        imported = sys.modules.get(package)
+        if copy_dir and imported is not None and not imported.__file__.startswith(copy_dir):
+            code, buf = 70, io.StringIO(f"{name}: {package} came from {imported.__file__}, not its patched copy")
         out[name] = (code, buf.getvalue().strip())
     print(_DONE + json.dumps(out), file=stdout, flush=True)
 
@@ -167,8 +179,8 @@ def zoo_rows(arch_list: list[str], out: Path, transformers: Path | None = None) 
 
 
 def check(which: list[str], zoo: bool = False) -> int:
-    """Every repro fails on the installed transformers and passes on its patched copy; with zoo,
-    the finding's architectures' rows before and after (only its own rows may change)."""
+    """Every repro fails on the installed library and passes on its patched copy (a process each);
+    with zoo, the finding's architectures' rows before and after (only its own rows may change)."""
     bad = 0
     befores = {}
     for package in dict.fromkeys(map(library, which)):  # the installed libraries: one process each
