@@ -110,6 +110,8 @@ def _strip(ax, d: dict, markers: dict):
     ax.set_ylim(-0.55, 1.55) if d["control"] is not None else ax.set_ylim(0.45, 1.55)
     ax.set_yticks([1.0, 0.0][:len(rows)], ["failure", "control"][:len(rows)], fontsize=8)
     ax.tick_params(axis="x", labelsize=7)
+    if not status and ax.get_xscale() == "linear":
+        ax.locator_params(axis="x", nbins=5)  # few ticks: each is artists to make and text to draw
     ok = sum(p for _, p in d["failure"])
     mark = "" if thr is None else "✓ " if ok == len(d["failure"]) else "✗ "
     gate = " (not gated)" if c.get("report_only") else ""
@@ -118,7 +120,7 @@ def _strip(ax, d: dict, markers: dict):
         ax.set_xlabel(WHAT[c["kind"]], fontsize=7, labelpad=1)
     rule = f"; signature: {thr[0]} {thr[1] if isinstance(thr[1], str) else f'{thr[1]:g}'}" if thr else ""
     ax.set_title(textwrap.fill(f"{mark}{c['name']}{gate}{holds}{rule}", WRAP),
-                 fontsize=8, loc="left")
+                 fontsize=8, loc="left", y=1.0)  # y given: not re-placed at each draw (costly)
 
 
 def draw(fig, slot, verdicts: list[tuple]):
