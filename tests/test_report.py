@@ -385,3 +385,21 @@ def test_sections_renders_one_section_in_place_and_leaves_the_rest(results, tmp_
     assert refreshed == with_bench.replace("timed T = 8.", "timed T = 16.") != with_bench
     assert report.main([str(results), "--sections", "catalogue,nope"]) == 2
     assert "no section 'nope'" in capsys.readouterr().err and (results / "REPORT.md").read_text() == refreshed
+
+
+def test_a_one_run_experiment_shows_the_figure_its_run_drew_unless_the_verdict_is_newer(tmp_path):
+    from experiments.records import RunRecord
+    d = fake_run(tmp_path / "runs" / "a", "no_scaling")
+    record = RunRecord.read(d)
+    (d / "curves.png").write_bytes(b"the run's own figure")
+    out = tmp_path / "figures"
+    out.mkdir()
+    catalogue.figure("no_scaling", [record], out)
+    assert (out / "no_scaling.png").read_bytes() == b"the run's own figure"
+    os.utime(d / "curves.png", (1, 1))  # judged again after its figure: drawn from the runs
+    catalogue.figure("no_scaling", [record], out)
+    assert (out / "no_scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    os.utime(d / "curves.png")  # the run's figure is new again, but two seeds are drawn side by side
+    two = [record, RunRecord.read(fake_run(tmp_path / "runs" / "b", "no_scaling", seed=1))]
+    catalogue.figure("no_scaling", two, out)
+    assert (out / "no_scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
