@@ -84,8 +84,8 @@ def plot_experiment(path: Path, name: str, runs: list, controls: list, control_n
     weights at step 0 and at the end, for the first run of each, on one colour scale: the
     failure's most focused head, and the same layer and head of the control."""
     n_heat = 2 * (1 + bool(controls))
-    # a fixed layout, not "constrained": that one draws the figure twice and measures every label,
-    # most of the figure's cost (2.6 s of CPU per run); these margins hold the longest labels
+    # a fixed layout, not "constrained": that one draws the figure twice and measures every label
+    # (2.6 s of CPU per figure against 1.5); these margins hold the longest labels
     width = 20 if verdicts else 14
     fig = plt.figure(figsize=(width, 8.2))
     fig.suptitle(name)
