@@ -126,7 +126,6 @@ _DONE = "repros done: "
 def _serve():
     """In repros' process: each (name, patched copy or "") on stdin, its repro as __main__ with its
     library imported afresh (from the copy, else the installed one), its output captured."""
-    import importlib
     import io
     import runpy
     import traceback
@@ -136,8 +135,7 @@ def _serve():
         package = library(name)
         for m in [m for m in sys.modules if m == package or m.startswith(package + ".")]:
             del sys.modules[m]  # the library as this repro's own process would import it
-        sys.path[:] = ([copy_dir] if copy_dir else []) + path
-        importlib.invalidate_caches()
+        sys.path[:] = ([copy_dir] if copy_dir else []) + path  # a new entry: a fresh finder reads it
         buf, code = io.StringIO(), 0
         sys.argv = [str(FINDINGS / f"{name}.py")]
         with redirect_stdout(buf), redirect_stderr(buf):
