@@ -14,16 +14,6 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 if "PYTEST_XDIST_WORKER" in os.environ:   # pytest.ini runs one worker per core: one torch thread each,
     os.environ.setdefault("OMP_NUM_THREADS", "1")   # oversubscribed OpenMP threads spin (before torch loads)
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_xdist_auto_num_workers(config):
-    """`-n auto` (pytest.ini): one worker more than the cores (--maxprocesses caps it). Many tests
-    wait on processes they start (a SLURM job's time limit, a launcher's jobs, a killed run); the
-    extra worker keeps the cores busy meanwhile. PYTEST_XDIST_AUTO_NUM_WORKERS, when set, decides."""
-    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
-        return None  # xdist's own hook reads it
-    return len(os.sched_getaffinity(0)) + 1
-
-
 # The tiny Shakespeare corpus is not in the repository (users download it once; CI has ../shared).
 # Without it the corpus tests skip, saying so; under ATTN_REQUIRE_CORPUS=1 (.ci/run) they fail.
 SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
