@@ -96,6 +96,10 @@ def read_attn_weights(run_dir):
         return None
 
 
+
+# command-line overrides that say nothing about what a run trained or how it was judged
+NOT_VARIED = ("exp", "seed", "results_dir", "logger", "data", "hydra", "train.progress", "train.ckpt_every")
+
 @dataclass
 class RunRecord:
     """One run: the fields of its summary.json, and where it lies."""
@@ -181,6 +185,28 @@ class RunRecord:
 
     def attn_weights(self):
         return read_attn_weights(self.dir)
+
+    def given_overrides(self) -> list[str]:
+        """The command line's overrides of this run (Hydra's .hydra/overrides.yaml in its dir) that
+        change what it trained or the thresholds it was judged by: a sweep's report names what it
+        varied (`model.attention.d_k=16`). The data is left out: text runs have their own section."""
+        p = Path(self.dir or ".") / ".hydra" / "overrides.yaml"
+        if not p.exists():
+            return []
+        import yaml
+        out = []
+        for o in yaml.safe_load(p.read_text()) or []:
+            key = str(o).lstrip("+~").split("=", 1)[0]
+            if not any(key == k or key.startswith((k + ".", k + "/")) for k in NOT_VARIED) \
+                    or key.startswith("exp.checks."):
+                out.append(str(o).lstrip("+"))
+        return out
+
+    def title(self) -> str:
+        """What its figure is titled, and the report labels a one-run experiment: the experiment
+        and the overrides it was trained with (`no_scaling [train.steps=6]`)."""
+        given = self.given_overrides()
+        return f"{self.exp} [{', '.join(given)}]" if given else self.exp
 
 
 RunRecord.SUMMARY_FIELDS = tuple(f.name for f in fields(RunRecord) if f.name not in ("dir", "id", "control_run"))

@@ -189,7 +189,9 @@ def test_every_experiment_with_a_worst_margin_under_one_spread_runs_five_seeds()
     rows = [r for r in catalogue.splitlines() if r.startswith("| [")]
     thin = sorted({e for e, m in ((re.match(r"\| \[(\w+)", r).group(1), r.split(" | ")[7]) for r in rows)
                    if re.match(r"[\d.]+ ", m) and float(m.split()[0]) < 1})
-    assert thin == sorted(reference.THIN_MARGIN) and len(thin) == 4
+    assert thin and set(thin) <= set(reference.THIN_MARGIN), thin   # over five seeds a margin may grow past 1
+    five = {re.match(r"\| \[(\w+)", r).group(1) for r in rows if r.split(" | ")[2] == "0, 1, 2, 3, 4"}
+    assert five == set(reference.THIN_MARGIN), five   # the committed catalogue has their five seeds
     part = dict(reference.PARTS)["seeds_3_4"]
     assert f"+exp={','.join(reference.THIN_MARGIN)} seed=3,4" in part
     assert "seed=0,1,2" in dict(reference.PARTS)["catalogue"]  # 3 + 2 = 5 seeds each

@@ -387,6 +387,16 @@ def test_sections_renders_one_section_in_place_and_leaves_the_rest(results, tmp_
     assert "no section 'nope'" in capsys.readouterr().err and (results / "REPORT.md").read_text() == refreshed
 
 
+def test_sections_replaces_every_heading_of_a_section_that_has_several(results):
+    """The catalogue renders several `## ` headings (its table, the verdict per seed, one section
+    per experiment): `--sections catalogue` replaces them all, it does not add them a second time."""
+    assert report.main([str(results)]) == 0
+    whole = (results / "REPORT.md").read_text()
+    assert whole.count("\n## ") > 2 and whole.count("\n## Verdict per seed\n") == 1
+    assert report.main([str(results), "--sections", "catalogue"]) == 0
+    assert (results / "REPORT.md").read_text() == whole
+
+
 def test_a_one_run_experiment_shows_the_figure_its_run_drew_unless_the_verdict_is_newer(tmp_path):
     from experiments.records import RunRecord
     d = fake_run(tmp_path / "runs" / "a", "no_scaling")
@@ -403,3 +413,36 @@ def test_a_one_run_experiment_shows_the_figure_its_run_drew_unless_the_verdict_i
     two = [record, RunRecord.read(fake_run(tmp_path / "runs" / "b", "no_scaling", seed=1))]
     catalogue.figure("no_scaling", two, out)
     assert (out / "no_scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_run_given_overrides_is_titled_by_them_and_its_figure_copied_under_that_label(tmp_path):
+    """A one-seed sweep with sizes given (the README's commands in the tests): the report's label
+    names the overrides, and so does the run's own figure, which the report then copies."""
+    from unittest.mock import patch
+
+    from experiments.records import RunRecord
+    from experiments.report import figures
+    from experiments.report.figures import draw_curves
+    d = fake_run(tmp_path / "runs" / "a", "no_scaling")
+    (d / ".hydra").mkdir()
+    (d / ".hydra" / "overrides.yaml").write_text("- +exp=no_scaling\n- seed=0\n- train.steps=6\n- logger=none\n")
+    record = RunRecord.read(d)
+    record.config["exp"]["loss_metric"] = "loss/copy"   # as run.py's config has it
+    assert record.given_overrides() == ["train.steps=6"]  # seed and logger change nothing trained
+    assert record.title() == "no_scaling [train.steps=6]"
+    [group] = catalogue.groups([record])
+    assert group.label == record.title()
+    titles = []
+    with patch.object(figures, "plot_experiment", lambda path, name, *a, **k: titles.append(name)):
+        draw_curves(record, d / "curves.png")
+    assert titles == ["no_scaling [train.steps=6]"]   # the run's figure says what it was trained with
+    draw_curves(record, d / "curves.png")
+    own = (d / "curves.png").read_bytes()
+    out = tmp_path / "figures"
+    out.mkdir()
+    catalogue.figure(group.label, [record], out)
+    assert (out / f"{catalogue.slug(group.label)}.png").read_bytes() == own
+    drawn = []
+    with patch.object(catalogue, "plot_experiment", lambda path, name, *a, **k: drawn.append(name)):
+        catalogue.figure("no_scaling", [record], out)  # another label than the run's title: drawn anew
+    assert drawn == ["no_scaling"]

@@ -171,7 +171,11 @@ def refresh(names: list[str], dirs, out: Path, readme: Path | None = None) -> Pa
         if not title.startswith("## ") or start < 0:
             raise ValueError(f"--sections: section {name} renders nothing from these dirs, or {path} has no "
                              f"section {title!r} to replace")
-        end = text.find("\n\n## ", start + 1)
+        last = start   # a section of several headings (the catalogue's) replaces all of them
+        for heading in [l for l in md.splitlines() if l.startswith("## ")][1:]:
+            at = text.find(f"\n{heading}\n", last + 1)
+            last = at if at >= 0 else last
+        end = text.find("\n\n## ", last + 1)
         end = len(text) if end < 0 else end + 1
         text = f"{text[:start + 1]}{md}\n{text[end:]}"
     write_text(path, text)

@@ -212,7 +212,7 @@ def draw_curves(record, path) -> None:
     ctrl = record.control
     controls = ([(control_label(ctrl), rows_frame(read_rows(Path(ctrl["dir"]) / METRICS)), read_attn_weights(ctrl["dir"]))]
                 if ctrl else [])
-    plot_experiment(path, spec["name"], [(spec["name"], record.metrics_frame(), record.attn_weights())],
+    plot_experiment(path, record.title(), [(spec["name"], record.metrics_frame(), record.attn_weights())],
                     controls, control_name=controls[0][0] if controls else "control",
                     loss_metric=spec["loss_metric"], chance=record.context["ln_V"], third=spec.get("figure_metric"),
                     verdicts=[(record.config["seed"], record.verdict)])

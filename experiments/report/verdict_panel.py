@@ -135,7 +135,8 @@ def draw(fig, slot, verdicts: list[tuple]):
     legend = "  ".join(f"{SHAPES[m]} seed {s}" for s, m in markers.items())
     head = (f"verdict: reproduced in {k} of {n} seed(s)"
             + (f"; signature on the control in {sum(broken)} of {len(broken)}" if broken else "")
-            + f"\n{legend}; filled: the check holds; shaded: its signature side")
+            + f"\n{legend}" + ("; " if n < 4 else "\n")   # five seeds' shapes fill the line
+            + "filled: the check holds; shaded: its signature side")
     lines = head.count("\n") + 1
     slots = max(len(measurable), MIN_STRIPS)  # strips of one height in every figure; spare slots stay empty
     # room between strips for a two-line title above and an x label below (the figure's layout is fixed)

@@ -107,30 +107,9 @@ def groups(runs: list[RunRecord]) -> list[Group]:
     return out
 
 
-# command-line overrides that say nothing about what a run trained or how it was judged
-NOT_VARIED = ("exp", "seed", "results_dir", "logger", "data", "hydra", "train.progress", "train.ckpt_every")
-
-
-def overrides(run: RunRecord) -> list[str]:
-    """The command line's overrides of a run (Hydra's .hydra/overrides.yaml in its dir) that change
-    what it trained or the thresholds it was judged by: a sweep's report names what it varied
-    (`model.attention.d_k=16`). The data is left out: text runs have their own section."""
-    p = Path(run.dir or ".") / ".hydra" / "overrides.yaml"
-    if not p.exists():
-        return []
-    import yaml
-    out = []
-    for o in yaml.safe_load(p.read_text()) or []:
-        key = str(o).lstrip("+~").split("=", 1)[0]
-        if not any(key == k or key.startswith((k + ".", k + "/")) for k in NOT_VARIED) \
-                or key.startswith("exp.checks."):
-            out.append(str(o).lstrip("+"))
-    return out
-
-
 def common_overrides(runs: list[RunRecord]) -> list[str]:
     """The overrides every one of these runs was given, in the first one's order."""
-    sets = [overrides(r) for r in runs]
+    sets = [r.given_overrides() for r in runs]
     return [o for o in sets[0] if all(o in s for s in sets[1:])] if sets else []
 
 
@@ -281,10 +260,10 @@ def figure(label: str, runs: list[RunRecord], fig_dir: Path) -> str:
                              c.metrics_frame(), c.attn_weights() if not controls else None))
     file = f"{slug(label)}.png"
     own = first.dir / CURVES if first.dir else None
-    if len(runs) == 1 and label == name and own and own.is_file() and \
+    if len(runs) == 1 and label == first.title() and own and own.is_file() and \
             own.stat().st_mtime >= (first.dir / SUMMARY).stat().st_mtime:
         # one run: the figure the run drew after its verdict (run.py, or the re-judge) is this one,
-        # the same curves, heatmaps and verdict panel; drawing it again costs a second of CPU
+        # the same title, curves, heatmaps and verdict panel; drawing it again costs a second of CPU
         shutil.copyfile(own, fig_dir / file)
     else:
         plot_experiment(fig_dir / file, label, curves, controls,
