@@ -71,6 +71,8 @@ def test_nanogpt_presets_compose_and_build(compose_cfg):
                        "optim=nanogpt_cpu", "train=nanogpt_cpu", "text_lm=none", "logger=none"])
     assert (cfg["model"]["n_layers"], cfg["model"]["n_heads"], cfg["model"]["d_model"]) == (4, 4, 128)
     assert (cfg["train"]["batch_size"], cfg["train"]["steps"], cfg["model"]["block_size"]) == (12, 2000, 64)
+    # the baseline's own budget (conf/exp/baseline.yaml chooses train=baseline) gives way to the user's choice
+    assert compose_cfg(["train=nanogpt_cpu"])["train"]["steps"] == 2000 and compose_cfg([])["train"]["steps"] == 400
     assert cfg["optim"]["betas"] == [0.9, 0.99] and cfg["optim"]["min_lr"] == 1e-4
     tr = Trainer(cfg, run_dir="unused")
     assert tr.model.cfg.vocab_size == 65 and not tr.model.cfg.bias
