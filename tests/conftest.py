@@ -14,19 +14,6 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 if "PYTEST_XDIST_WORKER" in os.environ:   # pytest.ini runs one worker per core: one torch thread each,
     os.environ.setdefault("OMP_NUM_THREADS", "1")   # oversubscribed OpenMP threads spin (before torch loads)
 
-# The longest test files first: pytest-xdist hands files to its workers in collection order (with
-# pytest.ini's --no-loadscope-reorder; by default it orders them by their number of tests), and a
-# long one handed out last runs alone at the end; the SLURM tests, mostly waiting on their jobs, run
-# beside the README's commands, which keep both cores busy.
-LONGEST_FIRST = ("test_readme_commands.py", "test_slurm.py", "test_findings.py", "test_reference.py",
-                 "test_launchers.py")
-
-
-def pytest_collection_modifyitems(config, items):
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file keeps its order
-
-
 # The tiny Shakespeare corpus is not in the repository (users download it once; CI has ../shared).
 # Without it the corpus tests skip, saying so; under ATTN_REQUIRE_CORPUS=1 (.ci/run) they fail.
 SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"

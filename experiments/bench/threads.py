@@ -18,7 +18,8 @@ from experiments.config import CONF, compose
 
 RUN_PY = CONF.parent / "run.py"
 BUSY = "while True: pass"
-TINY = ["train.steps=20", "train.eval_batches=1", "train.diag_every=0", "logger=none"]
+# the tests' size: a few steps (beside the other tests, each step at 2 threads spins through its wait)
+TINY = ["train.steps=4", "train.eval_batches=1", "train.diag_every=0", "logger=none"]
 
 
 def children_cpu() -> float:
