@@ -96,9 +96,9 @@ def read_attn_weights(run_dir):
         return None
 
 
-
 # command-line overrides that say nothing about what a run trained or how it was judged
 NOT_VARIED = ("exp", "seed", "results_dir", "logger", "data", "hydra", "train.progress", "train.ckpt_every")
+
 
 @dataclass
 class RunRecord:
