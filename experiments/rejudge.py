@@ -1,6 +1,6 @@
 """Judge existing runs again under changed thresholds, without training:
 
-    python -m experiments.judging DIR... exp.checks.plateau.value=30 [exp.checks.NAME.FIELD=VALUE ...]
+    python -m experiments.rejudge DIR... exp.checks.plateau.value=30 [exp.checks.NAME.FIELD=VALUE ...]
 
 Every run under the DIRs (run dirs, a sweep dir, results/) whose experiment has a signature is
 judged again from its own metrics.csv and summary.json and its control's, with the overrides
@@ -25,7 +25,7 @@ from experiments.records import RunRecord
 from experiments.report.figures import draw_curves
 from experiments.suggest import did_you_mean
 
-USAGE = "usage: python -m experiments.judging DIR... exp.checks.NAME.FIELD=VALUE ..."
+USAGE = "usage: python -m experiments.rejudge DIR... exp.checks.NAME.FIELD=VALUE ..."
 
 
 def parse(argv: list[str]) -> tuple[list[Path], list[tuple[str, str, object]]]:
