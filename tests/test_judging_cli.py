@@ -4,8 +4,8 @@ import json
 import math
 
 from experiments.io import write_json, write_rows_csv
-from experiments.rejudge import main
 from experiments.records import RunRecord
+from experiments.rejudge import main
 
 LN = math.log(64)
 EXP = {"name": "slow", "control": {"name": "fast", "overrides": {}}, "expect": ["plateau"], "floor": None,
