@@ -163,3 +163,26 @@ def test_library_sections_render_nothing_without_a_table(name, tmp_path):
     from doctor_lab.report.build import SECTIONS
     (mod,) = [m for m in SECTIONS if m.__name__.endswith("." + name)]
     assert mod.blocks([], tmp_path / "figures") == {}
+
+
+def test_the_findings_section_lists_every_page_once_with_the_zoos_rows(tmp_path):
+    """From the committed tables: every docs/findings/ page once (no page without its triage entry),
+    and per zoo the rows its findings explain are those the zoo's section counts as findings."""
+    import re
+    import shutil
+
+    from doctor_lab.report.sections import findings, zoo
+    results = ROOT / "results"
+    md = findings.blocks([], results / "doctor_figures")["findings"]
+    pages = re.findall(r"^\| \[(\w+)\]\(\.\./docs/findings/\1\.md\) \| ", md, re.M)
+    assert sorted(pages) == sorted(p.stem for p in (ROOT / "docs" / "findings").glob("*.md"))
+    rows = {lib: sum(int(n) for n in re.findall(rf"^\| \[\w+\]\(\S+\) \| {lib} \S+ \| (\d+) \|", md, re.M))
+            for lib in ("transformers", "x-transformers", "diffusers")}
+    (tmp_path / "zoo").mkdir()   # the transformers zoo's current table alone (no pictures written into results/)
+    shutil.copy(results / "zoo" / "zoo.json", tmp_path / "zoo" / "zoo.json")
+    said = zoo.blocks([], tmp_path / "figures")["zoo"]
+    counted = re.search(r"(\d+) new findings \((\d+) rows\), (\d+) findings that need a random-init condition "
+                        r"\((\d+) rows\)", said)
+    assert rows["transformers"] == int(counted[2]) + int(counted[4]) > 0
+    md = findings.blocks([], tmp_path / "figures")["findings"]   # without the library zoos' tables: 0 rows there
+    assert len(re.findall(r"^\| \[", md, re.M)) == len(pages) and "| x-transformers | 0 |" in md

@@ -1,11 +1,11 @@
 """DOCTOR.md: the lab's sections in order, from what the lab's commands committed under results/."""
 from pathlib import Path
 
-from doctor_lab.report.sections import doctor, zoo, zoo_diffusers, zoo_xt
+from doctor_lab.report.sections import doctor, findings, zoo, zoo_diffusers, zoo_xt
 from experiments.io import write_text
 from experiments.report.markdown import update_readme
 
-SECTIONS = (doctor, zoo, zoo_xt, zoo_diffusers)
+SECTIONS = (doctor, zoo, zoo_xt, zoo_diffusers, findings)
 PAGE = "DOCTOR.md"
 FIGURES = "doctor_figures"   # beside the page: the suite's report prunes results/figures/ as its own
 OWNER = "lab"                # README markers <!-- BEGIN lab:NAME -->
