@@ -332,3 +332,13 @@ def test_the_lab_report_renders_from_committed_results(tmp_path):
     assert update_readme(readme, {"catalogue": "new"}, tmp_path) == []
     assert readme.read_text() == filled.replace("suite's", "new")
     assert main(["--results", str(tmp_path / "nonsense")]) == 2
+
+
+def test_the_lab_report_says_in_one_line_what_it_cannot_read(tmp_path, capsys):
+    from doctor_lab.report.build import main
+    (tmp_path / "zoo").mkdir()
+    (tmp_path / "zoo" / "zoo.json").write_text("{not json")
+    assert main(["--results", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: doctor_lab.report: JSONDecodeError") and err.count("\n") == 1
+    assert not (tmp_path / "DOCTOR.md").exists()

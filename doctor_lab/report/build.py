@@ -1,4 +1,5 @@
 """DOCTOR.md: the lab's sections in order, from what the lab's commands committed under results/."""
+import sys
 from pathlib import Path
 
 from doctor_lab.report.sections import doctor, findings, zoo, zoo_diffusers, zoo_xt
@@ -37,13 +38,13 @@ def build(results: Path, readme: Path | None = None) -> Path:
     write_text(results / PAGE, page(blocks))
     if readme is not None:
         for name in update_readme(Path(readme), blocks, results, owner=OWNER, report=PAGE, dirs=(FIGURES,)):
-            print(f"doctor_lab.report: README marker {OWNER}:{name} has no block (known: {', '.join(blocks)})")
+            print(f"doctor_lab.report: README marker {OWNER}:{name} has no block (known: {', '.join(blocks)})",
+                  file=sys.stderr)
     return results / PAGE
 
 
 def main(argv=None) -> int:
     import argparse
-    import sys
 
     from doctor_lab.report import __doc__ as about
     ap = argparse.ArgumentParser(prog="python -m doctor_lab.report", description=about.split("\n")[0])
@@ -57,5 +58,10 @@ def main(argv=None) -> int:
     if a.readme is not None and not a.readme.is_file():
         print(f"error: --readme {a.readme} does not exist", file=sys.stderr)
         return 2
-    print(f"doctor_lab.report: {build(a.results, a.readme)}")
+    try:
+        path = build(a.results, a.readme)
+    except (OSError, ValueError, KeyError) as e:  # committed results it cannot read (a table, a rules file)
+        print(f"error: doctor_lab.report: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    print(f"doctor_lab.report: {path}")
     return 0
