@@ -15,8 +15,7 @@ and what is allowed.
 import sys
 from pathlib import Path
 
-from attention.config import NONNEG_INT, POS_INT, PROB, Allowed, ModelConfig, config_fields, not_allowed, show
-
+from attention.config import NONNEG_INT, POS_INT, Allowed, ModelConfig, config_fields, not_allowed, show
 from experiments.suggest import did_you_mean
 
 

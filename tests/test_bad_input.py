@@ -11,10 +11,9 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import ROOT, TINY, run_py
-
-import torch
 
 
 def run_cases(cases: dict[str, list[str]]) -> dict[str, tuple[int, str]]:

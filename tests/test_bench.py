@@ -40,6 +40,7 @@ def test_throughput_runs_all_three_loops(capsys):
 @needs_corpus
 def test_shakespeare_tiny_seeds_and_reference_feed_the_report(tmp_path, capsys):
     import json
+
     from experiments.report.sections import bench as section
     for seed in (0, 1):
         out = tmp_path / "bench" / f"shakespeare_seed{seed}.json"
@@ -124,6 +125,7 @@ def test_gpu_figures_get_their_own_lines_beside_the_cpu_ones(tmp_path):
     """A GPU run's JSON (as bench writes it on CUDA) adds lines with GPU, date, MFU and peaks."""
     import json
     import shutil
+
     from experiments.report.sections import bench as section
     d = tmp_path / "bench"
     d.mkdir()

@@ -13,7 +13,7 @@ from conftest import ROOT
 from attention_doctor import DoctorResult, examine
 from attention_doctor.checks import ORDER
 from attention.lm import ModelConfig, TransformerLM
-from experiments.doctor_validation import catalogue, targeted
+from doctor_lab.validation import catalogue, targeted
 
 SIZE_KEYS = {"d_model", "n_heads", "n_layers", "d_ff", "block_size", "n_kv_heads"}
 BASE = dict(vocab_size=16, block_size=32, d_model=32, n_layers=2, n_heads=2)
@@ -146,11 +146,11 @@ def test_docs_worked_example_runs_and_is_short(capsys):
 
 
 def test_report_section_renders_the_committed_evidence(tmp_path):
-    """The report's doctor section from results/doctor/*.json: sensitivity, specificity, shipped
+    """The lab report's doctor section from results/doctor/*.json: sensitivity, specificity, shipped
     bugs, the benchmark; the README block is the real run's output, numbers from the JSON."""
     import json
     import shutil
-    from experiments.report.sections import doctor
+    from doctor_lab.report.sections import doctor
     src = ROOT / "results" / "doctor"   # committed: the repo ships it
     assert sorted(p.stem for p in src.glob("*.json")) == ["benchmark", "example", "references", "sensitivity", "shipped",
                                                           "specificity", "styles"]

@@ -7,8 +7,8 @@ import sys
 import pytest
 import torch.nn as nn
 
-from conftest import ROOT
 from attention_doctor.cli import main
+from conftest import ROOT
 
 
 def healthy():

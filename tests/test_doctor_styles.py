@@ -1,4 +1,4 @@
-"""The doctor on attention written in other notations (tests/doctor_styles.py): each style healthy
+"""The doctor on attention written in other notations (doctor_lab/styles/classic.py): each style healthy
 passes every check it can run (the scale-after styles fail low_precision: q k^T overflows float16
 before the scale), each catalogue bug fails the check that targets it, and the conventions the
 styles use are found (targets, masks by name and encoding, positions, caches)."""
@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-import doctor_styles as S
 from attention_doctor import examine
+from doctor_lab.styles import classic as S
 
 SCALE_AFTER = {"nanogpt", "functional"}   # q k^T before the 1/sqrt(d_k): float16 overflows at ~3e4
 RUN = {"nanogpt": 10, "einsum": 11, "functional": 11, "mha_subclass": 10}   # no cache / no paths by nature

@@ -8,6 +8,7 @@ import torch.nn as nn
 from attention_doctor import TorchMHA, examine
 from experiments.bench.nanogpt_reference import GPT, CausalSelfAttention
 
+
 def not_passed(r):
     """Every row that is neither a pass nor n/a (an inconclusive row is one: never a pass)."""
     return {c.name: c.outcome for c in r.checks if c.outcome not in ("pass", "n/a")}

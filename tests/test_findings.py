@@ -1,13 +1,13 @@
 """The zoos' new findings (docs/findings/): each page has the parts a maintainer needs, and each
 repro fails on the installed library (the bug is there) and passes on a copy patched with its
 .patch (the fix works). The patched copy is a tree of links to the installed library with the
-patched files copied (experiments/zoo/findings.py), built here in a temporary directory."""
+patched files copied (doctor_lab/zoo/findings.py), built here in a temporary directory."""
 import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from experiments.zoo import findings
+from doctor_lab.zoo import findings
 
 pytestmark = pytest.mark.validation
 PARTS = ["## Repro", "## Cause", "## Patch", "## Public threads", "## Report"]
@@ -32,11 +32,24 @@ def test_every_finding_is_upstream_ready():
 
 
 def need(package: str):
-    """The installed package, at the release its patches are written against (else a skip saying so)."""
+    """The installed package, which must be the release requirements-validation.txt pins (the one its
+    patches are written against): another release is an environment the extra did not install."""
     pytest.importorskip(package, reason="the validation extra: pip install -r requirements-validation.txt")
-    if findings.version(package) != findings.RELEASES[package]:
-        pytest.skip(f"the patches are written against {package} {findings.RELEASES[package]}, not {findings.version(package)}")
+    assert findings.version(package) == findings.RELEASES[package], (
+        f"{package} {findings.version(package)} is installed; requirements-validation.txt pins "
+        f"{findings.RELEASES[package]}: pip install -r requirements-validation.txt")
     return findings.installed(package)
+
+
+def test_the_pins_are_the_validation_extras(tmp_path):
+    """The releases the patches are written against are read from requirements-validation.txt, one
+    place: a `name==release` line per library, comments and other lines ignored."""
+    req = tmp_path / "r.txt"
+    req.write_text("# x-transformers==0.0.1 in a comment\nTransformers==5.0.0  # pinned\ntorch>=2\n"
+                   "x-transformers==2.3.27\ndiffusers==0.30.0 ; python_version >= '3.10'\n")
+    assert findings.pins(req) == {"transformers": "5.0.0", "x-transformers": "2.3.27", "diffusers": "0.30.0"}
+    pinned = findings.pins()
+    assert findings.RELEASES == {p: pinned[pip] for p, pip in findings.PIP_NAMES.items()}
 
 
 @pytest.fixture(scope="module")

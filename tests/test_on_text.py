@@ -204,6 +204,7 @@ def test_each_text_version_runs_a_tiny_step_on_text_and_measures_it(text_version
     """Every text version's configs pass preflight (failure, control, floor), and its failure
     trains one tiny step on text and takes its measures there (none reads the copy task)."""
     import copy
+
     from experiments.training.loop import Trainer
     from experiments.training.runner import measure_fn, preflight
     tiny = {"model": {"d_model": 16, "n_layers": 1, "n_heads": 2},
@@ -254,6 +255,7 @@ def test_every_text_version_plots_the_text_loss_and_pairs_the_heatmaps_by_layer(
     """Issue 23: five text versions plotted loss/copy (never logged on text: an empty panel), and
     the heatmaps put the failure's layer 0 beside the control's layer 1."""
     import numpy as np
+
     from experiments.report.figures import shown_heads
     for exp, cfg in text_versions.items():
         assert cfg["exp"]["loss_metric"] == "loss/train", exp  # text batches have no loss groups

@@ -137,6 +137,7 @@ def test_the_report_package_loads_neither_torch_nor_wandb():
 
 def test_train_threads_sets_torchs_threads_for_the_run_and_summary_records_them(compose_cfg, tmp_path):
     import torch
+
     from experiments.training.runner import run_experiment
     before = torch.get_num_threads()
     try:

@@ -115,6 +115,7 @@ def test_lines_pad_left_and_right_with_the_same_tokens_and_targets():
 @needs_corpus
 def test_lines_are_cut_at_seq_len_and_attention_weights_of_varying_length_are_saved(tmp_path):
     import numpy as np
+
     from experiments.io import load_attn_weights, save_attn_weights
     t = _lines("right", seq_len=8)
     assert t.batch(0, 32).x.shape == (32, 8)          # 32 lines: some longer than 7 characters
@@ -128,6 +129,7 @@ def test_lines_are_cut_at_seq_len_and_attention_weights_of_varying_length_are_sa
 @needs_corpus
 def test_greedy_sample_has_the_stated_length():
     from types import SimpleNamespace
+
     from attention import ModelConfig, TransformerLM
     from experiments.training.measures import text
     task = build_task({"name": "shakespeare_char", "path": str(SHAKESPEARE), "seq_len": 16}, seed=0)

@@ -15,8 +15,12 @@ then hands the (batch * heads, 1, keys) mask to scaled_dot_product_attention wit
 import sys
 
 import torch
-from diffusers.models.attention_processor import (Attention, AttnProcessor2_0, CustomDiffusionAttnProcessor,
-                                                  CustomDiffusionAttnProcessor2_0)
+from diffusers.models.attention_processor import (
+    Attention,
+    AttnProcessor2_0,
+    CustomDiffusionAttnProcessor,
+    CustomDiffusionAttnProcessor2_0,
+)
 
 TOL = 1e-5
 torch.manual_seed(0)

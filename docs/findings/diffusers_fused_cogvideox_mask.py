@@ -13,8 +13,7 @@ CogVideoXAttnProcessor2_0 takes hidden_states.shape after the concatenation.
 import sys
 
 import torch
-from diffusers.models.attention_processor import (Attention, CogVideoXAttnProcessor2_0,
-                                                  FusedCogVideoXAttnProcessor2_0)
+from diffusers.models.attention_processor import Attention, CogVideoXAttnProcessor2_0, FusedCogVideoXAttnProcessor2_0
 
 TOL = 1e-5
 torch.manual_seed(0)

@@ -14,8 +14,7 @@ autocast) and `hidden_states[:, :, :-1] / (hidden_states[:, :, -1:] + 1e-15)`.
 import sys
 
 import torch
-from diffusers.models.attention_processor import (Attention, PAGCFGSanaLinearAttnProcessor2_0,
-                                                  SanaLinearAttnProcessor2_0)
+from diffusers.models.attention_processor import Attention, PAGCFGSanaLinearAttnProcessor2_0, SanaLinearAttnProcessor2_0
 
 ok = True
 for cls, copies in ((SanaLinearAttnProcessor2_0, 1), (PAGCFGSanaLinearAttnProcessor2_0, 3)):

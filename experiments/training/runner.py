@@ -142,7 +142,7 @@ def _train(cfg: dict, run_dir: Path, role: str, ckpt: Path, trainer: Trainer, pr
     except Preempted:
         write_metrics(run_dir, trainer.res)
         raise
-    except Exception as e:  # a crash is a recorded outcome (status error), not a lost run
+    except Exception as e:  # noqa: BLE001  a crash is a recorded outcome (status error, its traceback), not a lost run
         res = trainer.res
         res.status, error = "error", error_message(e)
         write_text(run_dir / TRACEBACK, traceback.format_exc())

@@ -21,8 +21,8 @@ from experiments.config import exp_check  # noqa: E402
 from experiments.judging.expressions import evaluate as expr  # noqa: E402
 from experiments.judging.verdict import RunView  # noqa: E402
 from experiments.records import RunRecord  # noqa: E402
-from experiments.report.runs import sweep_runs  # noqa: E402
 from experiments.report.figures import save
+from experiments.report.runs import sweep_runs  # noqa: E402
 
 NAME = "phase"
 EXP = "phase_no_scaling"

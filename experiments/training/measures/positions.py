@@ -173,6 +173,7 @@ def window_eviction(trainer, cfg) -> dict:
     loss minus the whole prefix's after the cache fills. Two caches of one size compare on the
     same positions."""
     import dataclasses
+
     from experiments.training.loop import token_losses
     model = trainer.model
     served = model.attentions[0].cfg
