@@ -9,7 +9,8 @@ where it comes from) and one per (style, bug) (`CASES`: planted, with how, or no
 style's interface cannot express it), as PyTorch's OpInfo has one per operator; the tests and
 `measure.py` (today's doctor on every case, BASELINE.md) are derived from them. A style module
 says `PLANTED` (bug -> how), `CANNOT` (bug -> why not), optionally `EXPECTS` (bug -> checks,
-where its notation moves the bug to another check), `build(bug=None, seed=0)`, and the bed's own
+where its notation moves the bug to another check) and `HAZARDS` (the (check, cause) rows its
+faithful healthy model fails: a known hazard of that project's formula), `build(bug=None, seed=0)`, and the bed's own
 drivers of its interface: `padded(model, ids, keep)`, `cached(model, ids, n_new)`, `plain(model, ids)`
 where its forward needs more than the ids.
 
@@ -78,7 +79,8 @@ STYLES = {m.__name__.rsplit(".", 1)[1]: m for m in (
 @dataclass(frozen=True)
 class Case:
     """One (style, bug): bug None is the healthy model; `how` it is planted, or `cannot`, why the
-    style's interface cannot express it; `expects` the (check, cause) rows that must fail."""
+    style's interface cannot express it; `expects` the (check, cause) rows that must fail (for the
+    healthy model: its style's hazards, and nothing else)."""
     style: str
     bug: str | None
     expects: tuple[tuple[str, str], ...] = ()
@@ -98,7 +100,7 @@ class Case:
 def style_cases(name, module) -> list[Case]:
     """The healthy model, then every catalogue bug and the style's own, planted or not."""
     own = getattr(module, "EXPECTS", {})
-    out = [Case(name, None, how="healthy", target=f"{module.__name__}:healthy")]
+    out = [Case(name, None, getattr(module, "HAZARDS", ()), how="healthy", target=f"{module.__name__}:healthy")]
     for bug in CATALOGUE + tuple(b for b in module.PLANTED if b not in CATALOGUE):
         if bug in module.PLANTED:
             out.append(Case(name, bug, own.get(bug, BUGS[bug].expects), how=module.PLANTED[bug],

@@ -1,7 +1,7 @@
 """Fused-qkv batched matmuls, the manner of many from-scratch GPTs: one `Linear(d, 3d)` chunked
-into q, k, v, heads folded into the batch ([B h, T, d]), the mask as an additive bias that
-`torch.baddbmm(bias, q, k^T, alpha=scale)` adds while it multiplies, a softmax, `torch.bmm` with v;
-learned absolute positions counted from each row's first real token.
+into q, k, v, heads folded into the batch ([B h, T, d]), `torch.bmm(q * scale, k^T)`, the causal
+and padding keep-masks filled with the scores' dtype's lowest (`masked_fill`), a softmax,
+`torch.bmm` with v; learned absolute positions counted from each row's first real token.
 
 Interface: `forward(idx, mask=None)`; `mask` (B, T) bool, True = a real token. No cache."""
 import torch
@@ -11,15 +11,15 @@ from doctor_lab.styles._common import (D, HEAD_DIM, HEADS, LAYERS, MAX_POS, VOCA
                                        first_real, merge, normalise, scale)
 
 PLANTED = {
-    "no_scaling": "baddbmm(..., alpha=1.0)",
+    "no_scaling": "q not multiplied by the scale",
     "off_by_one": "the causal keep-mask tril(diagonal=-1)",
     "sees_next": "the causal keep-mask tril(diagonal=1)",
-    "mask_ignored": "mask taken and not folded into the bias",
+    "mask_ignored": "mask taken and not applied",
     "softmax_over_queries": "softmax(dim=-2)",
     "naive_softmax": "exp / sum without the max subtracted",
     "sum_normalize": "scores / their sum, the masked ones set to 0",
     "no_transpose_merge": "y.view(B, h, T, d).reshape(B, T, C) without the transpose",
-    "neg_inf_fill": "the bias is -inf where masked: a left-padded row with no visible key is NaN",
+    "neg_inf_fill": "masked_fill with -inf: a left-padded row with no visible key is NaN",
 }
 NO_CACHE = "no KV cache: a training-time module (forward(idx, mask) only)"
 CANNOT = {"cache_top_left": NO_CACHE, "cache_off_by_one": NO_CACHE, "cache_positions_from_zero": NO_CACHE}
@@ -38,10 +38,10 @@ class Attention(nn.Module):
         allowed = causal_keep(T, T, self.bug, x.device)[None]
         if keep is not None and self.bug != "mask_ignored":
             allowed = allowed & keep.repeat_interleave(HEADS, 0)[:, None, :]
-        allowed = allowed.expand(B * HEADS, T, T)
-        bias = torch.zeros(B * HEADS, T, T, dtype=x.dtype, device=x.device).masked_fill(~allowed, fill(self.bug, x.dtype))
-        att = torch.baddbmm(bias, q, k.transpose(1, 2), alpha=scale(HEAD_DIM, self.bug))
-        y = torch.bmm(normalise(att, self.bug, fill_zero=~allowed), v)
+        hidden = ~allowed.expand(B * HEADS, T, T)
+        att = torch.bmm(q * scale(HEAD_DIM, self.bug), k.transpose(1, 2))
+        att = att.masked_fill(hidden, fill(self.bug, att.dtype))   # filled in the scores' own dtype
+        y = torch.bmm(normalise(att, self.bug, fill_zero=hidden), v)
         return self.proj(merge(y.view(B, HEADS, T, HEAD_DIM), self.bug))
 
 

@@ -23,6 +23,9 @@ PLANTED = {
     "cache_top_left": "mask = torch.triu(full((seqlen, start_pos + seqlen), -inf), diagonal=1): no hstack of zeros",
     "cache_positions_from_zero": "freqs_cis[0:seqlen] (not [start_pos:start_pos + seqlen])",
 }
+# Meta's formula, healthy or not: matmul(xq, keys^T) / sqrt(head_dim) forms q k^T before the scale, which
+# overflows float16 first (the classic bed's nanogpt and functional styles alike): the doctor's low_precision fails
+HAZARDS = (("low_precision", "qk_before_scale"),)
 NO_PADDING = "Llama's forward takes tokens and start_pos only: no padding mask"
 CANNOT = {
     "mask_ignored": NO_PADDING, "neg_inf_fill": NO_PADDING,

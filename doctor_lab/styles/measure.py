@@ -61,8 +61,12 @@ def judge(case, record) -> str:
         return "traceback"
     if record["rc"] == 2:
         return "exit 2 (unusable)"
-    if case.bug is None:
-        return {0: EXPECTED, 3: HEALTHY_INCONCLUSIVE}.get(record["rc"], f"healthy: exit {record['rc']}")
+    if case.bug is None:   # exit 0, or 1 with exactly its style's hazards failing
+        failed = {(r["name"], r.get("cause", "")) for r in (record["result"] or {}).get("checks", [])
+                  if r["verdict"].startswith("fail")}
+        if failed == set(case.expects):
+            return {0: EXPECTED, 1: EXPECTED, 3: HEALTHY_INCONCLUSIVE}.get(record["rc"], f"healthy: exit {record['rc']}")
+        return f"healthy: exit {record['rc']}"
     for check, cause in case.expects:
         outcome, got = row_outcome(record, check)
         if outcome != "fail":
@@ -87,7 +91,8 @@ def table(cases, records) -> str:
              "Written by `python -m doctor_lab.styles.measure --write doctor_lab/styles/BASELINE.md` from the "
              "records in `doctor_lab/styles/__init__.py`; every run is `python -m attention_doctor "
              "doctor_lab.styles.STYLE:BUG --json FILE`, bare. A planted bug is `expected` when the run exits 1 "
-             "and every expected check fails with its documented cause; a healthy model when it exits 0.", "",
+             "and every expected check fails with its documented cause; a healthy model when it exits 0 (or 1 "
+             "with exactly the hazards of its project's formula failing, recorded as such).", "",
              f"{len(cases)} runs ({len(cases) - len(bugs)} healthy, {len(bugs)} planted bugs): "
              + ", ".join(f"{n} {k}" for k, n in kinds.most_common()) + ".", "",
              "| style | bug | expected (check: cause) | exit | that check today | traceback | outcome |",
@@ -95,7 +100,8 @@ def table(cases, records) -> str:
     for c in cases:
         rec = records[c.id]
         if c.bug is None:
-            want, got = "exit 0", not_passing(rec)
+            want = "exit 0" + "".join(f"; hazard {ch}: {cause}" for ch, cause in c.expects)
+            got = not_passing(rec)
         else:
             want = "; ".join(f"{ch}: {cause}" for ch, cause in c.expects)
             got = "; ".join("{} {}{}".format(ch, *((o, f" ({k})") if k else (o, ""))) for ch, o, k in
