@@ -94,7 +94,8 @@ def table(cases, records) -> str:
              "and every expected check fails with its documented cause; a healthy model when it exits 0 (or 1 "
              "with exactly the hazards of its project's formula failing, recorded as such).", "",
              f"{len(cases)} runs ({len(cases) - len(bugs)} healthy, {len(bugs)} planted bugs): "
-             + ", ".join(f"{n} {k}" for k, n in kinds.most_common()) + ".", "",
+             + "; ".join(f"{k} {n}" for k, n in kinds.most_common()) + f". The {sum(not c.planted for c in CASES)} "
+             "(style, bug) pairs a style's interface cannot express are not run; each style module's CANNOT says why.", "",
              "| style | bug | expected (check: cause) | exit | that check today | traceback | outcome |",
              "|---|---|---|---|---|---|---|"]
     for c in cases:
