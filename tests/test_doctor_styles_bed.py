@@ -16,10 +16,10 @@ import torch
 import torch.nn as nn
 
 import doctor_lab.styles as S
-from doctor_lab.styles._common import VOCAB
 from attention_doctor.checks import REGISTRY
 from attention_doctor.checks.common import COMMON_CAUSES
 from attention_doctor.targets import resolve
+from doctor_lab.styles._common import VOCAB
 
 B, T, CUT, PAD, NEW = 2, 16, 8, 5, 3
 AMP = 300.0    # every linear weight times this: scores near 1e4..1e5, as amplified_logits aims for
@@ -159,7 +159,7 @@ def test_every_expectation_names_a_check_and_a_documented_cause_and_a_direct_mea
 
 
 def test_the_classic_bed_joins_the_records():
-    import doctor_styles
+    from doctor_lab.styles import classic as doctor_styles
     classic = S.from_classic(doctor_styles)
     assert {c.style for c in classic} == set(doctor_styles.STYLES)
     assert len(classic) == len(doctor_styles.cases())

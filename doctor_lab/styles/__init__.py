@@ -19,8 +19,19 @@ The classic four (doctor_styles: nanogpt, einsum, functional, mha_subclass) join
 zero-argument factories by those names (`_common.factories` gives them per module)."""
 from dataclasses import dataclass
 
-from doctor_lab.styles import (decoder_layer, einops_matmul, flex_mask, flex_score, fused_bmm, gpt_fast, litgpt, llama,
-                               megatron, mistral, torchtune)
+from doctor_lab.styles import (
+    decoder_layer,
+    einops_matmul,
+    flex_mask,
+    flex_score,
+    fused_bmm,
+    gpt_fast,
+    litgpt,
+    llama,
+    megatron,
+    mistral,
+    torchtune,
+)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ cache (nn.TransformerDecoder keeps none)."""
 import torch
 import torch.nn as nn
 
-from doctor_lab.styles._common import D, HEADS, LAYERS, MAX_POS, VOCAB, built, factories, first_real
+from doctor_lab.styles._common import HEADS, LAYERS, MAX_POS, VOCAB, D, built, factories, first_real
 
 PLANTED = {
     "off_by_one": "the square mask triu(diagonal=0): the diagonal -inf too",

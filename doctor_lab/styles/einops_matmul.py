@@ -9,8 +9,21 @@ import torch
 import torch.nn as nn
 from einops import rearrange
 
-from doctor_lab.styles._common import (D, HEAD_DIM, HEADS, LAYERS, VOCAB, built, causal_keep, factories, fill, normalise,
-                                       rope_cos_sin, rotate, scale)
+from doctor_lab.styles._common import (
+    HEAD_DIM,
+    HEADS,
+    LAYERS,
+    VOCAB,
+    D,
+    built,
+    causal_keep,
+    factories,
+    fill,
+    normalise,
+    rope_cos_sin,
+    rotate,
+    scale,
+)
 
 PLANTED = {
     "no_scaling": "q not multiplied by self.scale",

@@ -14,8 +14,19 @@ import torch
 import torch.nn as nn
 from torch.nn.attention.flex_attention import and_masks, create_block_mask, flex_attention
 
-from doctor_lab.styles._common import (D, HEAD_DIM, HEADS, KV_HEADS, MetaTransformer, built, factories, merge,
-                                       rope_cos_sin, rotate, scale)
+from doctor_lab.styles._common import (
+    HEAD_DIM,
+    HEADS,
+    KV_HEADS,
+    D,
+    MetaTransformer,
+    built,
+    factories,
+    merge,
+    rope_cos_sin,
+    rotate,
+    scale,
+)
 from doctor_lab.styles.gpt_fast import KVCache
 
 BLOCK = 8

@@ -9,8 +9,21 @@ import torch
 import torch.nn as nn
 from torch.nn.attention.flex_attention import flex_attention
 
-from doctor_lab.styles._common import (D, HEAD_DIM, HEADS, LAYERS, VOCAB, RMSNorm, TransformerBlock, built, factories,
-                                       merge, rope_cos_sin, rotate, scale)
+from doctor_lab.styles._common import (
+    HEAD_DIM,
+    HEADS,
+    LAYERS,
+    VOCAB,
+    D,
+    RMSNorm,
+    TransformerBlock,
+    built,
+    factories,
+    merge,
+    rope_cos_sin,
+    rotate,
+    scale,
+)
 
 PLANTED = {
     "no_scaling": "flex_attention(..., scale=1.0)",

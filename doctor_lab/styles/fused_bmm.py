@@ -7,8 +7,22 @@ Interface: `forward(idx, mask=None)`; `mask` (B, T) bool, True = a real token. N
 import torch
 import torch.nn as nn
 
-from doctor_lab.styles._common import (D, HEAD_DIM, HEADS, LAYERS, MAX_POS, VOCAB, built, causal_keep, factories, fill,
-                                       first_real, merge, normalise, scale)
+from doctor_lab.styles._common import (
+    HEAD_DIM,
+    HEADS,
+    LAYERS,
+    MAX_POS,
+    VOCAB,
+    D,
+    built,
+    causal_keep,
+    factories,
+    fill,
+    first_real,
+    merge,
+    normalise,
+    scale,
+)
 
 PLANTED = {
     "no_scaling": "q not multiplied by the scale",

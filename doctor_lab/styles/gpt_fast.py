@@ -10,8 +10,22 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from doctor_lab.styles._common import (D, HEAD_DIM, HEADS, KV_HEADS, MAX_BATCH, MAX_POS, MetaTransformer, built,
-                                       causal_keep, factories, freqs_cis, merge, rotate_complex, scale)
+from doctor_lab.styles._common import (
+    HEAD_DIM,
+    HEADS,
+    KV_HEADS,
+    MAX_BATCH,
+    MAX_POS,
+    D,
+    MetaTransformer,
+    built,
+    causal_keep,
+    factories,
+    freqs_cis,
+    merge,
+    rotate_complex,
+    scale,
+)
 
 PLANTED = {
     "no_scaling": "scaled_dot_product_attention(..., scale=1.0)",

@@ -11,8 +11,23 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from doctor_lab.styles._common import (D, HEAD_DIM, HEADS, KV_HEADS, LAYERS, MAX_POS, VOCAB, SwiGLU, built, causal_keep,
-                                       factories, merge, rope_cos_sin, rotate, scale)
+from doctor_lab.styles._common import (
+    HEAD_DIM,
+    HEADS,
+    KV_HEADS,
+    LAYERS,
+    MAX_POS,
+    VOCAB,
+    D,
+    SwiGLU,
+    built,
+    causal_keep,
+    factories,
+    merge,
+    rope_cos_sin,
+    rotate,
+    scale,
+)
 
 PLANTED = {
     "no_scaling": "scaled_dot_product_attention(..., scale=1.0)",

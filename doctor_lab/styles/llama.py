@@ -10,8 +10,21 @@ import math
 import torch
 import torch.nn as nn
 
-from doctor_lab.styles._common import (HEAD_DIM, HEADS, KV_HEADS, MAX_BATCH, MAX_POS, MetaTransformer, built, factories,
-                                       freqs_cis, merge, normalise, rotate_complex, separate_projections)
+from doctor_lab.styles._common import (
+    HEAD_DIM,
+    HEADS,
+    KV_HEADS,
+    MAX_BATCH,
+    MAX_POS,
+    MetaTransformer,
+    built,
+    factories,
+    freqs_cis,
+    merge,
+    normalise,
+    rotate_complex,
+    separate_projections,
+)
 
 PLANTED = {
     "no_scaling": "scores = torch.matmul(xq, keys.transpose(2, 3)) without / math.sqrt(head_dim)",

@@ -15,8 +15,21 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from doctor_lab.styles._common import (D, HEAD_DIM, HEADS, LAYERS, MAX_POS, VOCAB, built, causal_keep, factories, fill,
-                                       first_real, normalise, scale)
+from doctor_lab.styles._common import (
+    HEAD_DIM,
+    HEADS,
+    LAYERS,
+    MAX_POS,
+    VOCAB,
+    D,
+    built,
+    causal_keep,
+    factories,
+    fill,
+    first_real,
+    normalise,
+    scale,
+)
 
 PLANTED = {
     "no_scaling": "baddbmm(..., alpha=1.0): norm_factor 1",

@@ -18,9 +18,24 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from doctor_lab.styles._common import (D, HEAD_DIM, HEADS, KV_HEADS, LAYERS, MAX_BATCH, MAX_POS, VOCAB, RMSNorm,
-                                       TransformerBlock, built, factories, freqs_cis, rotate_complex, scale,
-                                       separate_projections)
+from doctor_lab.styles._common import (
+    HEAD_DIM,
+    HEADS,
+    KV_HEADS,
+    LAYERS,
+    MAX_BATCH,
+    MAX_POS,
+    VOCAB,
+    D,
+    RMSNorm,
+    TransformerBlock,
+    built,
+    factories,
+    freqs_cis,
+    rotate_complex,
+    scale,
+    separate_projections,
+)
 
 PLANTED = {
     "no_scaling": "scaled_dot_product_attention(..., scale=1.0)",

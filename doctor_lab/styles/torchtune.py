@@ -15,8 +15,23 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from doctor_lab.styles._common import (D, HEAD_DIM, HEADS, KV_HEADS, LAYERS, MAX_POS, VOCAB, RMSNorm, SwiGLU, built,
-                                       factories, freqs_cis, merge, rotate_complex, scale)
+from doctor_lab.styles._common import (
+    HEAD_DIM,
+    HEADS,
+    KV_HEADS,
+    LAYERS,
+    MAX_POS,
+    VOCAB,
+    D,
+    RMSNorm,
+    SwiGLU,
+    built,
+    factories,
+    freqs_cis,
+    merge,
+    rotate_complex,
+    scale,
+)
 
 PLANTED = {
     "no_scaling": "scaled_dot_product_attention(..., scale=1.0)",
