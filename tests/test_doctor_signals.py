@@ -35,7 +35,7 @@ def test_signals_are_not_exceptions_so_no_except_exception_swallows_them():
                 if mask is not None:
                     raise Unsupported("needs a padding mask (this layer takes none)", "no_padding_mask")
                 return self.module(x)
-            except Exception:
+            except Exception:  # noqa: BLE001 -- the user's broad except this test is about: it must not see a signal
                 return self.module(x)   # would hide the signal if it were an Exception
     r = examine(Swallows(), checks=["eval_dropout", "padding"], strict=True)
     assert r["padding"].outcome is Outcome.NA and r["padding"].cause == "no_padding_mask"
@@ -320,3 +320,20 @@ def test_rows_round_trip_and_the_older_format_is_read():
     assert r["future_leak"].inconclusive   # an older doctor's skip is never a pass
     assert DoctorResult.from_json(json.dumps(old)).verdicts() == r.verdicts()
     assert Outcome.PASS == "pass" and f"{Outcome.NA}" == "n/a" and str(Outcome.FAIL) == "fail"
+
+
+def test_the_docs_json_row_is_a_real_run():
+    """docs/doctor.md's example row (its detail cut short) is what the command it names writes."""
+    import re
+    from attention_doctor.project import build_self
+    from conftest import ROOT
+    text = (ROOT / "docs" / "doctor.md").read_text()
+    said = json.loads(re.search(r"<!-- row -->\s*```json\n(.*?)```", text, re.S)[1])
+    r = examine(build_self(["+exp=left_padding_positions"]), checks=["eval_dropout", "padding"], strict=True)
+    got = r["padding"].to_dict()
+    # numbers as measured here, within rounding (a difference below the tolerance is rounding noise)
+    near = lambda a, b: math.isclose(a, b, rel_tol=1e-3) or max(abs(a), abs(b)) <= 1e-5
+    assert near(got.pop("measured"), said.pop("measured"))
+    gm, sm = got.pop("measurements"), said.pop("measurements")
+    assert gm.keys() == sm.keys() and all(near(gm[k], sm[k]) for k in gm), (gm, sm)
+    assert got.pop("detail").split(":")[0] == said.pop("detail").split(":")[0] and got == said   # detail: prose

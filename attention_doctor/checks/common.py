@@ -10,8 +10,8 @@ import torch
 from attention_doctor import measured
 from attention_doctor.adapters import Adapter, call, forget_history
 from attention_doctor.layouts import attention_modules
-from attention_doctor.probes import MASKED, Probe
-from attention_doctor.result import FAIL, INCONCLUSIVE, NA, PASS, WARN, Row
+from attention_doctor.probes import Probe
+from attention_doctor.result import FAIL, INCONCLUSIVE, NA, PASS, Row
 from attention_doctor.signals import DoctorBug, NotPerformed, doctor_hook
 
 # float32 tolerances, relative to the largest |output| of the reference (see docs/doctor.md)
@@ -49,8 +49,9 @@ def rel(a: torch.Tensor, ref: torch.Tensor, what: str = "the reference") -> floa
     if not bool(fin.all()):
         raise NotPerformed(f"{what} is not finite ({int((~fin).sum())} of {ref.numel()} values): no comparison holds",
                            "reference_nonfinite")
-    if a.shape != ref.shape:
-        raise DoctorBug(ValueError(f"compared shapes {tuple(a.shape)} and {tuple(ref.shape)}"), "rel")
+    if a.shape != ref.shape:   # the target's outputs for one input are (B, T, D) whatever B and T are
+        raise NotPerformed(f"outputs of shape {tuple(a.shape)} against {what} of shape {tuple(ref.shape)}",
+                           "adapter_contract")
     if not bool(torch.isfinite(a).all()):
         return math.inf
     if ref.numel() == 0:

@@ -1,5 +1,7 @@
 """Path agreement: where the target switches between attention paths, the paths agree with each
 other and each path's attention calls agree with the textbook attention on their own q, k, v."""
+import math
+
 import torch
 
 from attention_doctor.checks.common import AGREE_REL, held_in_part, judged, na, rel, row, unseen
@@ -18,6 +20,15 @@ def _reference_error(calls) -> float | None:
             live = c.visible.expand(ref.shape[:-1] + (c.k.shape[-2],)).any(-1)
         errs.append(rel(c.out[live], ref[live], "the textbook attention on the call's q, k, v"))
     return max(errs) if errs else None
+
+
+def _agree(a: torch.Tensor, b: torch.Tensor, what: str) -> float:
+    """Two paths' outputs, neither the reference: one not finite where the other is disagrees
+    (inf); both not finite at the same places leaves nothing to compare (NotPerformed)."""
+    fa, fb = torch.isfinite(a), torch.isfinite(b)
+    if fa.shape == fb.shape and not torch.equal(fa, fb):
+        return math.inf
+    return rel(a, b, what)
 
 
 def path_agreement(ctx):
@@ -55,13 +66,15 @@ def path_agreement(ctx):
     cause = "call_vs_textbook" if worst > AGREE_REL else ""
     against = []
     for p in paths[1:]:
-        d = rel(outs[p][0], outs[first][0], f"path {first}'s outputs")
+        d = _agree(outs[p][0], outs[first][0], f"both paths' outputs ({first}, {p})")
         dp = None
         if outs[p][1] is not None and outs[first][1] is not None:
-            dp = rel(outs[p][1], outs[first][1], f"path {first}'s padded outputs")
+            dp = _agree(outs[p][1], outs[first][1], f"both paths' padded outputs ({first}, {p})")
         against.append({"path": p, "plain": d, "padded": dp})
+        where = [b for b, v in (("plain", d), ("padded", dp)) if v == math.inf]
         d = max(d, dp or 0.0)
-        parts.append(f"{p} against {first}: {d:.3g}")
+        parts.append(f"{p} against {first}: {d:.3g}" + (f" (the {' and '.join(where)} batch's outputs are not finite "
+                                                          "on one path only)" if where else ""))
         cause = cause or ("paths_differ" if d > AGREE_REL else "")
         worst = max(worst, d)
     # the padded batch raises on some paths and runs on others: the paths differ

@@ -4,7 +4,7 @@ from contextlib import nullcontext
 
 import torch
 
-from attention_doctor.checks.amplified import NOT_AMPLIFIED, _max_score, amplifier
+from attention_doctor.checks.amplified import _max_score, amplifier, not_amplified_cause
 from attention_doctor.checks.cached_positions import long_positions_through_cache, with_bfloat16
 from attention_doctor.checks.catalogue import BY_NAME
 from attention_doctor.checks.common import (ABSOLUTE_POS, AMP_MODERATE, AMP_TARGET, LONG_BF16_RATIO, LONG_OFFSET,
@@ -287,8 +287,7 @@ def low_precision(ctx):
     meas = dict(nonfinite_runs=runs, error_ratio=ratios, **sizes)
     if not bad and missing:   # what ran passed, but not all of it could run: never a pass
         why = "needs " + "; ".join(missing.values())
-        cause = ("not_amplified" if amp.startswith(NOT_AMPLIFIED) else "scores_unseen") if isinstance(amp, str) \
-            else "part_not_run"
+        cause = not_amplified_cause(amp) if isinstance(amp, str) else "part_not_run"
         return inconclusive(why, cause, None, tol, "; ".join(parts), **meas, not_run=sorted(missing))
     detail = "; ".join(parts)
     if bad:
