@@ -9,9 +9,12 @@ A representative subset, to stay cheap (the full cross product of the styles tes
     fully_masked_rows (whose backward once ran into the history future_leak's left) in one run, and
     each alone.
 The public reference implementations (experiments/doctor_references.py) the same way, every check,
-where their sources are here (DOCTOR_PINNED: the releases' directory, default ../pinned;
-DOCTOR_SOURCES: `name=path;...` for the clones, default ../<repository>): skipped, saying so,
-without them."""
+on request, being minutes of CPU (210 s for the six here): DOCTOR_PINNED names the releases'
+directory (docs/doctor.md, "The evidence"), DOCTOR_SOURCES the clones (`name=path;...`, default
+../<repository>); skipped, saying so, without them:
+
+    DOCTOR_PINNED=../pinned DOCTOR_SOURCES='Meta Llama=../llama' pytest tests/test_doctor_alone.py -k reference
+"""
 import json
 import os
 import subprocess
@@ -57,15 +60,10 @@ def test_an_lm_that_keeps_autograd_history_in_its_cache():
     assert run["fully_masked_rows"].measurements["nonfinite_gradients"] == 0   # the gradient half ran
 
 
-def _sources():
-    pinned = Path(os.environ.get("DOCTOR_PINNED", ROOT.parent / "pinned"))
-    given = dict(p.split("=", 1) for p in os.environ.get("DOCTOR_SOURCES", "").split(";") if "=" in p)
-    return pinned, given
-
-
 def _reference_paths(ref):
     """[source, dependencies...] of a reference, or None when one is missing here."""
-    pinned, given = _sources()
+    pinned = Path(os.environ["DOCTOR_PINNED"])
+    given = dict(p.split("=", 1) for p in os.environ.get("DOCTOR_SOURCES", "").split(";") if "=" in p)
     if ref["source"] == "clone":
         src = Path(given.get(ref["name"], ROOT.parent / ref["repo"].split("/")[1]))
     else:
@@ -103,6 +101,8 @@ def _references():
 
 @pytest.mark.parametrize("ref", _references(), ids=lambda r: r["name"])
 def test_a_public_reference_alone_and_in_a_full_run(ref):
+    if "DOCTOR_PINNED" not in os.environ:
+        pytest.skip("minutes of CPU: on request, DOCTOR_PINNED=DIR (and DOCTOR_SOURCES for the clones)")
     paths = _reference_paths(ref)
     if paths is None:
         pytest.skip(f"{ref['name']}: its source is not here (DOCTOR_PINNED, DOCTOR_SOURCES)")

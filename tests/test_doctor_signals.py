@@ -16,6 +16,7 @@ from attention_doctor import Adapter, DoctorResult, Outcome, Row, Unreachable, U
 from attention_doctor.checks.common import rel
 from attention_doctor.signals import (AdapterError, DoctorBug, NotPerformed, Signal, TargetError, TargetRaised,
                                       doctor_hook)
+from test_doctor_layouts import _NoBackwardInEval   # a backward that refuses eval mode (Reformer's)
 
 
 def test_signals_are_not_exceptions_so_no_except_exception_swallows_them():
@@ -165,16 +166,6 @@ def test_a_hook_error_inside_the_forward_is_a_doctor_error(monkeypatch):
 
 
 # -- a part that could not run: never a pass ----------------------------------------------------------
-
-class _NoBackwardInEval(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x
-
-    @staticmethod
-    def backward(ctx, g):
-        raise AssertionError("use model.train() to train")
-
 
 class RefusingLayer(Adapter):
     """nn.MultiheadAttention, causal, taking a padding mask, whose backward refuses eval mode."""
