@@ -47,7 +47,7 @@ def rel(a: torch.Tensor, ref: torch.Tensor, what: str = "the reference") -> floa
     a, ref = a.double(), ref.double()
     fin = torch.isfinite(ref)
     if not bool(fin.all()):
-        raise NotPerformed(f"{what} is not finite ({int((~fin).sum())} of {ref.numel()} values): no comparison holds",
+        raise NotPerformed(f"{what}: not finite ({int((~fin).sum())} of {ref.numel()} values), no comparison holds",
                            "reference_nonfinite")
     if a.shape != ref.shape:   # the target's outputs for one input are (B, T, D) whatever B and T are
         raise NotPerformed(f"outputs of shape {tuple(a.shape)} against {what} of shape {tuple(ref.shape)}",
