@@ -137,8 +137,8 @@ def _prepare(ctx, strict) -> Signal | None:
         ctx.call(ctx.adapter.prepare, ctx.sample(k=99))
     except TargetRaised as e:
         ctx.info["conventions_error"] = e.error[:200]
-    except Raised as e:
-        if strict:
+    except Signal as e:   # the adapter's own code raised, or its prepare said a row for every check
+        if strict and isinstance(e, Raised):
             raise e.__cause__ or e
         e.why = f"{e.why} while preparing the target"
         return e
@@ -157,8 +157,8 @@ def _smoke(ctx, strict):
         raise TargetError(f"{ctx.adapter.name}: its forward raised on a ({ctx.B}, {ctx.T}) input: {e.error}") from None
     except Unsupported as e:   # no plain call at all
         raise TargetError(f"{ctx.adapter.name}: {e.why}") from None
-    except Raised as e:
-        if strict:
+    except Signal as e:   # the adapter's own code raised (or said a row for every check) around the forward
+        if strict and isinstance(e, Raised):
             raise e.__cause__ or e
         e.why = f"{e.why} on a plain ({ctx.B}, {ctx.T}) input"
         return x, None, e

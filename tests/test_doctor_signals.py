@@ -82,12 +82,20 @@ def test_diffusers_adapter_fault_is_a_doctor_error(monkeypatch):
     _doctor_error(examine(a, checks=["eval_dropout", "padding", "fully_masked_rows"]), ["padding", "fully_masked_rows"])
 
 
+def nanogpt():
+    """A zero-argument factory for the command line: the nanoGPT style, healthy."""
+    return S.build("nanogpt")
+
+
 def test_conventions_adapter_fault_is_a_doctor_error_for_every_check(monkeypatch, capsys):
     from attention_doctor import conventions
+    from attention_doctor.cli import main
     monkeypatch.setattr(conventions, "_change", boom)   # measuring the mask encoding, while preparing
-    r = examine(S.build("nanogpt"), checks=["eval_dropout", "padding", "score_scale"])
+    r = examine(nanogpt(), checks=["eval_dropout", "padding", "score_scale"])
     _doctor_error(r, ["eval_dropout", "padding", "score_scale"])
     assert r["padding"].reason.endswith("while preparing the target")
+    assert main(["test_doctor_signals:nanogpt", "--checks", "eval_dropout,padding"]) == 3   # the command: exit 3
+    assert "2 inconclusive" in capsys.readouterr().out
 
 
 def test_conventions_forward_fault_after_preparing(monkeypatch):
