@@ -117,8 +117,12 @@ def test_result_json_rows_and_assertion_helper(tmp_path):
     r = examine(tiny_lm({"attention": {"merge": "no_transpose"}}), name="merge", strict=True)
     d = r.to_dict()
     assert d["target"] == "merge" and [c["name"] for c in d["checks"]] == list(ORDER) and d["exit_code"] == 1
-    assert all(set(c) == {"name", "verdict", "measured", "tolerance", "experiment", "thread", "detail", "cause"}
-               for c in d["checks"])
+    assert d["schema"] == 2 and all(set(c) == {"name", "outcome", "reason", "cause", "measured", "tolerance",
+                                                "measurements", "experiment", "thread", "detail", "verdict"}
+                                     for c in d["checks"])
+    back = DoctorResult.from_json(r.to_json())   # the one parser reads what was written
+    assert back.outcomes() == r.outcomes() and back.exit_code == r.exit_code == 1
+    assert back["future_leak"].measurements["outputs"][0]["t"] == 1 and back["future_leak"].cause == "outputs_move"
     assert r["future_leak"].failed and r["future_leak"].experiment == "head_merge_no_transpose"
     with pytest.raises(AssertionError, match="future_leak"):
         r.assert_healthy()
