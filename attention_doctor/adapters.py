@@ -22,8 +22,15 @@ from contextlib import contextmanager
 import torch
 import torch.nn as nn
 
-from attention_doctor.signals import (AdapterError, DoctorBug, Signal, TargetError, TargetRaised,  # noqa: F401
-                                      Unreachable, Unsupported)
+from attention_doctor.signals import (  # noqa: F401
+    AdapterError,
+    DoctorBug,
+    Signal,
+    TargetError,
+    TargetRaised,
+    Unreachable,
+    Unsupported,
+)
 
 
 class Adapter:

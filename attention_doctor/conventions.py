@@ -23,8 +23,17 @@ from contextlib import contextmanager
 import torch
 import torch.nn as nn
 
-from attention_doctor.adapters import (CACHE_ARGS, Adapter, TargetError, Unreachable, Unsupported, _first_output as first_output,
-                                      _params, _var_kwargs, target_scope)
+from attention_doctor.adapters import (
+    CACHE_ARGS,
+    Adapter,
+    TargetError,
+    Unreachable,
+    Unsupported,
+    _params,
+    _var_kwargs,
+    target_scope,
+)
+from attention_doctor.adapters import _first_output as first_output
 from attention_doctor.signals import TargetRaised, doctor_hook
 
 MASK_NAMES = ("attention_mask", "mask")

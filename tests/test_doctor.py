@@ -9,10 +9,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from conftest import ROOT
+from attention.lm import ModelConfig, TransformerLM
 from attention_doctor import DoctorResult, examine
 from attention_doctor.checks import ORDER
-from attention.lm import ModelConfig, TransformerLM
+from conftest import ROOT
 from doctor_lab.validation import catalogue, targeted
 
 SIZE_KEYS = {"d_model", "n_heads", "n_layers", "d_ff", "block_size", "n_kv_heads"}
@@ -154,6 +154,7 @@ def test_report_section_renders_the_committed_evidence(tmp_path):
     bugs, the benchmark; the README block is the real run's output, numbers from the JSON."""
     import json
     import shutil
+
     from doctor_lab.report.sections import doctor
     src = ROOT / "results" / "doctor"   # committed: the repo ships it
     assert sorted(p.stem for p in src.glob("*.json")) == ["benchmark", "example", "references", "sensitivity", "shipped",

@@ -8,7 +8,7 @@ A representative subset, to stay cheap (the full cross product of the styles tes
   - the functional style's LM, whose KV cache keeps autograd history between calls: the checks up to
     fully_masked_rows (whose backward once ran into the history future_leak's left) in one run, and
     each alone.
-The public reference implementations (experiments/doctor_references.py) the same way, every check,
+The public reference implementations (doctor_lab/references.py) the same way, every check,
 on request, being minutes of CPU (210 s for the six here): DOCTOR_PINNED names the releases'
 directory (docs/doctor.md, "The evidence"), DOCTOR_SOURCES the clones (`name=path;...`, default
 ../<repository>); skipped, saying so, without them:
@@ -24,10 +24,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import doctor_styles as S
 from attention_doctor import examine
 from attention_doctor.checks import ORDER
 from conftest import ROOT
+from doctor_lab.styles import classic as S
 
 
 def _same_alone_as_in_a_run(make, checks=ORDER):
@@ -78,7 +78,7 @@ ONE = """
 import json, sys
 paths, name = json.loads(sys.argv[1]), sys.argv[2]
 sys.path[:0] = paths
-from experiments.doctor_references import BY_NAME
+from doctor_lab.references import BY_NAME
 from attention_doctor import examine
 from attention_doctor.checks import ORDER
 ref = BY_NAME[name]
@@ -93,7 +93,7 @@ print(json.dumps(out))
 
 def _references():
     try:
-        from experiments.doctor_references import REFERENCES
+        from doctor_lab.references import REFERENCES
     except ImportError:   # the lab moved; the integrator points this at its new home
         return []
     return REFERENCES

@@ -14,9 +14,9 @@ import pytest
 import torch
 import torch.nn as nn
 
-from conftest import ROOT
 from attention_doctor import TorchMHA, examine
 from attention_doctor.cli import main
+from conftest import ROOT
 
 
 def padding(ctx):   # stands in for the padding check: the doctor's own code raising

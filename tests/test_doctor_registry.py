@@ -59,7 +59,7 @@ def test_the_records_the_schema_and_the_signals_load_without_torch():
             "assert BY_NAME['padding'].short == 'pad'; print('torch' in sys.modules)")
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and p.stdout.strip() == "False", p.stderr
-    from attention_doctor import examine, Adapter   # the rest, when asked for
+    from attention_doctor import Adapter, examine  # the rest, when asked for
     assert callable(examine) and isinstance(Adapter, type)
 
 

@@ -11,12 +11,19 @@ import pytest
 import torch
 import torch.nn as nn
 
-import doctor_styles as S
 from attention_doctor import Adapter, DoctorResult, Outcome, Row, Unreachable, Unsupported, examine
 from attention_doctor.checks.common import rel
-from attention_doctor.signals import (AdapterError, DoctorBug, NotPerformed, Signal, TargetError, TargetRaised,
-                                      doctor_hook)
-from test_doctor_layouts import _NoBackwardInEval   # a backward that refuses eval mode (Reformer's)
+from attention_doctor.signals import (
+    AdapterError,
+    DoctorBug,
+    NotPerformed,
+    Signal,
+    TargetError,
+    TargetRaised,
+    doctor_hook,
+)
+from doctor_lab.styles import classic as S
+from test_doctor_layouts import _NoBackwardInEval  # a backward that refuses eval mode (Reformer's)
 
 
 def test_signals_are_not_exceptions_so_no_except_exception_swallows_them():
@@ -324,6 +331,7 @@ def test_rows_round_trip_and_the_older_format_is_read():
 def test_the_docs_json_row_is_a_real_run():
     """docs/doctor.md's example row (its detail cut short) is what the command it names writes."""
     import re
+
     from attention_doctor.project import build_self
     from conftest import ROOT
     text = (ROOT / "docs" / "doctor.md").read_text()

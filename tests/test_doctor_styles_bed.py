@@ -17,7 +17,7 @@ import torch.nn as nn
 
 import doctor_lab.styles as S
 from attention_doctor.checks import REGISTRY
-from attention_doctor.checks.common import COMMON_CAUSES
+from attention_doctor.checks.record import COMMON_CAUSES
 from attention_doctor.targets import resolve
 from doctor_lab.styles._common import VOCAB
 

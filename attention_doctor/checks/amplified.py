@@ -4,8 +4,18 @@ from contextlib import contextmanager
 
 import torch
 
-from attention_doctor.checks.common import (AMP_HI, AMP_LO, AMP_TARGET, EXACT_REL, HULL_REL, ROW_SUM_TOL,
-                                            finite_max_abs, judged, rel, visible_scores)
+from attention_doctor.checks.common import (
+    AMP_HI,
+    AMP_LO,
+    AMP_TARGET,
+    EXACT_REL,
+    HULL_REL,
+    ROW_SUM_TOL,
+    finite_max_abs,
+    judged,
+    rel,
+    visible_scores,
+)
 from attention_doctor.layouts import scaled_sites
 from attention_doctor.signals import NotPerformed
 

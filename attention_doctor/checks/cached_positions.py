@@ -10,8 +10,16 @@ from contextlib import nullcontext
 
 import torch
 
-from attention_doctor.checks.common import (LONG_BF16_FLOOR, LONG_BF16_RATIO, LONG_OFFSET, LONG_REL, held_in_part,
-                                            inconclusive, judged, unseen)
+from attention_doctor.checks.common import (
+    LONG_BF16_FLOOR,
+    LONG_BF16_RATIO,
+    LONG_OFFSET,
+    LONG_REL,
+    held_in_part,
+    inconclusive,
+    judged,
+    unseen,
+)
 from attention_doctor.checks.scale import unit_qk
 from attention_doctor.signals import NotPerformed, TargetRaised, Unsupported
 

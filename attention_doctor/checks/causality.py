@@ -4,11 +4,20 @@ import math
 
 import torch
 
-from attention_doctor.checks.common import (AGREE_REL, EXACT_REL, Description, held_in_part, inconclusive, judged,
-                                            na, rel, row, unseen)
+from attention_doctor.checks.common import (
+    AGREE_REL,
+    EXACT_REL,
+    Description,
+    held_in_part,
+    inconclusive,
+    judged,
+    na,
+    rel,
+    row,
+    unseen,
+)
 from attention_doctor.result import FAIL, PASS
 from attention_doctor.signals import Signal, TargetRaised, doctor_hook
-
 
 # -- the description ------------------------------------------------------------------------------
 

@@ -7,8 +7,19 @@ import torch
 from attention_doctor.checks.amplified import _max_score, amplifier, not_amplified_cause
 from attention_doctor.checks.cached_positions import long_positions_through_cache, with_bfloat16
 from attention_doctor.checks.catalogue import BY_NAME
-from attention_doctor.checks.common import (ABSOLUTE_POS, AMP_MODERATE, AMP_TARGET, LONG_BF16_RATIO, LONG_OFFSET,
-                                            LONG_REL, LOW_PRECISION_RATIO, inconclusive, judged, na, rel)
+from attention_doctor.checks.common import (
+    ABSOLUTE_POS,
+    AMP_MODERATE,
+    AMP_TARGET,
+    LONG_BF16_RATIO,
+    LONG_OFFSET,
+    LONG_REL,
+    LOW_PRECISION_RATIO,
+    inconclusive,
+    judged,
+    na,
+    rel,
+)
 from attention_doctor.checks.scale import unit_qk
 from attention_doctor.signals import NotPerformed, Signal, TargetRaised, Unreachable, Unsupported, said
 
