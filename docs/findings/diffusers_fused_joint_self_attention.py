@@ -21,8 +21,8 @@ TOL = 1e-4   # float32, fused against separate projections: rounding of the same
 ok = True
 for dual, qk_norm in (((), None), ((0,), None), ((), "rms_norm")):
     torch.manual_seed(0)
-    model = SD3Transformer2DModel(sample_size=8, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=8,
-                                  num_attention_heads=2, joint_attention_dim=16, caption_projection_dim=16,
+    model = SD3Transformer2DModel(sample_size=8, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=64,
+                                  num_attention_heads=2, joint_attention_dim=16, caption_projection_dim=128,
                                   pooled_projection_dim=8, out_channels=4, pos_embed_max_size=8,
                                   dual_attention_layers=dual, qk_norm=qk_norm).eval()
     g = torch.Generator().manual_seed(1)

@@ -22,7 +22,7 @@ TOL = 1e-5   # float32: the same sums in another order
 def build(**opts):
     torch.manual_seed(0)
     return TransformerWrapper(num_tokens=64, max_seq_len=64, attn_layers=Decoder(
-        dim=32, depth=2, heads=4, attn_dim_head=8, **opts)).eval()
+        dim=256, depth=2, heads=4, attn_dim_head=64, **opts)).eval()
 
 
 def cached_error(model, **kw):

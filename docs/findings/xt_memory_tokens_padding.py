@@ -22,7 +22,7 @@ TOL = 1e-5
 def build(**wrapper):
     torch.manual_seed(0)
     return TransformerWrapper(num_tokens=64, max_seq_len=64, **wrapper, attn_layers=Decoder(
-        dim=32, depth=2, heads=4, attn_dim_head=8)).eval()   # absolute positions: seq_start_pos shifts them
+        dim=256, depth=2, heads=4, attn_dim_head=64)).eval()   # absolute positions: seq_start_pos shifts them
 
 
 real = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(1))

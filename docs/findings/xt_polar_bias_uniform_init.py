@@ -21,7 +21,7 @@ for opts in ({"polar_pos_emb": True}, {"polar_pos_emb": True, "polar_bias_unifor
     torch.manual_seed(0)
     try:
         model = TransformerWrapper(num_tokens=64, max_seq_len=64, attn_layers=Decoder(
-            dim=32, depth=2, heads=4, attn_dim_head=8, **opts)).eval()
+            dim=256, depth=2, heads=4, attn_dim_head=64, **opts)).eval()
         with torch.no_grad():
             out = model(torch.randint(0, 64, (2, 16)))
         got = "builds and runs" if torch.isfinite(out).all() else "non-finite output"

@@ -21,7 +21,7 @@ ok = True
 for wrapper in ({}, {"scaled_sinu_pos_emb": True}):
     torch.manual_seed(0)
     model = TransformerWrapper(num_tokens=64, max_seq_len=64, **wrapper, attn_layers=Decoder(
-        dim=32, depth=2, heads=4, attn_dim_head=8)).eval()
+        dim=256, depth=2, heads=4, attn_dim_head=64)).eval()
     try:
         with torch.no_grad():
             ref = model(real)

@@ -1,16 +1,18 @@
 """The zoos' new findings, each upstream-ready in docs/findings/: NAME.md (the report), NAME.py (a
 repro that imports its library and torch only: exit 1 while the bug is there, 0 once fixed) and
-NAME.patch (the fix, a diff against the installed library at the release in RELEASES, the validation
-extra's pin in requirements-validation.txt: paths transformers/..., x_transformers/... or diffusers/...;
-the first path names the library).
+NAME.patch (the fix, a diff against the newest release in RELEASES: paths transformers/...,
+x_transformers/... or diffusers/...; the first path names the library), with NAME@VERSION.patch
+beside it for an older release whose source the newest patch does not fit. Every repro is checked on
+every release of its library in RELEASES: the pinned one (the validation extra's pin in
+requirements-validation.txt, what CI installs), the others from the shared cache of releases
+(--pinned DIR, DIR/tf-X, xt-X, df-X).
 
-    python -m doctor_lab.zoo.findings check                # every repro before and after its patch
+    python -m doctor_lab.zoo.findings check                # every repro before and after its patch, each release
     python -m doctor_lab.zoo.findings check --zoo          # and the architecture's zoo rows, both ways
     python -m doctor_lab.zoo.findings copy NAME DIR        # DIR/<library>: the installed one, patched
 
-A patched copy is a tree of links to the installed library in which the files the patch touches
-are real copies, patched (seconds, a few MB); PYTHONPATH=DIR (or the zoo's --transformers DIR)
-imports it.
+A patched copy is a tree of links to the library in which the files the patch touches are real
+copies, patched (seconds, a few MB); PYTHONPATH=DIR (or the zoo's --transformers DIR) imports it.
 """
 import argparse
 import json
@@ -25,10 +27,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 FINDINGS = ROOT / "docs" / "findings"
 REQUIREMENTS = ROOT / "requirements-validation.txt"
-# each library's package, its pip name and its repository
-PIP_NAMES = {"transformers": "transformers", "x_transformers": "x-transformers", "diffusers": "diffusers"}
 REPOS = {"transformers": "huggingface/transformers", "x_transformers": "lucidrains/x-transformers",
          "diffusers": "huggingface/diffusers"}
+PIP = {"transformers": "transformers", "x_transformers": "x-transformers", "diffusers": "diffusers"}
+SHORT = {"transformers": "tf", "x_transformers": "xt", "diffusers": "df"}   # the cache's DIR/tf-X layout
+PINNED = Path(os.environ.get("PINNED_RELEASES") or ROOT.parent / "pinned")
 
 
 def pins(path: Path = REQUIREMENTS) -> dict[str, str]:
@@ -36,14 +39,35 @@ def pins(path: Path = REQUIREMENTS) -> dict[str, str]:
     return {m[1].lower(): m[2] for m in re.finditer(r"^([A-Za-z0-9_.-]+)==([^\s;#]+)", Path(path).read_text(), re.M)}
 
 
-# the release each library's patches are written against: the one the validation extra pins
-RELEASES = {package: pins()[pip] for package, pip in PIP_NAMES.items()}
+# newer releases each library's repros are also checked on (the newest last: what NAME.patch is written against)
+NEWER = {"transformers": ("5.25.0",), "x_transformers": (), "diffusers": ()}
+# the releases each library's repros are checked on: the pinned one first (what CI installs), then NEWER
+RELEASES = {package: (pins()[pip], *NEWER[package]) for package, pip in PIP.items()}
 
 
 def names(package: str | None = None) -> list[str]:
     """The findings with a patch (each also has its .py repro and .md page), of one library's
     package (transformers, x_transformers, diffusers) or of all."""
-    return sorted(p.stem for p in FINDINGS.glob("*.patch") if package in (None, library(p.stem)))
+    return sorted(p.stem for p in FINDINGS.glob("*.patch") if "@" not in p.stem and package in (None, library(p.stem)))
+
+
+def patch_file(name: str, release: str | None = None) -> Path:
+    """NAME@RELEASE.patch where the release needs its own, else NAME.patch (the newest release's)."""
+    own = FINDINGS / f"{name}@{release}.patch"
+    return own if release and own.exists() else FINDINGS / f"{name}.patch"
+
+
+def release_dir(package: str, release: str, pinned: Path | None = None) -> Path | None:
+    """The directory that holds `package` at `release`: None for the installed one (already on the
+    path), pinned/<tf|xt|df>-RELEASE from the cache; FileNotFoundError (with the pip command) when
+    neither has it."""
+    if version(package) == release:
+        return None
+    d = Path(pinned or PINNED) / f"{SHORT[package]}-{release}"
+    if (d / package).is_dir():
+        return d
+    raise FileNotFoundError(f"{package} {release} is neither installed nor in {d}: "
+                            f"pip install --no-deps --target {d} {PIP[package]}=={release}")
 
 
 def library(name: str) -> str:
@@ -70,16 +94,18 @@ def installed(package: str = "transformers") -> Path:
     return Path(mod.__file__).parent
 
 
-def version(package: str = "transformers") -> str:
-    """The installed package's release, from its dist-info beside it (x-transformers has no
-    __version__); "unknown" when there is not exactly one."""
-    found = [p.name[len(package) + 1:-len(".dist-info")] for p in installed(package).parent.glob(f"{package}-*.dist-info")]
+def version(package: str = "transformers", where: Path | None = None) -> str:
+    """The package's release, from its dist-info beside it (x-transformers has no __version__): the
+    installed one's, or the one in directory `where`; "unknown" when there is not exactly one."""
+    found = [p.name[len(package) + 1:-len(".dist-info")]
+             for p in (Path(where) if where else installed(package).parent).glob(f"{package}-*.dist-info")]
     return found[0] if len(found) == 1 else "unknown"
 
 
 def copy(name: str, dest: Path, source: Path | None = None) -> Path:
-    """dest/<package>: links to `source` (the installed package the patch changes), the patch's
-    files real and patched. Raises RuntimeError when the patch does not apply."""
+    """dest/<package>: links to `source` (the package the patch changes: the installed one by
+    default), the patch's files real and patched with the patch for source's release. Raises
+    RuntimeError when the patch does not apply."""
     source = Path(source or installed(library(name))).resolve()
     dest = Path(dest)
     pkg = dest / library(name)
@@ -88,7 +114,7 @@ def copy(name: str, dest: Path, source: Path | None = None) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     shutil.copytree(source, pkg, symlinks=True, copy_function=os.symlink,
                     ignore=shutil.ignore_patterns("__pycache__"))
-    patch = FINDINGS / f"{name}.patch"
+    patch = patch_file(name, version(library(name), source.parent))
     for rel in touched(patch):
         f = dest / rel
         f.unlink()
@@ -105,24 +131,16 @@ def _repro_env() -> dict:
             "TRANSFORMERS_VERBOSITY": "error", "PYTHONWARNINGS": "ignore"}
 
 
-def repro(name: str, pythonpath: Path | None = None, timeout: int = 300) -> tuple[int, str]:
-    """(exit code, output) of docs/findings/NAME.py, with `pythonpath` first on the path."""
-    env = _repro_env()
-    if pythonpath:
-        env["PYTHONPATH"] = os.pathsep.join([str(pythonpath), *filter(None, [env.get("PYTHONPATH")])])
-    p = subprocess.run([sys.executable, str(FINDINGS / f"{name}.py")], capture_output=True, text=True,
-                       env=env, timeout=timeout, cwd=tempfile.gettempdir())
-    return p.returncode, (p.stdout + p.stderr).strip()
-
-
-def repros(names: list[str], copies: dict | None = None, timeout: int = 900) -> dict[str, tuple[int, str]]:
+def repros(names: list[str], copies: dict | None = None, timeout: int = 900,
+           release: Path | None = None) -> dict[str, tuple[int, str]]:
     """{name: (exit code, output)} of several repros, one after another in ONE Python process (torch
     imported once: seconds per repro saved), each as `python NAME.py` runs it: its SystemExit its
     exit code, an uncaught exception exit 1 with its traceback. copies: {name: DIR}, its patched
     copy (copy()): that repro imports its library from DIR, every module of the library imported
-    before it dropped first, so each repro sees its own patch alone; the others the installed one."""
+    before it dropped first, so each repro sees its own patch alone; the others the installed one,
+    or the one in directory `release` (release_dir())."""
     code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from doctor_lab.zoo.findings import _serve; _serve()"
-    jobs = [(n, str((copies or {}).get(n) or "")) for n in names]
+    jobs = [(n, str((copies or {}).get(n) or release or "")) for n in names]
     p = subprocess.run([sys.executable, "-c", code], input=json.dumps(jobs), capture_output=True, text=True,
                        env=_repro_env(), timeout=timeout, cwd=tempfile.gettempdir())
     last = p.stdout.strip().splitlines()[-1:] or [""]
@@ -135,8 +153,9 @@ _DONE = "repros done: "
 
 
 def _serve():
-    """In repros' process: each (name, patched copy or "") on stdin, its repro as __main__ with its
-    library imported afresh (from the copy, else the installed one), its output captured."""
+    """In repros' process: each (name, directory or "") on stdin, its repro as __main__ with its
+    library imported afresh (from the directory: a patched copy or a release, else the installed
+    one), its output captured."""
     import io
     import runpy
     import traceback
@@ -159,7 +178,7 @@ def _serve():
                 traceback.print_exc()
         imported = sys.modules.get(package)
         if copy_dir and imported is not None and not imported.__file__.startswith(copy_dir):
-            code, buf = 70, io.StringIO(f"{name}: {package} came from {imported.__file__}, not its patched copy")
+            code, buf = 70, io.StringIO(f"{name}: {package} came from {imported.__file__}, not from {copy_dir}")
         out[name] = (code, buf.getvalue().strip())
     print(_DONE + json.dumps(out), file=stdout, flush=True)
 
@@ -187,28 +206,44 @@ def zoo_rows(arch_list: list[str], out: Path, transformers: Path | None = None) 
             for r in z["results"] if r["status"] == "examined" for c in r["checks"]}
 
 
-def check(which: list[str], zoo: bool = False) -> int:
-    """Every repro fails on the installed library and passes on its patched copy (a process each);
-    with zoo, the finding's architectures' rows before and after (only its own rows may change)."""
-    bad = 0
-    befores = {}
-    for package in dict.fromkeys(map(library, which)):  # the installed libraries: one process each
-        befores.update(repros([n for n in which if library(n) == package]))
+def check(which: list[str], zoo: bool = False, pinned: Path | None = None, show: bool = False) -> int:
+    """Every repro fails on each release of its library in RELEASES and passes on that release
+    patched (one process per library and release, before and after); a release neither installed
+    nor cached is named with its install command and not counted as checked. With zoo, the finding's
+    architectures' rows before and after on the installed release (only its own rows may change).
+    show: each repro's output too, before and after (the numbers its page reports)."""
+    bad, unchecked = 0, []
     with tempfile.TemporaryDirectory(prefix="findings-") as tmp:
+        for package in dict.fromkeys(map(library, which)):
+            group = [n for n in which if library(n) == package]
+            for rel in RELEASES[package]:
+                try:
+                    where = release_dir(package, rel, pinned)
+                except FileNotFoundError as e:
+                    unchecked.append(f"{package} {rel}")
+                    print(f"{package} {rel}: NOT CHECKED: {e}", flush=True)
+                    continue
+                source = (where / package) if where else installed(package)
+                copies = {n: copy(n, Path(tmp) / rel / n, source) for n in group}
+                before, after = repros(group, release=where), repros(group, copies)
+                for name in group:
+                    ok = before[name][0] == 1 and after[name][0] == 0
+                    bad += not ok
+                    print(f"{name} ({package} {rel}): before its patch exit {before[name][0]} (1 expected), after exit "
+                          f"{after[name][0]} (0 expected)" + ("" if ok else f"  <-- NOT AS EXPECTED\n{after[name][1][-800:]}"),
+                          flush=True)
+                    if show:
+                        for when, res in (("before", before), ("after", after)):
+                            print(f"  {when}:\n    " + "\n    ".join(res[name][1].splitlines()), flush=True)
         for name in which:
-            before = befores[name][0]
-            d = copy(name, Path(tmp) / name)
-            after, out = repro(name, d)
-            ok = before == 1 and after == 0
-            bad += not ok
-            print(f"{name}: before its patch exit {before} (1 expected), after exit {after} (0 expected)"
-                  + ("" if ok else f"  <-- NOT AS EXPECTED\n{out[-800:]}"), flush=True)
             if zoo and archs(name):
+                d = copy(name, Path(tmp) / name)
                 a, b = zoo_rows(archs(name), Path(tmp) / f"{name}-zoo-before"), zoo_rows(
                     archs(name), Path(tmp) / f"{name}-zoo-after", d)
                 changed = {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
                 print(f"  zoo rows of {', '.join(archs(name))}: {len(a)} before, {len(b)} after; changed: "
                       + (", ".join(f"{'/'.join(k)} {x} -> {y}" for k, (x, y) in changed.items()) or "none"), flush=True)
+    print(f"{bad} not as expected" + (f"; not checked on {', '.join(unchecked)} (above: how to install it)" if unchecked else ""))
     return 1 if bad else 0
 
 
@@ -218,6 +253,8 @@ def main(argv=None) -> int:
     c = sub.add_parser("check", help="each repro before and after its patch")
     c.add_argument("names", nargs="*", help=f"default: all ({', '.join(names())})")
     c.add_argument("--zoo", action="store_true", help="also the zoo rows of the finding's architectures, both ways")
+    c.add_argument("--show", action="store_true", help="print each repro's output, before and after")
+    c.add_argument("--pinned", type=Path, metavar="DIR", help=f"the cache of releases (DIR/tf-X, xt-X, df-X; default {PINNED})")
     k = sub.add_parser("copy", help="DIR/<library>: the installed library with NAME's patch")
     k.add_argument("name")
     k.add_argument("dir", type=Path)
@@ -230,7 +267,7 @@ def main(argv=None) -> int:
         if a.cmd == "copy":
             print(copy(a.name, a.dir))
             return 0
-        return check(a.names or names(), a.zoo)
+        return check(a.names or names(), a.zoo, a.pinned, a.show)
     except RuntimeError as e:
         print(f"findings: {e}", file=sys.stderr)
         return 2
