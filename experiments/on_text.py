@@ -27,6 +27,8 @@ CORPUS = {"shakespeare_char": "shakespeare", "shakespeare_lines": "shakespeare",
           "chichewa_char": "chichewa", "chichewa_lines": "chichewa"}
 TEXT_TASKS = tuple(CORPUS)
 REFERENCE_CORPUS = "shakespeare"
+# each corpus as the report names it, in the report's order (the reference first)
+CORPUS_NAMES = {"shakespeare": "tiny Shakespeare", "python_source": "Python source", "chichewa": "Chichewa"}
 
 
 class NoTextVersion(ValueError):

@@ -28,15 +28,17 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m experiments.bench", description=__doc__.splitlines()[0])
     p.add_argument("name", choices=sorted(BENCHES))
     p.add_argument("--tiny", action="store_true", help="a seconds-long smoke size")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: a run's, train.threads=auto: the cores free at the start)")
     p.add_argument("--out", type=Path, default=None,
                    help="also write the figures as JSON (results/bench/NAME.json feeds the report)")
     p.add_argument("--reference", action="store_true",
                    help="shakespeare: also train nanoGPT's own loop (transcribed) from the same seed")
     p.add_argument("overrides", nargs="*", help="Hydra overrides (shakespeare, throughput, threads), e.g. device=cuda")
     a = p.parse_intermixed_args(argv)
-    if a.threads:
+    if a.threads:  # shakespeare sets its threads as a run does, from train.threads
         torch.set_num_threads(a.threads)
+        a.overrides = [*a.overrides, f"train.threads={a.threads}"] if a.name == "shakespeare" else a.overrides
     kwargs = {"tiny": a.tiny}
     if a.overrides:
         if a.name not in ("shakespeare", "throughput", "threads"):

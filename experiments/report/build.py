@@ -22,16 +22,16 @@ from pathlib import Path
 
 from experiments.io import atomic_write, write_text
 from experiments.records import RunRecord
-from experiments.report.sections import (bench, catalogue, collapse, cost, disk, doctor, heads, logit_fixes,
-                                         lr_sensitivity, phase, rank_collapse, text, text_samples, zoo, zoo_diffusers,
-                                         zoo_xt)
+from experiments.report.sections import (bench, catalogue, collapse, corpora, cost, disk, doctor, heads, logit_fixes,
+                                         lr_sensitivity, phase, rank_collapse, text, text_samples, unseen_seeds, zoo,
+                                         zoo_diffusers, zoo_xt)
 from experiments.report.markdown import headings, nest
 from experiments.report.runs import display, load_runs, runs_table, text_version
 
 # -- assembly ------------------------------------------------------------------------------------
 # REPORT.md's sections, in order (the protocol: experiments/report/sections/__init__.py)
-SECTIONS = (catalogue, text, phase, logit_fixes, heads, lr_sensitivity, collapse, rank_collapse, text_samples,
-            bench, disk, doctor, zoo, zoo_xt, zoo_diffusers, cost)
+SECTIONS = (catalogue, unseen_seeds, text, corpora, phase, logit_fixes, heads, lr_sensitivity, collapse, rank_collapse,
+            text_samples, bench, disk, doctor, zoo, zoo_xt, zoo_diffusers, cost)
 
 
 class SectionsFailed(Exception):

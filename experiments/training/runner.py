@@ -98,7 +98,8 @@ def text_model_config(cfg: dict) -> dict:
 
 def needs_text_model(checks: list[dict]) -> bool:
     """Whether some check's threshold is in units of `gain` (the text model is trained only then)."""
-    return any("gain" in names_used(c.get(f)) for c in checks for f in ("value", "level", "tol"))
+    return any("gain" in names_used(c.get(f)) for c in checks if c["kind"] != "status"  # a status is a word
+               for f in ("value", "level", "tol"))
 
 
 def preflight(cfg: dict) -> None:
