@@ -4,7 +4,7 @@
     python -m experiments.bench throughput    # our loop vs a bare loop, diagnostics off / default interval
     python -m experiments.bench cost          # FLOPs of projections vs attention, counted and timed
     python -m experiments.bench memory        # bytes saved for backward: explicit weights vs SDPA
-    python -m experiments.bench threads       # `python run.py` at 1 and 2 torch threads, idle and beside busy processes
+    python -m experiments.bench threads       # `python run.py` at 1, 2 and auto (the default) torch threads, idle and beside busy processes
 Each takes --tiny (a seconds-long smoke size, used by the tests). training.py holds the first two,
 attention_cost.py the next two, threads.py the last, nanogpt_reference.py nanoGPT's loop transcribed.
 """

@@ -49,10 +49,12 @@ def time_run(threads, overrides=()) -> tuple[float, float, int | None]:
 def bench_threads(tiny=False, busy=(0, 2), threads=(1, 2, "auto"), rounds=1, overrides=()) -> dict:
     """Median wall time of the default run per (busy processes beside it, threads) over `rounds`
     (one by default: on a shared 2-core machine a run at 2 threads beside other work takes many
-    minutes, and the gap between 1 and 2 threads is many times the spread); tiny (the tests): 20
-    steps, nothing beside them (a busy process would spin through as much CPU as the two runs)."""
+    minutes, and the gap between 1 and 2 threads is many times the spread); tiny (the tests): 4
+    steps at 1 thread and at the default, nothing beside them (a busy process would spin through as
+    much CPU as the two runs)."""
     over = [*(TINY if tiny else []), *overrides]
     busy = (0,) if tiny else busy
+    threads = (1, "auto") if tiny else threads   # the tests: one fixed setting beside the default
     rows = []
     for b in busy:
         spinners = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(b)]
