@@ -62,7 +62,9 @@ PARTS = [
     ("default_run", "WANDB_MODE=offline python run.py"),  # the default run with its W&B files (the disk table)
     *[(f"bench_{b}", f"python -m experiments.bench {b} --out {{results}}/bench/{b}.json")
       for b in ("cost", "memory", "throughput", "threads")],  # threads: the figures behind train.threads
-    *[(f"bench_shakespeare_seed{s}", f"python -m experiments.bench shakespeare --reference seed={s} "
+    # nanoGPT's recipe beside nanoGPT's loop at the default threads (auto: the cores free, as nanoGPT's
+    # train.py takes torch's default), not the reference's one per process (`OMP_NUM_THREADS=` unsets it)
+    *[(f"bench_shakespeare_seed{s}", f"OMP_NUM_THREADS= python -m experiments.bench shakespeare --reference seed={s} "
                                      f"--out {{results}}/bench/shakespeare_seed{s}.json") for s in (0, 1, 2)],
     # the text catalogue: every text version at three seeds on Shakespeare (where its thresholds were
     # set), windows then padded lines; then on the corpora they were not set on: once on Python
@@ -77,7 +79,8 @@ PARTS = [
 ]
 READS_ALL = {"report"}   # parts that read the others' output: redone whenever a part before them ran
 STATE = "reference.json"   # in the results dir: what each part cost; the report's cost section reads it
-ENV = {"OMP_NUM_THREADS": "1", "WANDB_SILENT": "true", "MPLBACKEND": "Agg"}  # defaults; the caller's win
+ENV = {"OMP_NUM_THREADS": "1", "WANDB_SILENT": "true", "MPLBACKEND": "Agg"}  # defaults; the caller's win; a
+# part's own `VAR=value python ...` wins over both, and `VAR= python ...` runs it without VAR
 TAG = "ATTN_REFERENCE_PART"  # in every part's environment: a later start finds what a kill left running
 HEARTBEAT_S = 10           # how often a running part's wall time is written down (a kill loses less)
 
@@ -91,6 +94,11 @@ def parse(command: str) -> tuple[dict, list[str]]:
     if not words or words[0] != "python":
         raise ValueError(f"a part's command starts with `python`: {command!r}")
     return env, words[1:]
+
+
+def part_env(env: dict) -> dict:
+    """This process's environment with a part's own variables; `VAR=` (empty) runs the part without VAR."""
+    return {k: v for k, v in {**os.environ, **env}.items() if not (k in env and v == "")}
 
 
 def part_argv(name: str, command: str, results: Path, overrides: list[str], readme: bool) -> tuple[dict, list[str]]:
@@ -241,7 +249,7 @@ def run_part(name: str, command: str, env: dict, argv: list[str], results: Path,
     wall0, t0, cpu0, w0 = e["wall_s"], time.perf_counter(), children_cpu(), io_written()
     # its own process group (a signal reaches its workers too), tagged so a later start finds leftovers
     e["tag"] = f"{results.resolve()}:{name}:{time.time_ns()}"
-    proc = subprocess.Popen([sys.executable, *argv], env={**os.environ, **env, TAG: e["tag"]},
+    proc = subprocess.Popen([sys.executable, *argv], env={**part_env(env), TAG: e["tag"]},
                             preexec_fn=_die_with_parent, process_group=0)
     stop.proc = proc
     state.save()
