@@ -145,7 +145,7 @@ def test_a_text_run_trains_its_floor_once_and_the_report_puts_it_beside_the_synt
     gain = rec.control["final"]["loss/train"] - rec.floor["final"]["loss/train"]
     assert cells[5] == f"{gain:+.2f}"  # control − floor: what attention buys the control
     assert (tmp_path / "report" / "figures" / "text_floor.png").exists()
-    assert "| baseline | – | – | – | – | – | – | text version not run |" in text
+    assert "| baseline | – | – | – | – | – | – | – | text version not run |" in text   # a column per other corpus
     # the synthetic catalogue does not mix in the text runs
     catalogue = report.split("## Catalogue")[1].split("\n## ")[0]
     assert catalogue.count("sum_normalize") >= 1 and "shakespeare" not in catalogue
