@@ -127,7 +127,7 @@ def check(c: dict, run: RunView, ref: RunView) -> dict:
            "op": op, "threshold": target}
     if c["kind"] == "plateau":  # the level that defines the plateau is a threshold too
         out["level"] = expr(c["level"], run.context)
-    if isinstance(c.get("value"), str):  # a threshold in the corpus's units (`0.5 * gain`) as written
+    if isinstance(c.get("value"), str) and c["kind"] != "status":  # a threshold as written (`0.5 * gain`)
         out["rule"] = c["value"]
     return out
 

@@ -44,7 +44,7 @@ def worst_checks(runs: list[RunRecord]) -> list[str]:
             out.append(f"{key}: not measurable")
             continue
         held = "" if c.get("op") is None else f" ({c['op']} {_num(c['threshold'])}" + (
-            f" = {c['rule']}" if c.get("rule") else "") + f"; seed {seed})"
+            f" = {c['rule']}" if c.get("rule") and c.get("kind") != "status" else "") + f"; seed {seed})"
         out.append(f"{key} {_num(c['measured'])}{held}" + ("" if c.get("passed") else " **FAIL**"))
     return out
 
