@@ -111,6 +111,7 @@ def preflight(cfg: dict) -> None:
         raise ValueError(f"exp.checks: `gain` (attention's gain on a corpus) needs a no-attention floor "
                          f"(exp.floor: text versions); {spec['name']} has none")
     configs = [cfg] + ([control_config(cfg)] if spec["control"] else []) + ([floor_config(cfg)] if spec["floor"] else [])
+    configs += [text_model_config(cfg)] if spec["floor"] and needs_text_model(checks) else []
     for c in configs:
         validate(c)  # the schema: types, ranges, choices, cross-field rules
         reject_unbuildable(c)  # what building would reject: the block size, the corpus, ...
