@@ -19,7 +19,7 @@ import yaml
 
 from experiments.io import write_json
 from experiments.judging.checks import FIELDS, signature
-from experiments.judging.verdict import RunView, evaluate, expected_error, verdict_line
+from experiments.judging.verdict import RunView, evaluate, expected_error, verdict_line, with_gain
 from experiments.layout import CHECKPOINTS, CURVES, SUMMARY, WANDB
 from experiments.records import RunRecord
 from experiments.report.figures import draw_curves
@@ -90,6 +90,8 @@ def rejudge(run_dir: Path, record: RunRecord, spec: dict) -> RunRecord:
             control.context = {**control.context, "control": record.context["control"]}
         if record.floor and record.floor.get("status") == "completed":  # `floor` in check expressions
             control.context = {**control.context, "floor": record.floor["final"]["loss/train"]}
+        control.context = with_gain(control.context, record.floor)
+    record.context = with_gain(record.context, record.floor)  # `gain`: the floor minus its text model
     record.verdict = evaluate(checks, RunView.of(record, record.metrics()),
                               RunView.of(control, crows) if control else None)
     record.expected_error = expected_error(record.status, record.verdict)

@@ -28,6 +28,7 @@ from experiments.report.sections import (
     bench,
     catalogue,
     collapse,
+    corpora,
     cost,
     disk,
     heads,
@@ -37,13 +38,14 @@ from experiments.report.sections import (
     rank_collapse,
     text,
     text_samples,
+    unseen_seeds,
 )
 
 # -- assembly ------------------------------------------------------------------------------------
 # REPORT.md's sections, in order (the protocol: experiments/report/sections/__init__.py)
 # The doctor's evidence and its zoos are the doctor's lab's report (results/DOCTOR.md, doctor_lab.report).
-SECTIONS = (catalogue, text, phase, logit_fixes, heads, lr_sensitivity, collapse, rank_collapse, text_samples,
-            bench, disk, cost)
+SECTIONS = (catalogue, unseen_seeds, text, corpora, phase, logit_fixes, heads, lr_sensitivity, collapse, rank_collapse,
+            text_samples, bench, disk, cost)
 
 
 class SectionsFailed(Exception):
