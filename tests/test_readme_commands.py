@@ -280,7 +280,7 @@ def test_readme_command(cmd, state, tmp_path_factory):
 
 LINE = re.compile(r"^\[(?P<exp>[^\]]+)\] reproduced: (?P<rep>true|false)(?: \(signature also holds on the control: "
                   r"broken\))? \| status (?P<status>completed|diverged|error) \| (?P<checks>.*?) \| "
-                  r"(?P<refs>(?:(?:control|floor): (?:trained|reused \(\S+\)) \| )*)(?:[\d.]+s \| )?(?P<dir>\S+)$")
+                  r"(?P<refs>(?:(?:control|floor|text model): (?:trained|reused \(\S+\)) \| )*)(?:[\d.]+s \| )?(?P<dir>\S+)$")
 CHECK = re.compile(r"^(?P<key>\w+)(?:=\S+(?: \((?:<=|>=|<|>|==) [^)]*\))? (?:ok|FAIL|reported)"
                    r"|: not measurable on this data)$")
 
