@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from attention_doctor.handmade import as_matmul, einsum_operands, fitted_scale, normalised_dim
+from attention_doctor.handmade import SCORES_FIT, as_matmul, einsum_operands, fitted_scale, normalised_dim
 
 SDPA = {F.scaled_dot_product_attention}
 SOFTMAX = {F.softmax, torch.softmax, torch.Tensor.softmax, torch.special.softmax}
@@ -356,7 +356,7 @@ class Probe(TorchFunctionMode):
             c.out = _like(out.detach(), lead)
             self._pending_call = None
         elif not self._handmade(a, b, out):
-            self._pending_qk = (a, b, out, mm)
+            self._pending_qk = (a, b, out.detach().clone(), mm)   # a copy: the scale may be applied in place (Falcon's /=)
             self._pending_exp = self._pending_cat = None
 
     def _exp(self, t):
@@ -374,20 +374,21 @@ class Probe(TorchFunctionMode):
         if qk is None or a.shape[-2:] != qk[2].shape[-2:] or a.numel() != qk[2].numel() or b.dim() < 2 \
                 or b.shape[-2] != a.shape[-1]:
             return False
-        e = self._pending_exp
-        dim = normalised_dim(a)
-        if dim is None and e is None:
-            return False
         lead = a.shape[:-2]
         q, kt, prod = (_like(t, lead) for t in qk[:3])
+        e, dim = self._pending_exp, normalised_dim(a)
+        if e is not None:   # the exp of the scores (minus a row statistic), not of a gate of the same shape
+            e = _like(e, lead)
+            scale = fitted_scale(e, prod, e > MASKED, fit=SCORES_FIT, dim=dim or -1)
+            e = None if scale is None else e
+        if dim is None and e is None:
+            return False
         h = q.shape[-3] if q.dim() >= 3 else 1
         k = _expand(kt.transpose(-2, -1), h)
         call = Call("handmade", self._where(), q=q.detach(), k=k.detach(), weights=_like(a.detach(), lead),
                     v=_expand(_like(b.detach(), lead), h), out=_like(out.detach(), lead), dim=dim or -1)
         if e is not None:   # the exp's input: the scores up to a constant per row
-            call.scores = _like(e, lead)
-            call.visible = call.scores > MASKED
-            call.scale = fitted_scale(call.scores, prod, call.visible)
+            call.scores, call.visible, call.scale = e, e > MASKED, scale
         if qk[3] is not None:
             call.extra["qk_matmul"] = qk[3]
         self._add(call, q, k)

@@ -260,3 +260,115 @@ def test_self_visibility_is_na_for_cross_attention():
     m.q_proj, m.k_proj, m.v_proj = nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 16)
     r = examine(CrossLayer(m), checks=["eval_dropout", "self_visibility"], strict=True)
     assert r["self_visibility"].verdict.startswith("n/a: cross-attention"), r["self_visibility"].verdict
+
+
+class InPlaceScaleAttention(nn.Module):
+    """Falcon's eager order: s = q @ k^T, then s /= sqrt(d_head) in place (q k^T before the scale,
+    transformers #33317; a head of 32: |q.k| passes 65504 at scores ~1.2e4): the product the doctor
+    saw must not change under it."""
+    def __init__(self, d=32, heads=1):
+        super().__init__()
+        self.heads = heads
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(d, d) for _ in range(4))
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = (p(x).view(B, T, self.heads, -1).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        s = q @ k.transpose(-1, -2)
+        s /= math.sqrt(C // self.heads)
+        w = torch.softmax(s.masked_fill(~causal(T), float("-inf")), -1)
+        return self.o_proj((w @ v).transpose(1, 2).reshape(B, T, C))
+
+
+def test_a_scale_applied_in_place_is_read_as_applied_after_q_k():
+    torch.manual_seed(0)
+    r = examine(InPlaceScaleAttention(), causal=True, checks=["eval_dropout", "low_precision", "score_scale"], strict=True)
+    assert r["score_scale"].verdict == "pass", r["score_scale"].detail
+    assert r["low_precision"].cause == "qk_before_scale" and "before the scale 0.177" in r["low_precision"].detail, \
+        r["low_precision"].detail
+
+
+class GatedLinearAttention(nn.Module):
+    """Linear attention with decay gates (Bailing's lightning attention, Kimi's KDA in one chunk):
+    q k^T times exp(g_i - g_j) below the diagonal, then @ v; no softmax, no normalisation."""
+    def __init__(self, d=16):
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj, self.g_proj = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, 1)
+
+    def forward(self, x):
+        T = x.shape[1]
+        a = self.q_proj(x) @ self.k_proj(x).transpose(1, 2)
+        g = F.logsigmoid(self.g_proj(x)).cumsum(1)                       # (B, T, 1)
+        decay = torch.exp(g - g.transpose(1, 2)).masked_fill(~causal(T), 0.0)
+        return (a * decay) @ self.v_proj(x)
+
+
+class LinearHybrid(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear, self.softmax = GatedLinearAttention(), InPlaceScaleAttention(d=16, heads=2)
+
+    def forward(self, x):
+        x = x + self.linear(x)
+        return x + self.softmax(x)
+
+
+def test_an_exp_of_gates_is_not_a_hand_made_softmax():
+    torch.manual_seed(0)
+    r = examine(LinearHybrid(), causal=True, checks=["eval_dropout", "amplified_logits", "score_scale"], strict=True)
+    assert r.info["attention_calls"] == {"softmax": 1}, r.info["attention_calls"]
+    assert r["amplified_logits"].verdict == "pass" and r["score_scale"].verdict == "pass", r.table()
+
+
+class L2NormAttention(nn.Module):
+    """q and k L2-normalised by a function (no module to hook), times a learned scale
+    (x-transformers' qk_norm, cosine-sim attention): scaling the projections leaves the scores."""
+    def __init__(self, d=16, heads=2, fill=float("-inf")):
+        super().__init__()
+        self.heads, self.fill = heads, fill
+        self.to_q, self.to_k, self.to_v, self.to_out = (nn.Linear(d, d) for _ in range(4))
+        self.scale = nn.Parameter(torch.tensor(10.0))
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = (p(x).view(B, T, self.heads, -1).transpose(1, 2) for p in (self.to_q, self.to_k, self.to_v))
+        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+        s = torch.einsum("bhid,bhjd->bhij", q, k) * self.scale
+        w = torch.softmax(s.masked_fill(~causal(T), self.fill), -1)
+        return self.to_out(torch.einsum("bhij,bhjd->bhid", w, v).transpose(1, 2).reshape(B, T, C))
+
+
+def test_scores_are_amplified_after_a_functional_q_k_norm():
+    torch.manual_seed(0)
+    r = examine(L2NormAttention(), causal=True, checks=["eval_dropout", "amplified_logits", "low_precision"], strict=True)
+    assert r["amplified_logits"].verdict == "pass" and "after what normalises q and k" in r["amplified_logits"].detail, \
+        r["amplified_logits"].detail
+    assert r["low_precision"].verdict == "pass", r["low_precision"].detail
+    torch.manual_seed(0)
+    leaky = examine(L2NormAttention(fill=-1e4), causal=True, checks=["eval_dropout", "amplified_logits"], strict=True)
+    assert leaky["amplified_logits"].cause == "masked_key_weight", leaky["amplified_logits"].detail
+
+
+class TopKAttention(nn.Module):
+    """Sparse top-k attention (x-transformers' attn_sparse_topk): each query keeps its k largest
+    scores, the rest filled with -finfo.max."""
+    def __init__(self, d=16, heads=2, top=4):
+        super().__init__()
+        self.heads, self.top = heads, top
+        self.to_q, self.to_k, self.to_v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = (p(x).view(B, T, self.heads, -1).transpose(1, 2) for p in (self.to_q, self.to_k, self.to_v))
+        s = torch.einsum("bhid,bhjd->bhij", q, k) / math.sqrt(C // self.heads)
+        s = s.masked_fill(~causal(T), -torch.finfo(s.dtype).max)
+        kth = s.topk(self.top, dim=-1).values[..., -1:]
+        w = s.masked_fill(s < kth, -torch.finfo(s.dtype).max).softmax(-1)
+        return x + torch.einsum("bhij,bhjd->bhid", w, v).transpose(1, 2).reshape(B, T, C)
+
+
+def test_a_mask_that_moves_with_the_scores_is_read_from_the_amplified_call():
+    torch.manual_seed(0)
+    r = examine(nn.Sequential(TopKAttention(), TopKAttention()), causal=True, checks=["eval_dropout", "amplified_logits"],
+                strict=True)   # the second layer's kept keys move when the first's scores are amplified
+    assert r["amplified_logits"].verdict == "pass", r["amplified_logits"].detail

@@ -15,10 +15,12 @@ class Amplifier:
     module computes scores (`at`: their names; a linear attention's are left alone), and in the
     modules without one inside their calls (SDPA's q and k; the two inputs of the matmul whose
     output a softmax took, found in an unamplified trace)."""
-    def __init__(self, ctx, factor, reached: float, at=frozenset(), in_call=frozenset(), matmuls=frozenset()):
+    def __init__(self, ctx, factor, reached: float, at=frozenset(), in_call=frozenset(), matmuls=frozenset(),
+                 after_norms=False):
         self.ctx, self.factor, self.reached = ctx, factor, reached
         self.at, self.in_call, self.matmuls = at, in_call, matmuls
         self.by_sites = bool(at)
+        self.after_norms = after_norms   # inside every call: scaling the sites did not move the scores
 
     @contextmanager
     def on(self, adapter):
@@ -32,16 +34,30 @@ class Amplifier:
     def scaled_to(self, largest: float) -> "Amplifier":
         """The same amplifier aimed at a largest score of `largest` (scores scale as factor^2)."""
         return Amplifier(self.ctx, self.factor * math.sqrt(largest / self.reached), largest,
-                         self.at, self.in_call, self.matmuls)
+                         self.at, self.in_call, self.matmuls, self.after_norms)
 
     def where(self) -> str:
+        inside = "after what normalises q and k at their sites" if self.after_norms else "without one"
         return ", ".join(([f"at {len(self.at)} q/k site(s)"] if self.by_sites else []) +
-                         ([f"inside the calls of {len(self.in_call)} module(s) without one"] if self.in_call else []))
+                         ([f"inside the calls of {len(self.in_call)} module(s) {inside}"] if self.in_call else []))
 
     def probe(self, ctx, x, mask=None, adapter=None):
         adapter = adapter or ctx.adapter
         with self.on(adapter) as kw:
             return ctx.probe(x, mask, adapter=adapter, **kw)
+
+
+FILLS = 1e30   # a score this large is a mask's fill (finfo.max, finfo.min), not a product of q and k
+
+
+def amplified_visible(c, init) -> torch.Tensor:
+    """The keys a traced call's amplified scores may see, given the same call at init: a mask whose
+    fill no score reaches (-inf, finfo.min) read from the amplified call itself (it may move with
+    the scores: top-k); one with a finite fill (-1e4) from the call at init (amplified scores pass
+    below the fill)."""
+    s0, s = init.scores, c.scores
+    out_of_reach = ~(s0.abs() < FILLS)
+    return ((init.visible | out_of_reach) & (s.abs() < FILLS)).expand_as(s)
 
 
 def _max_score(calls, init=None) -> float:
@@ -52,7 +68,7 @@ def _max_score(calls, init=None) -> float:
     for i, c in enumerate(calls):
         same = init is not None and i < len(init) and init[i].source == c.source
         if same and c.source == "softmax" and init[i].scores.shape == c.scores.shape:
-            s = c.scores.double().masked_select(init[i].visible.expand_as(c.scores))
+            s = c.scores.double().masked_select(amplified_visible(c, init[i]))
         elif same and c.source == "handmade" and init[i].visible is not None:   # q k^T (x its fitted scale)
             s = c.raw().masked_select(init[i].visible.expand_as(init[i].scores))
         else:
@@ -91,18 +107,24 @@ def amplifier(ctx):
     if not at and not in_call:
         ctx._amp = "needs q and k (no known q/k layout, no SDPA call, no q k^T before a softmax)"
         return ctx._amp
-    f, m = math.sqrt(AMP_TARGET / m0), m0
-    for _ in range(6):
-        amp = Amplifier(ctx, f, 0.0, at, in_call, matmuls)
-        _, amped = amp.probe(ctx, x)
-        m = _max_score(amped, calls)
-        if AMP_LO <= m <= AMP_HI:
-            amp.reached = m
-            ctx._amp = amp
-            return amp
-        if m <= m0 * 1.01:   # scaling q and k did not move the scores
-            break
-        f *= math.sqrt(AMP_TARGET / m)
+    tries = [(at, in_call, matmuls, False)]
+    every = frozenset(c.extra["qk_matmul"] for c in calls if "qk_matmul" in c.extra)
+    inside = frozenset(c.module for c in calls if c.source == "sdpa") | {n for n, _ in every}
+    if at and inside:   # q and k normalised after their sites undo the stress there: scaled inside every call
+        tries.append((frozenset(), inside, every, True))
+    for at, in_call, matmuls, after in tries:
+        f, m = math.sqrt(AMP_TARGET / m0), m0
+        for _ in range(6):
+            amp = Amplifier(ctx, f, 0.0, at, in_call, matmuls, after)
+            _, amped = amp.probe(ctx, x)
+            m = _max_score(amped, calls)
+            if AMP_LO <= m <= AMP_HI:
+                amp.reached = m
+                ctx._amp = amp
+                return amp
+            if m <= m0 * 1.01:   # scaling q and k did not move the scores
+                break
+            f *= math.sqrt(AMP_TARGET / m)
     ctx._amp = (f"{NOT_AMPLIFIED}: the largest reached {m:.3g} with q and k scaled by {f:.3g} "
                 "(normalised or capped scores, or a q/k layout read wrong)")
     return ctx._amp
@@ -114,7 +136,10 @@ def _weights_checks(calls, init_calls):
     for i, c in enumerate(calls):
         vis = c.visible
         if c.traced:  # masks inferred from the same call before amplification
-            vis = init_calls[i].visible if i < len(init_calls) and init_calls[i].source == c.source else None
+            same = i < len(init_calls) and init_calls[i].source == c.source
+            vis = None if not same else amplified_visible(c, init_calls[i]) if c.scores is not None \
+                and init_calls[i].scores is not None and init_calls[i].scores.shape == c.scores.shape \
+                else init_calls[i].visible
             dims.add(c.dim)
         if c.weights is None and not c.complete:
             continue
