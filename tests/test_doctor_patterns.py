@@ -372,3 +372,52 @@ def test_a_mask_that_moves_with_the_scores_is_read_from_the_amplified_call():
     r = examine(nn.Sequential(TopKAttention(), TopKAttention()), causal=True, checks=["eval_dropout", "amplified_logits"],
                 strict=True)   # the second layer's kept keys move when the first's scores are amplified
     assert r["amplified_logits"].verdict == "pass", r["amplified_logits"].detail
+
+
+class Looped(nn.Module):
+    """One attention layer applied twice (x-transformers' looped and weight-tied layers, HRM's
+    recurrence): its second call's input depends on its first's output."""
+    def __init__(self):
+        super().__init__()
+        self.attn = InPlaceScaleAttention(d=16, heads=2)
+
+    def forward(self, x):
+        x = x + self.attn(x)
+        return x + self.attn(x)
+
+
+def test_a_layer_called_twice_keeps_its_site():
+    torch.manual_seed(0)
+    r = examine(Looped(), causal=True, checks=["eval_dropout", "score_scale"], strict=True)
+    assert r.info["qk_sites"] == 1 and r["score_scale"].verdict == "pass", r["score_scale"].verdict
+
+
+class Packer(nn.Module):
+    """q, k, v out of a projection block whose class does not say attention (ZAYA's CCA projection)."""
+    def __init__(self, d=16, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.q_proj, self.k_proj, self.v_proj = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        return tuple(p(x).view(B, T, self.heads, -1).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+
+
+class PackedAttention(nn.Module):
+    def __init__(self, d=16):
+        super().__init__()
+        self.qkv, self.out = Packer(d), nn.Linear(d, d)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x)
+        w = torch.softmax((q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~causal(T), float("-inf")), -1)
+        return self.out((w @ v).transpose(1, 2).reshape(B, T, C))
+
+
+def test_the_attention_module_is_the_one_that_calls_the_softmax():
+    torch.manual_seed(0)
+    r = examine(PackedAttention(), causal=True, checks=["eval_dropout", "self_visibility", "score_scale"], strict=True)
+    assert r.info["attention_calls"] == {"softmax": 1} and r.info["qk_sites_measured"] == [""]
+    assert r["self_visibility"].verdict == "pass" and r["score_scale"].verdict == "pass", r.table()

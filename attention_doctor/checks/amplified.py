@@ -101,8 +101,11 @@ def amplifier(ctx):
     in_call = frozenset(m for m in unsited if any(c.module == m and c.source == "sdpa" for c in calls))
     matmuls = frozenset(c.extra["qk_matmul"] for c in calls if c.module in unsited and "qk_matmul" in c.extra)
     in_call |= {m for m, _ in matmuls}
-    if not calls or m0 == 0.0:
+    if not calls:
         ctx._amp = "needs to see the scores (no softmax or SDPA call seen)"
+        return ctx._amp
+    if m0 == 0.0:   # no factor moves a zero: a scale initialised to 0 (ZAYA's key temperature)
+        ctx._amp = f"{NOT_AMPLIFIED}: every visible score is 0 (a scale initialised to zero)"
         return ctx._amp
     if not at and not in_call:
         ctx._amp = "needs q and k (no known q/k layout, no SDPA call, no q k^T before a softmax)"
