@@ -421,3 +421,37 @@ def test_the_attention_module_is_the_one_that_calls_the_softmax():
     r = examine(PackedAttention(), causal=True, checks=["eval_dropout", "self_visibility", "score_scale"], strict=True)
     assert r.info["attention_calls"] == {"softmax": 1} and r.info["qk_sites_measured"] == [""]
     assert r["self_visibility"].verdict == "pass" and r["score_scale"].verdict == "pass", r.table()
+
+
+@pytest.mark.parametrize("spec", ["FluxIPAdapterJointAttnProcessor2_0,cross", "SD3IPAdapterJointAttnProcessor2_0",
+                                  "SD3IPAdapterJointAttnProcessor2_0,cross"])
+def test_image_prompt_processors_run_with_the_embeddings_their_recipe_gives(spec):
+    """An IP-Adapter's processors take image-prompt tokens (and SD3's a timestep embedding) that an
+    image projection hands them; the adapter gives fixed ones, so they run and their image-prompt
+    attention is part of the output."""
+    df = pytest.importorskip("attention_doctor.diffusers", reason="diffusers is not installed")
+    pytest.importorskip("diffusers")
+    a = df.build(spec)
+    x = torch.randn(2, 8, a.d_model)
+    with torch.no_grad():
+        y = a.forward(x)
+        assert y.shape == x.shape and torch.isfinite(y).all() and torch.equal(a.forward(x), y)
+        proc = a.module.processor
+        for p in proc.to_v_ip.parameters():   # the image prompt's values reach the output
+            p.add_(1.0)
+        assert not torch.allclose(a.forward(x), y)
+    r = examine(df.build(spec), checks=["eval_dropout", "amplified_logits", "score_scale"], strict=True)
+    assert all(c.verdict == "pass" for c in r.checks), r.table()
+
+
+@pytest.mark.parametrize("opts", ["use_adaptive_layernorm=True", "use_adaptive_layerscale=True", "recycling=True"])
+def test_xt_models_that_need_an_argument_at_every_call_get_it(opts):
+    """Adaptive norms take a condition at every call (a fixed one here), recycling its recycle_steps."""
+    xt = pytest.importorskip("attention_doctor.xtransformers")
+    pytest.importorskip("x_transformers")
+    a = xt.target(opts)
+    x = torch.randint(0, a.vocab_size, (2, 8))
+    with torch.no_grad():
+        assert torch.equal(a.forward(x), a.forward(x)) and a.forward(x).shape == (2, 8, a.vocab_size)
+    r = examine(a, checks=["eval_dropout", "future_leak", "self_visibility"], strict=True)
+    assert all(c.verdict == "pass" for c in r.checks), r.table()
