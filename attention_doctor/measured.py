@@ -71,23 +71,22 @@ class ColumnSite(Site):
             yield
 
 
-def _projection(m) -> bool:
-    """A leaf module with a 2-D weight: nn.Linear and its kin (GPT-2's Conv1D, fairscale's parallel linears)."""
-    return not any(True for _ in m.children()) and isinstance(getattr(m, "weight", None), torch.Tensor) \
-        and m.weight.dim() == 2 and not isinstance(m, nn.Embedding)
-
-
 def _leaves(root):
-    """(name, module) of the leaf modules: q and k come out of a projection, or of a module that keeps
-    its input's shape after it (a q/k norm, an L2 clip), whose output is where they are scaled."""
+    """(name, module) of the leaf modules but embeddings: where q and k may come out of."""
     return [(n, m) for n, m in root.named_modules() if not any(True for _ in m.children())
             and not isinstance(m, nn.Embedding)]
 
 
-def _maker(m, i, o) -> bool:
-    """The call of leaf m made a tensor q or k may come out of: a projection's, or a shape-keeping module's."""
-    return isinstance(o, torch.Tensor) and o.is_floating_point() and (
-        _projection(m) or (bool(i) and isinstance(i[0], torch.Tensor) and i[0].shape == o.shape))
+def _made(m, i, o) -> str | None:
+    """What the call of leaf m made, where q or k may come out of it: "projection" (a weight of two
+    or more dims mapping the last dim: nn.Linear and its kin, GPT-2's Conv1D, a mixture of experts'
+    stacked weights), "kept" (its input's shape kept: a q/k norm, an L2 clip), else None."""
+    if not isinstance(o, torch.Tensor) or not o.is_floating_point() or not i or not isinstance(i[0], torch.Tensor):
+        return None
+    w = getattr(m, "weight", None)
+    if isinstance(w, torch.Tensor) and w.dim() >= 2 and o.shape[:-1] == i[0].shape[:-1]:
+        return "projection"
+    return "kept" if o.shape == i[0].shape else None
 
 
 def _frontier(t, outs):
@@ -150,8 +149,8 @@ def find(ctx, sited: set) -> list[tuple[str, nn.Module, Site]]:
     outs = []
     mods = [(n, m) for n, m, _ in ctx.modules]
     with Probe(mods, keep_graph=True) as p, torch.enable_grad(), \
-            _hooks(*[(m, lambda m, i, o, n=n: outs.append((n, m, o, _projection(m))) if _maker(m, i, o) else None)
-                     for n, m in _leaves(root)]):
+            _hooks(*[(m, lambda m, i, o, n=n: outs.append((n, m, o, _made(m, i, o) == "projection"))
+                      if _made(m, i, o) else None) for n, m in _leaves(root)]):
         marks = []
         p.on_call = lambda: marks.append(len(outs))
         try:

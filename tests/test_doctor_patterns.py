@@ -455,3 +455,33 @@ def test_xt_models_that_need_an_argument_at_every_call_get_it(opts):
         assert torch.equal(a.forward(x), a.forward(x)) and a.forward(x).shape == (2, 8, a.vocab_size)
     r = examine(a, checks=["eval_dropout", "future_leak", "self_visibility"], strict=True)
     assert all(c.verdict == "pass" for c in r.checks), r.table()
+
+
+class Experts(nn.Module):
+    """Projections with their weights stacked (E, out, in), each token through the expert it is
+    given (JetMoE's attention experts make q so), to another width than their input's."""
+    def __init__(self, d_in, d_out, experts=3):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(experts, d_out, d_in) / math.sqrt(d_in))
+
+    def forward(self, x, pick):
+        return torch.einsum("btoi,bti->bto", self.weight[pick], x)
+
+
+class ExpertQueryAttention(nn.Module):
+    def __init__(self, d=16, inner=8):
+        super().__init__()
+        self.q_experts, self.router = Experts(d, inner), nn.Linear(d, 3)
+        self.k_proj, self.v_proj, self.o_proj = nn.Linear(d, inner), nn.Linear(d, inner), nn.Linear(inner, d)
+
+    def forward(self, x):
+        T = x.shape[1]
+        q, k, v = self.q_experts(x, self.router(x).argmax(-1)), self.k_proj(x), self.v_proj(x)
+        w = torch.softmax((q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill(~causal(T), float("-inf")), -1)
+        return self.o_proj(w @ v)
+
+
+def test_q_out_of_a_mixture_of_experts_is_a_site():
+    torch.manual_seed(0)
+    r = examine(ExpertQueryAttention(), causal=True, checks=["eval_dropout", "score_scale"], strict=True)
+    assert r.info["qk_sites_measured"] == [""] and r["score_scale"].verdict == "pass", r.table()
