@@ -485,3 +485,28 @@ def test_q_out_of_a_mixture_of_experts_is_a_site():
     torch.manual_seed(0)
     r = examine(ExpertQueryAttention(), causal=True, checks=["eval_dropout", "score_scale"], strict=True)
     assert r.info["qk_sites_measured"] == [""] and r["score_scale"].verdict == "pass", r.table()
+
+
+class SoftCapAttention(nn.Module):
+    """Scores soft-capped as Gemma 2 caps them: cap * tanh(s / cap); no scaling of q and k takes
+    them past the cap."""
+    def __init__(self, d=16, heads=2, cap=50.0):
+        super().__init__()
+        self.heads, self.cap = heads, cap
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(d, d) for _ in range(4))
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = (p(x).view(B, T, self.heads, -1).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        s = self.cap * torch.tanh((q / math.sqrt(C // self.heads)) @ k.transpose(-1, -2) / self.cap)
+        w = torch.softmax(s.masked_fill(~causal(T), float("-inf")), -1)
+        return self.o_proj((w @ v).transpose(1, 2).reshape(B, T, C))
+
+
+def test_capped_scores_are_stressed_as_far_as_the_cap():
+    torch.manual_seed(0)
+    r = examine(SoftCapAttention(), causal=True, checks=["eval_dropout", "amplified_logits", "low_precision"], strict=True)
+    assert r["amplified_logits"].verdict == "pass" and "capped there" in r["amplified_logits"].detail, \
+        r["amplified_logits"].detail
+    assert 40 < float(r["amplified_logits"].detail.split("largest score ")[1].split(" ")[0]) <= 50
+    assert r["low_precision"].verdict == "pass", r["low_precision"].detail

@@ -21,6 +21,7 @@ class Amplifier:
         self.at, self.in_call, self.matmuls = at, in_call, matmuls
         self.by_sites = bool(at)
         self.after_norms = after_norms   # inside every call: scaling the sites did not move the scores
+        self.capped = False              # the scores grew with q and k, then stopped below AMP_LO: the target's cap
 
     @contextmanager
     def on(self, adapter):
@@ -33,13 +34,16 @@ class Amplifier:
 
     def scaled_to(self, largest: float) -> "Amplifier":
         """The same amplifier aimed at a largest score of `largest` (scores scale as factor^2)."""
+        if self.capped:   # no factor takes capped scores higher: the same stress
+            return self
         return Amplifier(self.ctx, self.factor * math.sqrt(largest / self.reached), largest,
                          self.at, self.in_call, self.matmuls, self.after_norms)
 
     def where(self) -> str:
         inside = "after what normalises q and k at their sites" if self.after_norms else "without one"
         return ", ".join(([f"at {len(self.at)} q/k site(s)"] if self.by_sites else []) +
-                         ([f"inside the calls of {len(self.in_call)} module(s) {inside}"] if self.in_call else []))
+                         ([f"inside the calls of {len(self.in_call)} module(s) {inside}"] if self.in_call else [])) + (
+            "; capped there: the target's scores go no higher (a soft-cap, clipped q and k)" if self.capped else "")
 
     def probe(self, ctx, x, mask=None, adapter=None):
         adapter = adapter or ctx.adapter
@@ -78,6 +82,7 @@ def _max_score(calls, init=None) -> float:
 
 
 NOT_AMPLIFIED = "scores could not be amplified"
+CAPPED = 4.0   # scores that grew this much with q and k before they stopped: capped by the target, not misread
 
 
 def not_amplified(name, amp: str, why=None, detail=""):
@@ -115,8 +120,9 @@ def amplifier(ctx):
     inside = frozenset(c.module for c in calls if c.source == "sdpa") | {n for n, _ in every}
     if at and inside:   # q and k normalised after their sites undo the stress there: scaled inside every call
         tries.append((frozenset(), inside, every, True))
+    capped = None   # (largest, amplifier): scores that grew with q and k, then stopped growing
     for at, in_call, matmuls, after in tries:
-        f, m = math.sqrt(AMP_TARGET / m0), m0
+        f, m, last = math.sqrt(AMP_TARGET / m0), m0, None
         for _ in range(6):
             amp = Amplifier(ctx, f, 0.0, at, in_call, matmuls, after)
             _, amped = amp.probe(ctx, x)
@@ -127,7 +133,16 @@ def amplifier(ctx):
                 return amp
             if m <= m0 * 1.01:   # scaling q and k did not move the scores
                 break
+            if last is not None and m <= last * 1.01 and m < AMP_LO:   # a larger factor, the same scores: a cap
+                capped = capped if capped is not None and capped[0] >= m else (m, amp)
+                break
+            last = m
             f *= math.sqrt(AMP_TARGET / m)
+    if capped is not None and capped[0] >= CAPPED * m0:   # stressed as far as the target's scores go
+        amp = capped[1]
+        amp.reached, amp.capped = capped[0], True
+        ctx._amp = amp
+        return amp
     ctx._amp = (f"{NOT_AMPLIFIED}: the largest reached {m:.3g} with q and k scaled by {f:.3g} "
                 "(normalised or capped scores, or a q/k layout read wrong)")
     return ctx._amp

@@ -61,6 +61,8 @@ def _call_errors(ctx, lp, x):
 def _levels(amp):
     """(label, amplifier or None) in rising order: at init, scores ~1e3 (finfo(float16).min + a score
     below -16 overflows to -inf), ~3e4 (an unscaled q k^T passes 65504 in float16)."""
+    if not isinstance(amp, str) and amp.capped:   # the most the target's scores reach
+        return [("", None), (f" at its capped scores ~{amp.reached:.3g}", amp)]
     return [("", None)] + ([] if isinstance(amp, str) else
                            [(" at scores ~1e3", amp.scaled_to(AMP_MODERATE)), (" at scores ~3e4", amp)])
 
@@ -211,6 +213,8 @@ def _size(ctx, amp, lp, auto, dt, first) -> tuple[str, str]:
     top = (a.reached if a is not None else amp.reached / amp.factor ** 2) * unit
     if a is None:
         mine = f"not finite even at init (largest score {top:.3g})"
+    elif amp.capped:
+        mine = f"not finite at its capped scores (largest {top:.3g})"
     else:
         lo = AMP_MODERATE * unit if a.reached > AMP_MODERATE * 1.01 else amp.reached / amp.factor ** 2 * unit
         mine = f"finite up to scores ~{_largest_finite(finite, lo, top):.3g}"
