@@ -14,6 +14,7 @@ user's: `adapter_error`). Built in: `Layer`,
 protocol and a worked example.
 """
 import copy
+import copyreg
 import functools
 import inspect
 import types
@@ -43,6 +44,7 @@ class Adapter:
     max_len: int | None = None  # the longest position the target accepts (None: no limit known)
     pad_id: int | None = None   # an LM's padding token: padded positions hold it (RoBERTa counts positions by it)
     positions_move_cache = False  # positions are a cache's write offset (keys before it: the cache's slots)
+    cross = False              # cross-attention: the keys are another sequence's (no query has a key of its own)
 
     def __init__(self, module: nn.Module, name: str = ""):
         self.module = module
@@ -127,7 +129,8 @@ def deep_copy(module: nn.Module) -> nn.Module:
     that close over the module's own parts (minGPT's `mlpf` lambda) are rebound to the copy's."""
     memo = {id(v): v.detach().clone() for m in module.modules() for v in vars(m).values()
             if isinstance(v, torch.Tensor) and not isinstance(v, nn.Parameter)}
-    new = copy.deepcopy(module, memo)
+    with _bare_new(module):
+        new = copy.deepcopy(module, memo)
     for old_m, new_m in zip(module.modules(), new.modules()):
         for k, f in vars(old_m).items():
             if isinstance(f, types.FunctionType) and f.__closure__:
@@ -209,6 +212,29 @@ def forget_history(module: nn.Module):
         for k, v in list(m._buffers.items()):
             if v is not None and v.grad_fn is not None:
                 m._buffers[k] = v.detach()
+
+
+def _new_bare(cls):
+    return object.__new__(cls)
+
+
+@contextmanager
+def _bare_new(module: nn.Module):
+    """While deepcopy runs: the module classes whose own __new__ takes arguments (x-transformers'
+    LoRALinear, whose __new__ may return another class) are rebuilt without calling it, from
+    object.__new__ and their state, as pickling cannot (copyreg's table, restored after)."""
+    classes = {type(m) for m in module.modules() if type(m).__new__ is not object.__new__}
+    saved = {c: copyreg.dispatch_table.get(c) for c in classes}
+    for c in classes:
+        copyreg.dispatch_table[c] = lambda m: (_new_bare, (type(m),), m.__getstate__() if hasattr(m, "__getstate__") else vars(m))
+    try:
+        yield
+    finally:
+        for c, old in saved.items():
+            if old is None:
+                copyreg.dispatch_table.pop(c, None)
+            else:
+                copyreg.dispatch_table[c] = old
 
 
 def _first_output(out):

@@ -36,10 +36,13 @@ PROCESSORS = [
                              "(installing it would replace this torch 2.13 CPU build)"}),
     (r"NPU", {"cannot": "needs torch_npu and an Ascend NPU"}),
     (r"^XLA", {"cannot": "needs torch_xla (TPU); on this machine its constructor raises InvalidVersion"}),
-    (r"^FluxIPAdapter", {"cannot": "FluxIPAdapterAttnProcessor needs image-prompt embeddings projected by a "
-                                   "Flux IP-Adapter (not part of the attention module)"}),
-    (r"^SD3IPAdapter", {"cannot": "needs timestep embeddings and image-prompt tokens from an SD3 IP-Adapter "
-                                  "pipeline (ip_hidden_states, temb), not part of the attention module"}),
+    # image-prompt embeddings (and SD3's timestep embedding), as an IP-Adapter's image projection
+    # hands them to the processor: fixed random tensors (`ip_kwargs`: argument -> form)
+    (r"^FluxIPAdapter", {"init": {"hidden_size": HEADS * DIM_HEAD, "cross_attention_dim": WIDTH,
+                                  "num_tokens": (IP_TOKENS,)}, "ip_kwargs": {"ip_hidden_states": "list"}}),
+    (r"^SD3IPAdapter", {"init": {"hidden_size": HEADS * DIM_HEAD, "ip_hidden_states_dim": WIDTH,
+                                 "head_dim": DIM_HEAD, "timesteps_emb_dim": WIDTH},
+                        "ip_kwargs": {"ip_hidden_states": "tokens", "temb": "vector"}}),
     (r"^(Fused)?Flux", {"module": "FluxAttention", "joint": True, "mask": "bool4",
                         "cross_attn": {"added_kv_proj_dim": WIDTH, "context_pre_only": False}}),
     (r"^MochiAttn", {"module": "MochiAttention", "attn": {"added_kv_proj_dim": WIDTH}, "joint": True,
@@ -53,7 +56,7 @@ PROCESSORS = [
                   "mask_scope": "its context tokens only (the image's own keys are appended unmasked)"}),
     (r"^PAG.*Joint", {"modes": {"self": "SD3's perturbed-attention guidance: joint attention, needs the text stream"}}),
     # q/k norms as diffusers' own models build these modules (SD3.5, CogVideoX, HunyuanDiT, AuraFlow)
-    (r"Joint", {"attn": {"qk_norm": "rms_norm"}}),
+    (r"^(?!Flux).*Joint", {"attn": {"qk_norm": "rms_norm"}}),   # FluxAttention builds its own norms
     (r"CogVideoX|Hunyuan", {"attn": {"qk_norm": "layer_norm"}}),
     (r"AuraFlow", {"attn": {"qk_norm": "fp32_layer_norm"}}),
     (r"Joint|AuraFlow", {"joint": True, "cross_attn": {"added_kv_proj_dim": WIDTH, "context_pre_only": False}}),
@@ -165,8 +168,10 @@ class DiffusersAttention(Adapter):
 
     def __init__(self, module, name="", cross=False, recipe=None):
         super().__init__(module, name or f"diffusers {type(module).__name__}")
-        self.cross = cross
         self.recipe = dict(recipe or {})
+        self.with_context = cross
+        # the keys another sequence's (self_visibility n/a); a joint processor's queries span both streams
+        self.cross = cross and not self.recipe.get("joint")
         self.causal = bool(getattr(module, "is_causal", False))
         self.d_model = getattr(module, "query_dim", None) or WIDTH
         self._paths = None
@@ -178,26 +183,30 @@ class DiffusersAttention(Adapter):
                               "no_positions")
         r, B = self.recipe, x.shape[0]
         kw = {}
-        if self.cross:
+        if self.with_context:
             kw["encoder_hidden_states"] = self._context(x)
         if mask is not None:
             if r.get("mask_scope"):
                 raise Unsupported(f"needs a padding mask over its input (this processor masks {r['mask_scope']})",
                                   "no_padding_mask")
-            if self.cross:   # the keys hold the input twice: as the context (twice over) or as a second stream
+            if self.with_context:   # the keys hold the input twice: as the context (twice over) or as a second stream
                 mask = torch.cat([mask, mask], dim=-1)
         elif r.get("mask_required"):   # its processor reads the mask unconditionally: all keys visible
             ctx = kw.get("encoder_hidden_states", x)
             mask = torch.ones(B, (ctx[0] if isinstance(ctx, tuple) else ctx).shape[1], dtype=torch.bool, device=x.device)
         if mask is not None:
             kw["attention_mask"] = self._mask_form(mask, x.dtype)
+        for arg, form in r.get("ip_kwargs", {}).items():
+            kw[arg] = self._image_prompt(form, x)
         h = x.transpose(1, 2)[..., None] if r.get("image") else x   # (B, C, T, 1): an image of T x 1
         copies = r.get("copies", 1)
         if copies > 1:   # perturbed-attention guidance: [uncond,] cond, perturbed; the first copy is plain attention
             h = h.repeat(copies, *[1] * (h.dim() - 1))
             kw = {k: _repeat(v, copies - 1 if k == "attention_mask" else copies) for k, v in kw.items()}  # the perturbed copy attends to nothing
         out = self.module(h, **kw)
-        if isinstance(out, tuple):   # a joint processor also returns the context stream
+        if isinstance(out, tuple) and len(out) == 3:   # Flux's IP-Adapter: its image-prompt attention apart,
+            out = out[0] + out[2]                      # added by FluxTransformerBlock
+        elif isinstance(out, tuple):   # a joint processor also returns the context stream
             out = out[0]
         if r.get("image"):
             out = out[..., 0].transpose(1, 2)
@@ -217,6 +226,14 @@ class DiffusersAttention(Adapter):
             ip = torch.randn(1, n, x.shape[-1], generator=g).to(x.device, x.dtype).expand(x.shape[0], -1, -1)
             return (ctx, [ip])
         return ctx
+
+    def _image_prompt(self, form, x):
+        """A fixed image prompt as an IP-Adapter hands it over: IP_TOKENS tokens of WIDTH ("tokens", a
+        "list" of one such tensor) or a WIDTH-wide timestep embedding ("vector"), per batch row."""
+        g = torch.Generator().manual_seed(124)
+        shape = (WIDTH,) if form == "vector" else (IP_TOKENS, WIDTH)
+        t = torch.randn(1, *shape, generator=g).to(x.device, x.dtype).expand(x.shape[0], *shape)
+        return [t] if form == "list" else t
 
     def _mask_form(self, mask, dtype):
         form = self.recipe.get("mask", "additive")

@@ -63,11 +63,20 @@ def normalised_dim(w: torch.Tensor) -> int | None:
     return None
 
 
-def fitted_scale(exp_in: torch.Tensor, prod: torch.Tensor, visible: torch.Tensor) -> float | None:
+SCORES_FIT = 1e-2   # an exp's input is the scores when c q k^T + a constant per row leaves this much of it
+
+
+def fitted_scale(exp_in: torch.Tensor, prod: torch.Tensor, visible: torch.Tensor, fit: float | None = None,
+                 dim: int = -1) -> float | None:
     """c in exp_in = c q k^T + (a constant per row) at the visible entries: the median over rows of
-    the least-squares slope (a row maximum taken off before the exp is such a constant)."""
+    the least-squares slope (a row maximum taken off before the exp is such a constant; dim -2: a
+    constant per column, a softmax over the queries). fit: None where the residual of that fit is
+    more than `fit` of exp_in's spread about its row means (an exp of something else: a linear
+    attention's decay gates)."""
     x, y = prod.detach().double(), exp_in.detach().double()
     vis = visible.expand_as(y) & torch.isfinite(y) & torch.isfinite(x)
+    if dim == -2:
+        x, y, vis = x.transpose(-2, -1), y.transpose(-2, -1), vis.transpose(-2, -1)
     x, y = torch.where(vis, x, 0.0), torch.where(vis, y, 0.0)
     n = vis.sum(-1, keepdim=True)
     ok = n[..., 0] >= 2
@@ -80,4 +89,9 @@ def fitted_scale(exp_in: torch.Tensor, prod: torch.Tensor, visible: torch.Tensor
     keep = ok & (den > 1e-24)
     if not keep.any():
         return None
-    return float(((xc * yc).sum(-1)[keep] / den[keep]).median())
+    slope = (xc * yc).sum(-1)[keep] / den[keep]
+    if fit is not None:
+        spread = float((yc[keep] ** 2).sum())
+        if spread == 0 or float(((yc[keep] - slope[:, None] * xc[keep]) ** 2).sum()) > fit ** 2 * spread:
+            return None
+    return float(slope.median())

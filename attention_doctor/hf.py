@@ -2,6 +2,7 @@
 of small random-weight models from a config (no download). transformers is imported only here,
 and only when a transformers model is examined or built."""
 import difflib
+import re
 from contextlib import contextmanager
 
 import torch
@@ -154,6 +155,21 @@ class HFCausalLM(Adapter):
 
     def embedding(self):
         return self.module.get_input_embeddings()
+
+    def converted(self, dtype=None, device=None):
+        """The copy in `dtype`, its float32 parts kept as from_pretrained(dtype=...) keeps them: the
+        model's _keep_in_fp32_modules in float16, its _keep_in_fp32_modules_strict in float16 and
+        bfloat16 (globs searched in the parameter names, transformers' rule)."""
+        new = super().converted(dtype=dtype, device=device)
+        keep = [p for attr, dts in (("_keep_in_fp32_modules", (torch.float16,)),
+                                    ("_keep_in_fp32_modules_strict", (torch.float16, torch.bfloat16)))
+                if dtype in dts for p in (getattr(self.module, attr, None) or ()) if isinstance(p, str)]
+        if keep:
+            found = re.compile("|".join(p.replace("*", ".*") for p in keep))
+            for n, t in [*new.module.named_parameters(), *new.module.named_buffers()]:
+                if t.is_floating_point() and found.search(n):
+                    t.data = t.data.float()
+        return new
 
     @property
     def implementation(self) -> str:

@@ -268,6 +268,11 @@ def attention_modules(root: nn.Module) -> list[tuple[str, nn.Module, Site | None
         # fused `in_proj` or a bare q/k pair alone does not make a module attention (Mamba's mixer)
         if s is not None and (isinstance(m, nn.MultiheadAttention) or _looks_like_attention(m) or _distinctive(s)):
             sited.append((name, m, s))
+    # a layout found in a part of an attention module (ZAYA's qkv_proj holding q_proj / k_proj): the
+    # attention module is the outer one, which makes the calls (its site is measured)
+    said = [n for n, m in root.named_modules() if _looks_like_attention(m)]
+    sited = [f for f in sited if _looks_like_attention(f[1]) or isinstance(f[1], nn.MultiheadAttention)
+             or not any(o != f[0] and _nested(f[0], o) for o in said)]
     # an attention module inside another one with a site (a wrapper's core) is the same layer
     names = [n for n, _, _ in sited]
     sited = [f for f in sited if not any(f[0] != o and _nested(f[0], o) for o in names)]

@@ -1,7 +1,8 @@
 """q/k sites found by measurement, for the attention calls whose module has no layout in the
-registry (layouts.py) or one that failed its check: by autograd, the projection q comes out of is
-the last one (in the forward's order) whose output q depends on, and q's columns are the output
-columns it depends on; the same for k. A fused q|k|v of any layout (LitGPT's grouped `qkv`,
+registry (layouts.py), one that failed its check or one that does not move the scores (a norm
+after it): walking back over q's autograd graph, the modules q comes out of are the nearest
+projections or shape-keeping modules (a q/k norm, an L2 clip), and q's columns are those of their
+outputs it depends on; the same for k. A fused q|k|v of any layout (LitGPT's grouped `qkv`,
 interleaved heads), a list of projections (the Annotated Transformer's `linears`), projections on
 a block that calls an attention function: each is found as it is computed. The site is then
 checked like a registry one (scaling q by 2 must double q k^T)."""
@@ -10,87 +11,133 @@ from contextlib import contextmanager
 import torch
 import torch.nn as nn
 
-from attention_doctor.layouts import Site, _hooks, _rms
+from attention_doctor.layouts import Site, _hooks
 from attention_doctor.signals import DoctorBug, TargetRaised
 
 
 class ColumnSite(Site):
-    """q is columns q_cols of projection q's output, k columns k_cols of projection k's (the same
-    projection for a fused one). Named by its module; its parts by their names under the root."""
-    def __init__(self, name, module, q_name, q, q_cols, k_name, k, k_cols):
+    """q is made of columns of one or more module outputs, `q_parts` [(name under the root, module,
+    columns)], k likewise: a fused q|k|v is one projection in both (disjoint columns); joint
+    attention's q is its streams' projections (or norms) concatenated. Named by its module."""
+    def __init__(self, name, module, q_parts, k_parts):
         super().__init__(name, module)
-        self.q_name, self.q, self.q_cols = q_name, q, q_cols
-        self.k_name, self.k, self.k_cols = k_name, k, k_cols
+        self.q_parts, self.k_parts = list(q_parts), list(k_parts)
 
     def on(self, root):
         get = lambda n: root.get_submodule(n) if n else root
-        return ColumnSite(self.name, get(self.name), self.q_name, get(self.q_name), self.q_cols,
-                          self.k_name, get(self.k_name), self.k_cols)
+        return ColumnSite(self.name, get(self.name), [(n, get(n), c) for n, _, c in self.q_parts],
+                          [(n, get(n), c) for n, _, c in self.k_parts])
 
-    def _factors(self, proj, o, fq, fk):
-        f = torch.ones(o.shape[-1], dtype=o.dtype, device=o.device)
-        if proj is self.q:
-            f[self.q_cols.to(o.device)] = fq
-        if proj is self.k:
-            f[self.k_cols.to(o.device)] = fk
-        return o * f
+    def _modules(self):
+        out = []
+        for _, m, _ in self.q_parts + self.k_parts:
+            if not any(m is o for o in out):
+                out.append(m)
+        return out
+
+    def _factors(self, m, o, fq, fk):
+        t = o[0] if isinstance(o, tuple) else o
+        f = torch.ones(t.shape[-1], dtype=t.dtype, device=t.device)
+        for parts, x in ((self.q_parts, fq), (self.k_parts, fk)):
+            for _, mod, cols in parts:
+                if mod is m:
+                    f[cols.to(t.device)] = x
+        return (t * f,) + tuple(o[1:]) if isinstance(o, tuple) else t * f
 
     @contextmanager
     def scaled(self, fq, fk):
-        parts = {self.q, self.k}
-        with _hooks(*[(p, lambda m, i, o: self._factors(m, o, fq, fk)) for p in parts]):
+        with _hooks(*[(p, lambda m, i, o: self._factors(m, o, fq, fk)) for p in self._modules()]):
             yield
 
     @contextmanager
     def measuring(self, out):
-        got = {}
-        def hq(m, i, o):
-            got["q"] = _rms(o[..., self.q_cols.to(o.device)])
-            if m is self.k:
-                out.append((got.pop("q"), _rms(o[..., self.k_cols.to(o.device)])))
-        def hk(m, i, o):
-            out.append((got.pop("q", float("nan")), _rms(o[..., self.k_cols.to(o.device)])))
-        with _hooks(*([(self.q, hq)] if self.q is self.k else [(self.q, hq), (self.k, hk)])):
+        """(rms q, rms k) over their parts, appended once every part has run (once per call)."""
+        acc, fired = {}, set()
+        every = {(r, n) for r, parts in (("q", self.q_parts), ("k", self.k_parts)) for n, _, _ in parts}
+
+        def hook(m, i, o):
+            t = (o[0] if isinstance(o, tuple) else o).detach().double()
+            for r, parts in (("q", self.q_parts), ("k", self.k_parts)):
+                for n, mod, cols in parts:
+                    if mod is m:
+                        x = t[..., cols.to(t.device)]
+                        s, c = acc.get(r, (0.0, 0))
+                        acc[r] = (s + float(x.pow(2).sum()), c + x.numel())
+                        fired.add((r, n))
+            if fired == every:
+                out.append(tuple((acc[r][0] / max(acc[r][1], 1)) ** 0.5 for r in ("q", "k")))
+                acc.clear()
+                fired.clear()
+        with _hooks(*[(p, hook) for p in self._modules()]):
             yield
 
 
-def _projections(root):
-    """(name, module) of the leaf modules with a 2-D weight: nn.Linear and its kin (GPT-2's
-    Conv1D, fairscale's parallel linears)."""
-    return [(n, m) for n, m in root.named_modules()
-            if not any(True for _ in m.children()) and isinstance(getattr(m, "weight", None), torch.Tensor)
-            and m.weight.dim() == 2 and not isinstance(m, nn.Embedding)]
+def _leaves(root):
+    """(name, module) of the leaf modules but embeddings: where q and k may come out of."""
+    return [(n, m) for n, m in root.named_modules() if not any(True for _ in m.children())
+            and not isinstance(m, nn.Embedding)]
 
 
-def _source(t, outs, before):
-    """(name, module, columns) of the last projection output among outs[:before] that t depends
-    on, or None."""
-    live = [(n, m, o) for n, m, o in outs[:before] if o.requires_grad]
-    if not live or not t.requires_grad:
+def _made(m, i, o) -> str | None:
+    """What the call of leaf m made, where q or k may come out of it: "projection" (a weight of two
+    or more dims mapping the last dim: nn.Linear and its kin, GPT-2's Conv1D, a mixture of experts'
+    stacked weights), "kept" (its input's shape kept: a q/k norm, an L2 clip), else None."""
+    if not isinstance(o, torch.Tensor) or not o.is_floating_point() or not i or not isinstance(i[0], torch.Tensor):
         return None
+    w = getattr(m, "weight", None)
+    if isinstance(w, torch.Tensor) and w.dim() >= 2 and o.shape[:-1] == i[0].shape[:-1]:
+        return "projection"
+    return "kept" if o.shape == i[0].shape else None
+
+
+def _frontier(t, outs):
+    """The outputs among outs ((name, module, output, from a projection) each) that t is computed
+    from with none of the others between (a walk back over t's autograd graph that stops at them),
+    each with the columns of that output t depends on: [(name, module, columns)]."""
+    at = {f[2].grad_fn: i for i, f in enumerate(outs) if f[2].grad_fn is not None}   # a later module returning its input wins
+    found, seen, todo = set(), set(), [t.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if node in at:
+            found.add(at[node])
+        else:
+            todo.extend(fn for fn, _ in node.next_functions)
+    if not found:
+        return []
+    found = [outs[i] for i in sorted(found)]
     r = torch.randn(t.shape, generator=torch.Generator().manual_seed(7)).to(t.device, t.dtype)
-    grads = torch.autograd.grad((t * r).sum(), [o for _, _, o in live], allow_unused=True, retain_graph=True)
-    for (n, m, o), g in reversed(list(zip(live, grads))):
+    grads = torch.autograd.grad((t * r).sum(), [o for _, _, o, _ in found], allow_unused=True, retain_graph=True)
+    parts = []
+    for (n, m, o, _), g in zip(found, grads):
         if g is not None:
             cols = (g.detach().abs().reshape(-1, g.shape[-1]).sum(0) > 0).nonzero().flatten()
             if cols.numel():
-                return n, m, cols.cpu()
-    return None
+                parts.append((n, m, cols.cpu()))
+    return parts
 
 
-def _owner(call_module, q_name, k_name):
-    """The module the site is named by: the call's attention module, which must hold both
-    projections (None otherwise); without one, the module the projections share (a block calling
-    an attention function)."""
+def _overlap(qp, kp) -> bool:
+    """A module's columns in both q and k (a norm shared by q and k, a rotary module they both pass)."""
+    return any(a is b and bool((c[:, None] == d[None]).any()) for _, a, c in qp for _, b, d in kp)
+
+
+def _owner(call_module, names):
+    """The module the site is named by: the call's attention module (None: none, a block calling an
+    attention function), which must hold every part (None otherwise); without one, the module
+    the parts share."""
     inside = lambda n, o: o == "" or n.startswith(o + ".")
-    if call_module:
-        return call_module if inside(q_name, call_module) and inside(k_name, call_module) else None
-    a, b = q_name.split(".")[:-1], k_name.split(".")[:-1]
-    common = []
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        common.append(x)
+    if call_module is not None:
+        return call_module if all(inside(n, call_module) for n in names) else None
+    common = names[0].split(".")[:-1]
+    for n in names[1:]:
+        b = n.split(".")[:-1]
+        i = 0
+        while i < min(len(common), len(b)) and common[i] == b[i]:
+            i += 1
+        common = common[:i]
     return ".".join(common)
 
 
@@ -103,8 +150,8 @@ def find(ctx, sited: set) -> list[tuple[str, nn.Module, Site]]:
     outs = []
     mods = [(n, m) for n, m, _ in ctx.modules]
     with Probe(mods, keep_graph=True) as p, torch.enable_grad(), \
-            _hooks(*[(m, lambda m, i, o, n=n: outs.append((n, m, o)) if isinstance(o, torch.Tensor) else None)
-                     for n, m in _projections(root)]):
+            _hooks(*[(m, lambda m, i, o, n=n: outs.append((n, m, o, _made(m, i, o) == "projection"))
+                      if _made(m, i, o) else None) for n, m in _leaves(root)]):
         marks = []
         p.on_call = lambda: marks.append(len(outs))
         try:
@@ -118,13 +165,16 @@ def find(ctx, sited: set) -> list[tuple[str, nn.Module, Site]]:
         if c.module in sited or "graph" not in c.extra:
             continue
         q, k = c.extra["graph"]
-        sq, sk = _source(q, outs, mark), _source(k, outs, mark)
-        if sq is None or sk is None or (sq[1] is sk[1] and bool((sq[2][:, None] == sk[2][None]).any())):
+        for made in (outs[:mark], [f for f in outs[:mark] if f[3]]):   # after a shared norm: the projections
+            qp, kp = _frontier(q, made), _frontier(k, made)
+            if qp and kp and not _overlap(qp, kp):
+                break
+        else:
             continue
-        owner = _owner(c.module, sq[0], sk[0])
+        owner = _owner(c.module if mods else None, [n for n, _, _ in qp + kp])
         if owner is None or owner in seen or owner in sited:
             continue
         seen.add(owner)
         module = root.get_submodule(owner) if owner else root
-        found.append((owner, module, ColumnSite(owner, module, sq[0], sq[1], sq[2], sk[0], sk[1], sk[2])))
+        found.append((owner, module, ColumnSite(owner, module, qp, kp)))
     return found

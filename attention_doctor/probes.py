@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from attention_doctor.handmade import as_matmul, einsum_operands, fitted_scale, normalised_dim
+from attention_doctor.handmade import SCORES_FIT, as_matmul, einsum_operands, fitted_scale, normalised_dim
 from attention_doctor.signals import doctor_hook
 
 SDPA = {F.scaled_dot_product_attention}
@@ -19,6 +19,7 @@ SOFTMAX = {F.softmax, torch.softmax, torch.Tensor.softmax, torch.special.softmax
 MATMUL = {torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.bmm, torch.Tensor.bmm}
 BADDBMM = {torch.baddbmm, torch.Tensor.baddbmm}
 EXP = {torch.exp, torch.Tensor.exp}
+CAT = {torch.cat, torch.concat, torch.concatenate}
 MASKED = -1e3  # a score below this at init is a masked one (fills: -inf, finfo.min, -1e4)
 
 
@@ -107,6 +108,13 @@ def _like(t, lead):
     return t.reshape(tuple(lead) + tuple(t.shape[-2:]))
 
 
+def _widened(t, block, width):
+    """t (..., n, d) as rows `block` of (..., width, d), the other rows zero."""
+    out = t.new_zeros(t.shape[:-2] + (width, t.shape[-1]))
+    out[..., block, :] = t
+    return out
+
+
 def _arg(args, kwargs, i, name, default=None):
     if name in kwargs:
         return kwargs[name]
@@ -143,6 +151,7 @@ class Probe(TorchFunctionMode):
         self._pending_qk = None
         self._pending_call = None
         self._pending_exp = None
+        self._pending_cat = None   # (the cat's width, where the q k^T block starts in it)
 
     # -- module scope ------------------------------------------------------------------------
     def __enter__(self):
@@ -202,6 +211,8 @@ class Probe(TorchFunctionMode):
                         self._matmul(ab[0], ab[1], out, mm)
                 elif func in EXP:
                     self._exp(args[0])
+                elif func in CAT:
+                    self._cat(_arg(args, kwargs, 0, "tensors"), _arg(args, kwargs, 1, "dim", 0), out)
         return out
 
     @contextmanager
@@ -305,7 +316,7 @@ class Probe(TorchFunctionMode):
         # which scores are masked is inferred: below MASKED (true of a forward at init, not amplified)
         call = Call("softmax", self._where(), scores=s.detach(), weights=out.detach(), dim=dim - s.dim(),
                     visible=s.detach() > MASKED)
-        qk = self._pending_qk
+        qk, cat = self._pending_qk, self._pending_cat
         graph = (None, None)
         if qk is not None and qk[2].shape[-2:] == s.shape[-2:] and qk[2].numel() == s.numel():
             if qk[3] is not None:
@@ -316,22 +327,54 @@ class Probe(TorchFunctionMode):
             call.q, call.k = graph[0].detach(), graph[1].detach()
             ratio = (s.detach().double() / prod.detach().double())[(s > MASKED) & (prod.abs() > 1e-12)]
             call.scale = float(ratio.median()) if ratio.numel() else None
-        self._pending_qk = None
+        elif qk is not None and cat is not None and s.shape[-1] == cat[0] and s.shape[-2] == qk[2].shape[-2] \
+                and s.numel() // cat[0] == qk[2].numel() // qk[2].shape[-1]:
+            # q k^T's scores concatenated with other columns (attention sinks' logits): those are keys
+            # whose k and v are zero, and whose scores are what was concatenated
+            if qk[3] is not None:
+                call.extra["qk_matmul"] = qk[3]
+            a, b, prod = (_like(t, s.shape[:-2]) for t in qk[:3])
+            h = a.shape[-3] if a.dim() >= 3 else 1
+            graph = (a, _expand(b.transpose(-2, -1), h))
+            block = slice(cat[1], cat[1] + prod.shape[-1])
+            call.q, call.k = graph[0].detach(), _widened(graph[1].detach(), block, cat[0])
+            call.extra["key_block"] = block
+            call.scale = fitted_scale(s.detach()[..., block], prod, call.visible[..., block])   # a row maximum may be off
+        self._pending_qk = self._pending_cat = None
         self._pending_call = call
         self._add(call, *graph)
+
+    def _cat(self, tensors, dim, out):
+        """A cat along the last dim of the pending q k^T's scores with other columns: where the block sits."""
+        qk = self._pending_qk
+        if qk is None or not isinstance(out, torch.Tensor) or out.dim() < 2 or not isinstance(tensors, (list, tuple)) \
+                or dim % out.dim() != out.dim() - 1:
+            return
+        start = 0
+        for t in tensors:
+            if not isinstance(t, torch.Tensor) or t.dim() != out.dim():
+                return
+            if t.shape[-2:] == qk[2].shape[-2:] and t.numel() == qk[2].numel():
+                self._pending_cat = (out.shape[-1], start)
+                return
+            start += t.shape[-1]
 
     def _matmul(self, a, b, out, mm=None):
         if not isinstance(out, torch.Tensor) or out.dim() < 3:
             return
         c = self._pending_call
-        if c is not None and c.weights is not None and a.shape[-2:] == c.weights.shape[-2:]:
+        block = c.extra.get("key_block") if c is not None else None
+        if c is not None and c.weights is not None and (a.shape[-2:] == c.weights.shape[-2:] or block is not None and (
+                a.shape[-2] == c.weights.shape[-2] and a.shape[-1] == block.stop - block.start)):
             lead = c.weights.shape[:-2]
             c.v = _expand(_like(b.detach(), lead), c.q.shape[-3] if c.q is not None and c.q.dim() >= 3 else 1)
+            if block is not None:   # the weights of the q k^T block @ v: the other columns' values are zero
+                c.v = _widened(c.v, block, c.weights.shape[-1])
             c.out = _like(out.detach(), lead)
             self._pending_call = None
         elif not self._handmade(a, b, out):
-            self._pending_qk = (a, b, out, mm)
-            self._pending_exp = None
+            self._pending_qk = (a, b, out.detach().clone(), mm)   # a copy: the scale may be applied in place (Falcon's /=)
+            self._pending_exp = self._pending_cat = None
 
     def _exp(self, t):
         """An exp of the pending q k^T's shape: a hand-made softmax's scores (the row maximum may be off)."""
@@ -348,20 +391,21 @@ class Probe(TorchFunctionMode):
         if qk is None or a.shape[-2:] != qk[2].shape[-2:] or a.numel() != qk[2].numel() or b.dim() < 2 \
                 or b.shape[-2] != a.shape[-1]:
             return False
-        e = self._pending_exp
-        dim = normalised_dim(a)
-        if dim is None and e is None:
-            return False
         lead = a.shape[:-2]
         q, kt, prod = (_like(t, lead) for t in qk[:3])
+        e, dim = self._pending_exp, normalised_dim(a)
+        if e is not None:   # the exp of the scores (minus a row statistic), not of a gate of the same shape
+            e = _like(e, lead)
+            scale = fitted_scale(e, prod, e > MASKED, fit=SCORES_FIT, dim=dim or -1)
+            e = None if scale is None else e
+        if dim is None and e is None:
+            return False
         h = q.shape[-3] if q.dim() >= 3 else 1
         k = _expand(kt.transpose(-2, -1), h)
         call = Call("handmade", self._where(), q=q.detach(), k=k.detach(), weights=_like(a.detach(), lead),
                     v=_expand(_like(b.detach(), lead), h), out=_like(out.detach(), lead), dim=dim or -1)
         if e is not None:   # the exp's input: the scores up to a constant per row
-            call.scores = _like(e, lead)
-            call.visible = call.scores > MASKED
-            call.scale = fitted_scale(call.scores, prod, call.visible)
+            call.scores, call.visible, call.scale = e, e > MASKED, scale
         if qk[3] is not None:
             call.extra["qk_matmul"] = qk[3]
         self._add(call, q, k)

@@ -130,9 +130,22 @@ class XTransformersLM(Adapter):
             raise TargetError(f"{self.name}: not a TransformerWrapper (no num_tokens)")
         absolute = type(getattr(model, "pos_emb", None)).__name__ == "AbsolutePositionalEmbedding"
         self.max_len = model.max_seq_len if absolute else None
+        layers = getattr(model, "attn_layers", None)
+        self.condition = None   # adaptive norms (DiT-style) take a condition at every call: a fixed one
+        if getattr(layers, "need_condition", False):
+            self.condition = torch.randn(1, layers.dim_condition, generator=torch.Generator().manual_seed(125))
+
+    def _conditioned(self, x, kw):
+        """kw with what the model needs at every call: the fixed condition for x's batch (adaptive
+        norms); recycle_steps, which an eval forward must name (recycling: as many as in training)."""
+        if self.condition is not None:
+            kw["condition"] = self.condition.to(self.device, self.dtype).expand(x.shape[0], -1)
+        if getattr(self.module, "recycling", False):
+            kw["recycle_steps"] = self.module.train_max_recycle_steps
+        return kw
 
     def forward(self, x, mask=None, positions=None):
-        kw = {}
+        kw = self._conditioned(x, {})
         if mask is not None:
             kw["mask"] = mask
         if positions is not None:
@@ -171,13 +184,14 @@ class XTransformersLM(Adapter):
         if not getattr(self.module, "can_cache_kv", False):
             raise Unsupported("needs a KV cache (this TransformerWrapper says can_cache_kv=False: memory "
                               "tokens, recycling or an attention option that cannot be cached)", "no_kv_cache")
-        logits, cache = self.module(x, cache=None, return_intermediates=True)
+        logits, cache = self.module(x, cache=None, return_intermediates=True, **self._conditioned(x, {}))
         return (x, cache), logits
 
     def step(self, state, x):
         seen, cache = state
         ids = torch.cat([seen, x], dim=1)
-        logits, cache = self.module(ids, cache=cache, return_intermediates=True, cache_age=x.shape[1])
+        logits, cache = self.module(ids, cache=cache, return_intermediates=True, cache_age=x.shape[1],
+                                    **self._conditioned(x, {}))
         return (ids, cache), logits
 
     def embedding(self):

@@ -342,3 +342,19 @@ def test_the_lab_report_says_in_one_line_what_it_cannot_read(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: doctor_lab.report: JSONDecodeError") and err.count("\n") == 1
     assert not (tmp_path / "DOCTOR.md").exists()
+
+
+def test_a_tower_this_machine_cannot_build_stands_in():
+    """shrink.yaml's stand_in: AutoModel.from_config builds an empty module for the sub-configs named
+    (Gemma3n's timm vision tower), the real model for any other, and is itself again afterwards."""
+    import torch
+    from transformers import AutoModel, GPT2Config
+
+    from doctor_lab.zoo.worker import standing_in
+    tower, text = (GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=16) for _ in range(2))
+    with standing_in([tower]):
+        stand, real = AutoModel.from_config(tower), AutoModel.from_config(text)
+    assert not list(stand.parameters()) and type(real).__name__ == "GPT2Model"
+    with pytest.raises(RuntimeError, match="stand-in"):
+        stand(torch.zeros(1, 2))
+    assert type(AutoModel.from_config(tower)).__name__ == "GPT2Model"

@@ -14,6 +14,7 @@ from attention_doctor.checks.common import (
     finite_max_abs,
     judged,
     rel,
+    unseen,
     visible_scores,
 )
 from attention_doctor.layouts import scaled_sites
@@ -25,10 +26,13 @@ class Amplifier:
     module computes scores (`at`: their names; a linear attention's are left alone), and in the
     modules without one inside their calls (SDPA's q and k; the two inputs of the matmul whose
     output a softmax took, found in an unamplified trace)."""
-    def __init__(self, ctx, factor, reached: float, at=frozenset(), in_call=frozenset(), matmuls=frozenset()):
+    def __init__(self, ctx, factor, reached: float, at=frozenset(), in_call=frozenset(), matmuls=frozenset(),
+                 after_norms=False):
         self.ctx, self.factor, self.reached = ctx, factor, reached
         self.at, self.in_call, self.matmuls = at, in_call, matmuls
         self.by_sites = bool(at)
+        self.after_norms = after_norms   # inside every call: scaling the sites did not move the scores
+        self.capped = False              # the scores grew with q and k, then stopped below AMP_LO: the target's cap
 
     @contextmanager
     def on(self, adapter):
@@ -41,17 +45,34 @@ class Amplifier:
 
     def scaled_to(self, largest: float) -> "Amplifier":
         """The same amplifier aimed at a largest score of `largest` (scores scale as factor^2)."""
+        if self.capped:   # no factor takes capped scores higher: the same stress
+            return self
         return Amplifier(self.ctx, self.factor * math.sqrt(largest / self.reached), largest,
-                         self.at, self.in_call, self.matmuls)
+                         self.at, self.in_call, self.matmuls, self.after_norms)
 
     def where(self) -> str:
+        inside = "after what normalises q and k at their sites" if self.after_norms else "without one"
         return ", ".join(([f"at {len(self.at)} q/k site(s)"] if self.by_sites else []) +
-                         ([f"inside the calls of {len(self.in_call)} module(s) without one"] if self.in_call else []))
+                         ([f"inside the calls of {len(self.in_call)} module(s) {inside}"] if self.in_call else [])) + (
+            "; capped there: the target's scores go no higher (a soft-cap, clipped q and k)" if self.capped else "")
 
     def probe(self, ctx, x, mask=None, adapter=None):
         adapter = adapter or ctx.adapter
         with self.on(adapter) as kw:
             return ctx.probe(x, mask, adapter=adapter, **kw)
+
+
+FILLS = 1e30   # a score this large is a mask's fill (finfo.max, finfo.min), not a product of q and k
+
+
+def amplified_visible(c, init) -> torch.Tensor:
+    """The keys a traced call's amplified scores may see, given the same call at init: a mask whose
+    fill no score reaches (-inf, finfo.min) read from the amplified call itself (it may move with
+    the scores: top-k); one with a finite fill (-1e4) from the call at init (amplified scores pass
+    below the fill)."""
+    s0, s = init.scores, c.scores
+    out_of_reach = ~(s0.abs() < FILLS)
+    return ((init.visible | out_of_reach) & (s.abs() < FILLS)).expand_as(s)
 
 
 def _max_score(calls, init=None) -> float:
@@ -62,7 +83,7 @@ def _max_score(calls, init=None) -> float:
     for i, c in enumerate(calls):
         same = init is not None and i < len(init) and init[i].source == c.source
         if same and c.source == "softmax" and init[i].scores.shape == c.scores.shape:
-            s = c.scores.double().masked_select(init[i].visible.expand_as(c.scores))
+            s = c.scores.double().masked_select(amplified_visible(c, init[i]))
         elif same and c.source == "handmade" and init[i].visible is not None:   # q k^T (x its fitted scale)
             s = c.raw().masked_select(init[i].visible.expand_as(init[i].scores))
         else:
@@ -71,17 +92,14 @@ def _max_score(calls, init=None) -> float:
     return out
 
 
-NOT_AMPLIFIED = "scores could not be amplified"
-
-
-def not_amplified_cause(amp: str) -> str:
-    """The cause of a check that needs amplified scores and has none (`amp`: amplifier()'s reason)."""
-    return "not_amplified" if amp.startswith(NOT_AMPLIFIED) else "scores_unseen"
+CAPPED = 4.0   # scores that grew this much with q and k before they stopped: capped by the target, not misread
 
 
 def amplifier(ctx):
-    """The Amplifier that brings the largest score into [AMP_LO, AMP_HI], or a reason why not.
-    Computed once per target; the factor is verified by measuring the scores it gives."""
+    """The Amplifier that brings the largest score into [AMP_LO, AMP_HI] (or as far as scores capped
+    by the target go), or why not: a NotPerformed, returned (not raised) for each check that needs
+    it to raise or to name a part it could not run. Computed once per target; the factor is
+    verified by measuring the scores it gives."""
     if "amp" in ctx.cache:
         return ctx.cache["amp"]
     x = ctx.sample(k=30)
@@ -93,26 +111,47 @@ def amplifier(ctx):
     in_call = frozenset(m for m in unsited if any(c.module == m and c.source == "sdpa" for c in calls))
     matmuls = frozenset(c.extra["qk_matmul"] for c in calls if c.module in unsited and "qk_matmul" in c.extra)
     in_call |= {m for m, _ in matmuls}
-    if not calls or m0 == 0.0:
-        ctx.cache["amp"] = "needs to see the scores (no softmax or SDPA call seen)"
+    if not calls:
+        ctx.cache["amp"] = unseen("needs to see the scores (no softmax or SDPA call seen)")
+        return ctx.cache["amp"]
+    if m0 == 0.0:   # no factor moves a zero: a scale initialised to 0 (ZAYA's key temperature)
+        ctx.cache["amp"] = NotPerformed("every visible score is 0 at init (a scale initialised to zero): no factor "
+                                        "on q and k moves them", "scores_zero")
         return ctx.cache["amp"]
     if not at and not in_call:
-        ctx.cache["amp"] = "needs q and k (no known q/k layout, no SDPA call, no q k^T before a softmax)"
+        ctx.cache["amp"] = unseen("needs q and k (no known q/k layout, no SDPA call, no q k^T before a softmax)")
         return ctx.cache["amp"]
-    f, m = math.sqrt(AMP_TARGET / m0), m0
-    for _ in range(6):
-        amp = Amplifier(ctx, f, 0.0, at, in_call, matmuls)
-        _, amped = amp.probe(ctx, x)
-        m = _max_score(amped, calls)
-        if AMP_LO <= m <= AMP_HI:
-            amp.reached = m
-            ctx.cache["amp"] = amp
-            return amp
-        if m <= m0 * 1.01:   # scaling q and k did not move the scores
-            break
-        f *= math.sqrt(AMP_TARGET / m)
-    ctx.cache["amp"] = (f"{NOT_AMPLIFIED}: the largest reached {m:.3g} with q and k scaled by {f:.3g} "
-                "(normalised or capped scores, or a q/k layout read wrong)")
+    tries = [(at, in_call, matmuls, False)]
+    every = frozenset(c.extra["qk_matmul"] for c in calls if "qk_matmul" in c.extra)
+    inside = frozenset(c.module for c in calls if c.source == "sdpa") | {n for n, _ in every}
+    if at and inside:   # q and k normalised after their sites undo the stress there: scaled inside every call
+        tries.append((frozenset(), inside, every, True))
+    capped = None   # (largest, amplifier): scores that grew with q and k, then stopped growing
+    for at, in_call, matmuls, after in tries:
+        f, m, last = math.sqrt(AMP_TARGET / m0), m0, None
+        for _ in range(6):
+            amp = Amplifier(ctx, f, 0.0, at, in_call, matmuls, after)
+            _, amped = amp.probe(ctx, x)
+            m = _max_score(amped, calls)
+            if AMP_LO <= m <= AMP_HI:
+                amp.reached = m
+                ctx.cache["amp"] = amp
+                return amp
+            if m <= m0 * 1.01:   # scaling q and k did not move the scores
+                break
+            if last is not None and m <= last * 1.01 and m < AMP_LO:   # a larger factor, the same scores: a cap
+                capped = capped if capped is not None and capped[0] >= m else (m, amp)
+                break
+            last = m
+            f *= math.sqrt(AMP_TARGET / m)
+    if capped is not None and capped[0] >= CAPPED * m0:   # stressed as far as the target's scores go
+        amp = capped[1]
+        amp.reached, amp.capped = capped[0], True
+        ctx.cache["amp"] = amp
+        return amp
+    ctx.cache["amp"] = NotPerformed(f"scores could not be amplified: the largest reached {m:.3g} with q and k scaled "
+                                    f"by {f:.3g} (normalised or capped scores, or a q/k layout read wrong)",
+                                    "not_amplified")
     return ctx.cache["amp"]
 
 
@@ -122,7 +161,10 @@ def _weights_checks(calls, init_calls):
     for i, c in enumerate(calls):
         vis = c.visible
         if c.traced:  # masks inferred from the same call before amplification
-            vis = init_calls[i].visible if i < len(init_calls) and init_calls[i].source == c.source else None
+            same = i < len(init_calls) and init_calls[i].source == c.source
+            vis = None if not same else amplified_visible(c, init_calls[i]) if c.scores is not None \
+                and init_calls[i].scores is not None and init_calls[i].scores.shape == c.scores.shape \
+                else init_calls[i].visible
             dims.add(c.dim)
         if c.weights is None and not c.complete:
             continue
@@ -158,8 +200,8 @@ def _hull(out, v, vis, live):
 def amplified_logits(ctx):
     ctx.require_repeatable()
     amp = amplifier(ctx)
-    if isinstance(amp, str):
-        raise NotPerformed(amp, not_amplified_cause(amp))
+    if isinstance(amp, NotPerformed):
+        raise NotPerformed(amp.why, amp.cause)
     x = ctx.sample(k=30)
     _, init_calls = ctx.probe(x)
     y, calls = amp.probe(ctx, x)
@@ -189,5 +231,5 @@ def amplified_logits(ctx):
               + (f"; softmax taken over dim {wrong_dim}, not the keys" if wrong_dim else ""))
     measured = max([v for _, _, v in parts if v is not None] + ([math.inf] if not finite else []))
     return judged(bool(bad), measured, f"finite; leak <= {EXACT_REL:g}; hull <= {HULL_REL:g}", detail, cause,
-                  largest_score=amp.reached, factor=amp.factor, finite=finite, masked_key_weight=masked_w, leak=leak,
+                  largest_score=amp.reached, factor=amp.factor, capped=amp.capped, finite=finite, masked_key_weight=masked_w, leak=leak,
                   row_sum_error=row_err, outside_hull=hull, softmax_dims=wrong_dim)

@@ -34,12 +34,17 @@ REGISTRY: tuple[Check, ...] = (
                     "gradient_nonfinite": "how many of those gradients are not finite (None: not measured)"}),
     Check("self_visibility", "causality", "self",
           does="whether each query's own key is masked (the call's mask, or a fill in the scores its softmax got; the "
-               "weights where no mask is known)",
+               "weights where no mask is known); where keys are added to the tokens' own (memory keys, attention "
+               "sinks, a second stream), a query's own keys are those that move with the tokens",
           fails_when="a query that sees some key has its own key masked",
           tolerance="0 such queries: a causal mask keeps the diagonal (a weight that underflows to 0 beside much "
                     "larger scores is not a mask)",
-          applies="targets whose attention calls the doctor sees", thread="RVC-Boss/GPT-SoVITS #965",
-          targets=("causal_off_by_one",), causes={"own_key_masked": fails("a query's own key is masked")},
+          applies="targets whose attention calls the doctor sees (cross-attention has no own key: n/a)",
+          thread="RVC-Boss/GPT-SoVITS #965",
+          targets=("causal_off_by_one",),
+          causes={"own_key_masked": fails("a query's own key is masked"),
+                  "cross_attention": not_applicable("cross-attention (an Adapter's cross = True): the keys are another "
+                                                    "sequence's, no query has a key of its own")},
           measures={"own_key_masked": "queries that see some key and have their own key masked",
                     "queries": "queries that see some key", "calls": "attention calls read",
                     "smallest_own_weight": "the smallest weight on an own key that is visible (None: none)"}),
@@ -101,7 +106,9 @@ REGISTRY: tuple[Check, ...] = (
                     "padded_rows": "what rows with no visible key return: none, NaN, infinite, zeros or finite values",
                     "padded_rows_no_grad": "the same under no_grad (inference may take another path)"}),
     Check("amplified_logits", "amplified", "amplified",
-          does="q and k scaled until the largest score reaches 1e4..1e5 (3e4 aimed for, the factor verified)",
+          does="q and k scaled until the largest score reaches 1e4..1e5 (3e4 aimed for, the factor verified; after "
+               "what normalises q and k at their sites where scaling there leaves the scores as they were; scores "
+               "the target caps below 1e4, a tanh soft-cap, as far as its cap)",
           fails_when="outputs not finite; a masked key gets weight in a row that sees some key (a row that sees "
                      "none is fully_masked_rows'); earlier outputs move when later tokens change; rows do not sum "
                      "to 1; an output leaves its values' range (also at init)",
@@ -115,6 +122,7 @@ REGISTRY: tuple[Check, ...] = (
                   "outside_hull": fails("an output leaves the range of the values it mixes: weights that are not "
                                         "convex (s / sum(s) sums to 1 with negative weights)")},
           measures={"largest_score": "the largest |score| reached", "factor": "what q and k were multiplied by",
+                    "capped": "the scores stopped growing with q and k below 1e4: stressed as far as the target's cap",
                     "finite": "the amplified outputs are finite",
                     "masked_key_weight": "the largest weight on a masked key (in rows that see some key)",
                     "leak": "earlier outputs' relative change with later tokens replaced, amplified (None: not causal, "
@@ -167,7 +175,8 @@ REGISTRY: tuple[Check, ...] = (
                                               "measured; inf: beyond 1e9)"}),
     Check("long_positions", "precision", "long pos.",
           does="outputs at positions +4096 against +0 (q, k made unit-variance so positions matter); bfloat16 "
-               "(weights and autocast) error against float64 at +0 and +4096; where positions are a KV cache's write "
+               "(weights and autocast) error against float64 (float32 where the target does not run in float64: a kernel "
+               "without it) at +0 and +4096; where positions are a KV cache's write "
                "offset (start_pos, LitGPT's input_pos), the first attention call's scores among the new tokens "
                "instead of the outputs (they also read the cache's empty slots)",
           fails_when="the shift moves the outputs (targets whose outputs do not move at +16), more than 2x + 1e-3 "
@@ -196,8 +205,9 @@ REGISTRY: tuple[Check, ...] = (
                     "shift": "outputs (scores) at +4096 against +0: relative change (None: absolute positions)",
                     "per_query_residual": "the scores at +4096 fitted as those at +0 times one factor per query: the "
                                           "largest residual (None: not needed or not seen)",
-                    "bfloat16": "per mode (weights, autocast): {mode, error_0, error_4096, limit}: the error against "
-                                "float64 at +0 and +4096"}),
+                    "bfloat16": "per mode (weights, autocast): {mode, reference, error_0, error_4096, limit}: the "
+                                "error against the reference (float64; float32 where the target does not run in "
+                                "float64) at +0 and +4096"}),
     Check("score_scale", "scale", "scale",
           does="q and k made unit-variance at their projections; the std of the dot-product scores reaching the "
                "softmax",

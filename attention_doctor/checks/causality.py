@@ -202,24 +202,52 @@ def future_leak(ctx):
     return held_in_part(r, {"the gradient half": half.why} if half is not None else {})
 
 
+def _own_keys(c, other):
+    """(T_q, T_k) bool, True at each query's own key(s): the diagonal of a square call; else the keys
+    that move when the tokens do (`other`: the same call on other tokens; keys that do not are memory
+    keys, a zero key, sinks), in order, a block of T_q per stream. None where it cannot be told."""
+    T_q, T_k = c.weights.shape[-2:] if c.weights is not None else (c.q.shape[-2], c.k.shape[-2])
+    if T_q == T_k:
+        return torch.eye(T_q, dtype=torch.bool, device=c.q.device if c.q is not None else c.weights.device)
+    if c.k is None or other is None or other.k is None or other.k.shape != c.k.shape or c.k.shape[-2] != T_k:
+        return None
+    moved = (c.k.double() - other.k.double()).abs().flatten(0, -3).amax((0, -1)) > 0   # (T_k,)
+    cols = moved.nonzero().flatten()
+    if cols.numel() == 0 or cols.numel() % T_q:
+        return None
+    own = torch.zeros(T_q, T_k, dtype=torch.bool, device=c.k.device)
+    for block in cols.view(-1, T_q):
+        own[torch.arange(T_q, device=own.device), block] = True
+    return own
+
+
 def self_visibility(ctx):
     """Every query that sees some key sees its own: its own key is not masked (the call's mask,
     or a fill below MASKED in the scores a softmax got). A weight that underflows to 0 beside
     much larger scores is not a mask, so the weights decide only where no mask is known, and
-    there a row whose weights are not finite cannot be judged (never read as a pass)."""
+    there a row whose weights are not finite cannot be judged (never read as a pass). Where keys
+    are added to the tokens' own (memory keys, sinks, a second stream), a query's own keys are the
+    tokens' keys in order."""
+    if ctx.adapter.cross:
+        return na("cross-attention: the keys are another sequence's, a query has no key of its own",
+                  "cross_attention")
     ctx.require_repeatable()
     _, calls = ctx.probe(ctx.sample())
+    _, others = ctx.probe(ctx.sample(k=12))
+    others = others if len(others) == len(calls) else [None] * len(calls)
     hidden, rows, n, smallest, unjudged = 0, 0, 0, math.inf, 0
-    for c in calls:
+    for c, c2 in zip(calls, others):
         if c.weights is None and not c.complete:
             continue
         w = c.seen_weights().double()
-        if w.shape[-1] != w.shape[-2]:
+        mine = _own_keys(c, c2)
+        if mine is None:
             continue
-        own_w = torch.diagonal(w, dim1=-2, dim2=-1).abs()
+        mine = mine.expand_as(w)
+        own_w = w.abs().masked_fill(~mine, 0.0).amax(-1)
         if c.visible is not None:   # the mask decides: a row that sees no key is fully_masked_rows' case
             vis = c.visible.expand_as(w)
-            sees, own = vis.any(-1), torch.diagonal(vis, dim1=-2, dim2=-1)
+            sees, own = vis.any(-1), (vis & mine).any(-1)
         else:
             fin = torch.isfinite(w).all(-1)
             unjudged += int((~fin).sum())

@@ -9,10 +9,10 @@ import torch
 
 from attention_doctor import measured
 from attention_doctor.adapters import Adapter, call, forget_history
-from attention_doctor.layouts import attention_modules
+from attention_doctor.layouts import attention_modules, measured_sites
 from attention_doctor.probes import Probe
 from attention_doctor.result import FAIL, INCONCLUSIVE, NA, PASS, Row
-from attention_doctor.signals import DoctorBug, NotPerformed, doctor_hook
+from attention_doctor.signals import DoctorBug, NotPerformed
 
 # float32 tolerances, relative to the largest |output| of the reference (see docs/doctor.md)
 EXACT_REL = 1e-6       # same computation, other tokens changed: masked keys contribute exactly 0
@@ -119,32 +119,33 @@ class Context:
         without a site get one measured (measured.py), verified the same way. adapter: a
         converted copy of the target (its sites are found by name)."""
         if "sites" not in self.cache:
-            ok = self._verified([s for _, _, s in self.modules if s is not None])
-            found = measured.find(self, ok)
+            ok, weak = self._verified([s for _, _, s in self.modules if s is not None])
+            found = measured.find(self, ok - weak)
+            new, new_weak = self._verified([s for _, _, s in found])
+            # a measured site replaces a registry one only where it scales the scores and that one did not
+            found = [f for f in found if f[0] in new and (f[0] not in weak or f[0] not in new_weak)]
             if found:
                 names = {n for n, _, _ in found}
                 self._modules = [f for f in self.modules if f[0] not in names] + found
                 order = {n: i for i, (n, _) in enumerate(self.adapter.module.named_modules())}
                 self._modules.sort(key=lambda f: order[f[0]])
-                new = self._verified([s for _, _, s in found])
-                ok |= new
-                self.info["qk_sites_measured"] = sorted(new)
+                ok |= names
+                self.info["qk_sites_measured"] = sorted(names)
             self.cache["sites"] = ok
         names = self.cache["sites"]
         return [s for _, _, s in self.modules_of(adapter) if s is not None and s.name in names]
 
-    def _verified(self, sites) -> set:
+    def _verified(self, sites) -> tuple[set, set]:
+        """(the sites that hold, those of them whose scaling left q k^T as it was: normalised after)."""
+        if not sites:
+            return set(), set()
         x = self.sample(k=90)
-        ran = set()
-        hooks = [s.module.register_forward_pre_hook(doctor_hook(lambda m, a, n=s.name: ran.add(n))) for s in sites]
-        try:
+        ran = {}
+        with measured_sites(sites, ran):
             _, base = self.probe(x)
-        finally:
-            for h in hooks:
-                h.remove()
-        ok = set()
+        ok, weak = set(), set()
         for site in sites:
-            if site.name not in ran:   # never called by a forward (a decoder's cross-attention)
+            if not ran.get(site.name):   # its q and k never made by a forward (a decoder's cross-attention, fused q|k|v)
                 self.info.setdefault("qk_sites_not_called", []).append(site.name)
                 continue
             mine = [c for c in base if c.module == site.name and c.q is not None and c.k is not None]
@@ -154,13 +155,16 @@ class Context:
             with site.scaled(2.0, 1.0):
                 _, calls = self.probe(x)
             twice = [c for c in calls if c.module == site.name and c.q is not None and c.k is not None]
-            good = len(twice) == len(mine) and all(_scaled_by(a, b, 2.0) or _scaled_by(a, b, 1.0)
-                                                   for a, b in zip(mine, twice))
+            # the first call only: a module called again in the same forward (looped, weight-tied
+            # layers) takes an input its own scaled output changed
+            good = len(twice) == len(mine) and (_scaled_by(mine[0], twice[0], 2.0) or _scaled_by(mine[0], twice[0], 1.0))
             if good:
                 ok.add(site.name)
+                if not _scaled_by(mine[0], twice[0], 2.0):
+                    weak.add(site.name)
             else:
                 self.info.setdefault("qk_sites_rejected", []).append(site.name)
-        return ok
+        return ok, weak
 
     # -- the one way to call the target ---------------------------------------------------------
     def call(self, fn, *args, adapter=None, **kwargs):

@@ -4,7 +4,7 @@ from contextlib import nullcontext
 
 import torch
 
-from attention_doctor.checks.amplified import _max_score, amplifier, not_amplified_cause
+from attention_doctor.checks.amplified import _max_score, amplifier
 from attention_doctor.checks.cached_positions import long_positions_through_cache, with_bfloat16
 from attention_doctor.checks.catalogue import BY_NAME
 from attention_doctor.checks.common import (
@@ -54,8 +54,10 @@ def _call_errors(ctx, lp, x):
 def _levels(amp):
     """(label, the score aimed at (None: at init), amplifier or None) in rising order: at init, scores
     ~1e3 (finfo(float16).min + a score below -16 overflows to -inf), ~3e4 (an unscaled q k^T passes
-    65504 in float16)."""
-    return [("", None, None)] + ([] if isinstance(amp, str) else
+    65504 in float16); for capped scores, at init and at the most the target's scores reach."""
+    if not isinstance(amp, NotPerformed) and amp.capped:
+        return [("", None, None), (f" at its capped scores ~{amp.reached:.3g}", amp.reached, amp)]
+    return [("", None, None)] + ([] if isinstance(amp, NotPerformed) else
                                  [(" at scores ~1e3", AMP_MODERATE, amp.scaled_to(AMP_MODERATE)),
                                   (" at scores ~3e4", AMP_TARGET, amp)])
 
@@ -202,8 +204,8 @@ def _size(ctx, amp, lp, auto, dt, first) -> tuple[str, str, dict]:
         _, calls = _run(ctx, a, lp, auto, xx, m, calls=True)
         _, calls32 = _run(ctx, a, ctx.adapter, None, xx, m, calls=True)
         cause, why = _cause(calls, calls32, dt)
-        if isinstance(amp, str):
-            return cause, why + f"; sizes not measured ({amp})", sizes
+        if isinstance(amp, NotPerformed):
+            return cause, why + f"; sizes not measured ({amp.why})", sizes
         init = ctx.probe(xx, m)[1]
         ref_calls = amp.probe(ctx, xx, m)[1]
         unit = _max_score(ref_calls, init) / amp.reached   # this batch's largest score per calibrated unit
@@ -214,6 +216,8 @@ def _size(ctx, amp, lp, auto, dt, first) -> tuple[str, str, dict]:
         top = (a.reached if a is not None else amp.reached / amp.factor ** 2) * unit
         if a is None:
             mine = f"not finite even at init (largest score {top:.3g})"
+        elif amp.capped:   # no larger score to bisect towards: the cap is the stress
+            mine = f"not finite at its capped scores (largest {top:.3g})"
         else:
             lo = AMP_MODERATE * unit if a.reached > AMP_MODERATE * 1.01 else amp.reached / amp.factor ** 2 * unit
             sizes["finite_up_to"] = _largest_finite(finite, lo, top)
@@ -286,8 +290,8 @@ def low_precision(ctx):
         parts.append(f"{_name(dt)} attention error / reference attention's, worst of {len(errs)} call(s): "
                      + (f"{ratio:.3g}" if ratio is not None else "n/a (q, k, v of the calls not seen)"))
     missing = {}   # part -> what it needed, in words
-    if isinstance(amp, str):
-        missing["amplified_scores"] = f"amplified q.k ({amp})"
+    if isinstance(amp, NotPerformed):
+        missing["amplified_scores"] = f"amplified q.k ({amp.why})"
     if all(r is None for r in ratios.values()):
         missing["error_ratio"] = "q, k, v of the calls for the error ratio"
     if uncompared:
@@ -298,7 +302,7 @@ def low_precision(ctx):
     meas = dict(nonfinite_runs=runs, error_ratio=ratios, **sizes)
     if not bad and missing:   # what ran passed, but not all of it could run: never a pass
         why = "needs " + "; ".join(missing.values())
-        cause = not_amplified_cause(amp) if isinstance(amp, str) else "part_not_run"
+        cause = amp.cause if isinstance(amp, NotPerformed) else "part_not_run"
         return inconclusive(why, cause, None, tol, "; ".join(parts), **meas, not_run=sorted(missing))
     detail = "; ".join(parts)
     if bad:
@@ -386,6 +390,6 @@ def long_positions(ctx):
     else:
         parts.append(f"absolute positions (outputs at +16 differ by {d_small:.3g}): no shift invariance to test")
     return with_bfloat16(ctx, a, lambda lo, o, auto: _at(ctx, lo, x, o, auto),
-                         lambda got, ref: rel(got, ref, "float64's outputs"), "", bad, measured, cause, parts,
+                         lambda got, ref: rel(got, ref, "the reference's outputs"), "", bad, measured, cause, parts,
                          through_cache=False, absolute_positions=absolute, shift_16=d_small, shift=d_long,
                          per_query_residual=r)

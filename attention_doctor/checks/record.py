@@ -98,6 +98,8 @@ COMMON_CAUSES = {
                             "weights or q and k it needs are out of sight"),
     "not_amplified": cannot("scaling q and k did not raise the scores (normalised or capped scores, or a q/k layout "
                             "read wrong)"),
+    "scores_zero": cannot("every visible score is 0 at init (a scale or temperature initialised to zero): no factor "
+                          "on q and k moves them, so they cannot be amplified"),
     "no_qk_layout": cannot("no verified q/k layout (attention_doctor/layouts.py): q and k cannot be made "
                            "unit-variance where they are made"),
     "unreachable": cannot("the target may have the interface (a cache of its own kind, positions or a path it "

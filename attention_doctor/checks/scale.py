@@ -41,6 +41,10 @@ def unit_qk(ctx, adapter=None):
 
 def score_scale(ctx):
     sites = ctx.sites()
+    if not sites and ctx.info.get("qk_sites_rejected"):   # q, k not a multiple of any module's output there
+        raise NotPerformed("needs q and k in proportion to the output of a module (scaling each candidate did "
+                           "not scale q k^T: a non-linear map after the projections, polar embeddings' softplus)",
+                           "no_qk_layout")
     if not sites:
         raise NotPerformed("needs the q and k projections (no known q/k layout)", "no_qk_layout")
     f = unit_factors(ctx)

@@ -6,6 +6,7 @@ import resource
 import sys
 import time
 import traceback
+from contextlib import contextmanager
 from pathlib import Path
 
 from experiments.io import write_json
@@ -92,6 +93,37 @@ class NotBuilt(Exception):
         self.result = result
 
 
+@contextmanager
+def standing_in(configs: list):
+    """While a model is built: the towers AutoModel.from_config would build from these sub-configs
+    (a vision tower that needs a library this machine lacks) are StandIn modules; the text path
+    the doctor drives is built whole."""
+    from transformers import AutoModel
+    original = AutoModel.__dict__["from_config"]
+
+    def from_config(cls, config, *a, **kw):
+        if any(config is c for c in configs):
+            return StandIn(type(config).__name__)
+        return original.__func__(cls, config, *a, **kw)
+    if configs:
+        AutoModel.from_config = classmethod(from_config)
+    try:
+        yield
+    finally:
+        AutoModel.from_config = original
+
+
+def StandIn(name: str):
+    """An empty module in a tower's place (built from a config of class `name`); its forward
+    raises: the text path the zoo drives never calls it."""
+    import torch.nn as nn
+
+    class StandIn(nn.Module):
+        def forward(self, *args, **kwargs):
+            raise RuntimeError(f"a stand-in for a tower built from {name}: the zoo drives the text path only")
+    return StandIn()
+
+
 def build(arch: str, impl: str, table: dict, seed: int = 0):
     """(the row so far, the shrunk model in eval mode, its config), built as every zoo row
     builds it: torch seeded with `seed`, then the table's config. NotBuilt says why not."""
@@ -115,12 +147,13 @@ def build(arch: str, impl: str, table: dict, seed: int = 0):
         raise NotBuilt({**res, "status": NOT_BUILT, "stage": "config", "reason": _line(e)}) from None
     torch.manual_seed(seed)
     try:
-        if entry.get("use"):  # a sub-config: the mapped class takes it directly
-            import transformers
-            cls = getattr(transformers, res["class"])
-            model = cls._from_config(cfg, attn_implementation=impl).eval()
-        else:
-            model = AutoModelForCausalLM.from_config(cfg, attn_implementation=impl).eval()
+        with standing_in([getattr(cfg, n) for n in entry.get("stand_in", [])]):
+            if entry.get("use"):  # a sub-config: the mapped class takes it directly
+                import transformers
+                cls = getattr(transformers, res["class"])
+                model = cls._from_config(cfg, attn_implementation=impl).eval()
+            else:
+                model = AutoModelForCausalLM.from_config(cfg, attn_implementation=impl).eval()
     except Exception as e:
         if _is_memory(e):
             raise
