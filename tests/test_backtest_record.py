@@ -103,3 +103,8 @@ def test_verify_refuses_an_unknown_entry_in_one_line(capsys):
     from doctor_lab.backtest import verify
     assert verify.main(["no_such_regression"]) == 2
     assert "no entry no_such_regression" in capsys.readouterr().err
+
+
+def test_every_repro_in_the_folder_belongs_to_an_entry():
+    owned = {e.repro.name for e in ENTRIES if e.repro is not None}
+    assert {p.name for p in rec.REPROS.glob("*.py")} == owned
