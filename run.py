@@ -19,8 +19,13 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.command_line import (BadCommandLine, exclude_sweep_presets, hydra_error_line, remove_empty_sweeps,
-                                      validate_command_line)
+from experiments.command_line import (
+    BadCommandLine,
+    exclude_sweep_presets,
+    hydra_error_line,
+    remove_empty_sweeps,
+    validate_command_line,
+)
 from experiments.config import exp_as_choice, experiment_data, replaced_by_text_model
 from experiments.io import write_json, write_text
 from experiments.job_log import job_log
@@ -53,7 +58,7 @@ def main(cfg: DictConfig) -> int:
             return 2
         remove_if_only_hydra(run_dir)
         die(str(e))
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001  a crash before training: recorded as status error, exit 1
         return crashed(e, run_dir, cfg, container, multirun)
     with job_log(run_dir / JOB_LOG, " ".join(["python run.py", *hc.overrides.task])):
         if note := replaced_by_text_model(list(hc.overrides.task), container):  # a choice overridden: said
@@ -70,7 +75,7 @@ def train_and_judge(cfg: DictConfig, container: dict, run_dir: Path, multirun: b
         print(f"preempted: {e}; rerun the same command to resume", file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(143)  # at once, leaving no job result behind (a requeued job writes it)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001  a crash outside the trainer: recorded as status error, exit 1
         return crashed(e, run_dir, cfg, container, multirun)
     print(verdict_line(record, run_dir), flush=True)
     code = exit_code(record)

@@ -40,7 +40,7 @@ class Allowed:
             parts.append("one of " + ", ".join(map(show, self.options())))
         if self.choices is None or self.number:
             noun = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
-                    "list": "a list"}[self.kind if not self.number else "float"]
+                    "list": "a list"}[self.kind if not self.number or self.kind == "int" else "float"]
             parts.append(noun + self._range())
         if self.null:
             parts.append("null")
@@ -63,7 +63,7 @@ class Allowed:
             return True
         if self.choices is not None and not self.number:
             return False
-        kind = "float" if self.number else self.kind
+        kind = ("int" if self.kind == "int" else "float") if self.number else self.kind
         if kind == "bool":
             return isinstance(v, bool)
         if kind == "str":

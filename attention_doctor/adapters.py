@@ -5,11 +5,16 @@ A target is driven through an `Adapter`. Inputs are token ids (B, T) for a langu
 floats (logits, or the layer's output). Masks are (B, T) bool, True on real tokens; positions
 are (B, T) long. A capability the target lacks by nature raises `Unsupported(why)`: the checks
 that need it say `n/a: why`; one it may have but the doctor cannot drive raises
-`Unreachable(why)`: they say `inconclusive: why`. Neither is ever a pass. Built in: `Layer`,
+`Unreachable(why)`: they say `inconclusive: why`. Neither is ever a pass (both are signals,
+attention_doctor/signals.py: no `except Exception` swallows them). The doctor calls an adapter
+inside `target_scope`: what the target's own forward raises fails the check (`target_raised`); what
+the adapter's code around it raises is `inconclusive` (a built-in adapter's: `doctor_error`, a
+user's: `adapter_error`). Built in: `Layer`,
 `TorchMHA` here, `CallableLM` (conventions.py), `HFCausalLM` (hf.py). docs/doctor.md has the
 protocol and a worked example.
 """
 import copy
+import functools
 import inspect
 import types
 from contextlib import contextmanager
@@ -17,21 +22,15 @@ from contextlib import contextmanager
 import torch
 import torch.nn as nn
 
-
-class Unsupported(Exception):
-    """The target lacks, by nature, what a check needs (no KV cache, no padding mask): the check
-    says `n/a: why`. Say in `why` what would enable it, e.g. "needs a padding mask (forward takes
-    no attention_mask)"."""
-
-
-class Unreachable(Unsupported):
-    """The target may have what a check needs, but the doctor cannot drive it (a cache of its own
-    kind, positions it rejects): the check says `inconclusive: why` (exit code 3), never n/a."""
-
-
-class TargetError(Exception):
-    """The doctor cannot use the target at all, or an optional dependency is missing: one line
-    that names the fix (the CLI exits 2 with it)."""
+from attention_doctor.signals import (  # noqa: F401
+    AdapterError,
+    DoctorBug,
+    Signal,
+    TargetError,
+    TargetRaised,
+    Unreachable,
+    Unsupported,
+)
 
 
 class Adapter:
@@ -75,14 +74,14 @@ class Adapter:
     def prefill(self, x):
         """Run x (B, T) with a fresh cache: (state, output (B, T, D)). A cache the target lacks:
         Unsupported; one it has but this adapter cannot drive: Unreachable."""
-        raise Unsupported("needs a KV cache (an Adapter with prefill and step)")
+        raise Unsupported("needs a KV cache (an Adapter with prefill and step)", "no_kv_cache")
 
     def step(self, state, x):
         """Run the new tokens x (B, T_new) after `state`: (state, output for the new tokens only,
         (B, T_new, D)). The doctor steps each state once: `step` may update the state in place
         (transformers' caches do) and need not accept a state stepped before; every trial starts
         from a fresh `prefill`."""
-        raise Unsupported("needs a KV cache (an Adapter with prefill and step)")
+        raise Unsupported("needs a KV cache (an Adapter with prefill and step)", "no_kv_cache")
 
     def paths(self) -> list[str]:
         """Names of the target's switchable attention paths (e.g. eager, sdpa); [] if none."""
@@ -91,7 +90,7 @@ class Adapter:
     @contextmanager
     def use_path(self, name: str):
         """A context in which the target runs attention path `name` (one of paths())."""
-        raise Unsupported("no switch between attention paths")
+        raise Unsupported("no switch between attention paths", "no_paths")
         yield
 
     def embedding(self) -> nn.Module | None:
@@ -137,6 +136,81 @@ def deep_copy(module: nn.Module) -> nn.Module:
     return new
 
 
+def builtin(adapter) -> bool:
+    """The adapter is one of the doctor's own (its code is the doctor's), not a user's subclass."""
+    return type(adapter).__module__.split(".")[0] == "attention_doctor"
+
+
+@contextmanager
+def target_scope(module: nn.Module):
+    """While the block runs, what the target's own forward raises is a TargetRaised: its forward is
+    wrapped (an attribute of the instance, removed after). The doctor's signals pass through
+    unchanged (a probe's or a hook's DoctorBug), and so does a TypeError of the call itself (the
+    caller passed an argument the forward does not take: the adapter's fault). Already inside
+    one: a no-op. A module whose forward cannot be replaced (a ScriptModule) yields False, and its
+    caller reads every exception as the target's, as before this wrapper."""
+    fwd = module.forward
+    if getattr(fwd, "_doctor_target", False):
+        yield True
+        return
+
+    @functools.wraps(fwd)
+    def forward(*args, **kwargs):
+        try:
+            return fwd(*args, **kwargs)
+        except Signal:
+            raise
+        except Exception as e:  # noqa: BLE001 -- raised inside the target's forward: TargetRaised (fail: target_raised)
+            if isinstance(e, TypeError) and e.__traceback__.tb_next is None:   # binding the arguments failed
+                raise
+            raise TargetRaised(e) from e
+    forward._doctor_target = True
+    own = module.__dict__.get("forward", None)
+    try:
+        object.__setattr__(module, "forward", forward)
+    except (AttributeError, TypeError, RuntimeError):   # a ScriptModule's forward is not an attribute to set
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        if own is None:
+            module.__dict__.pop("forward", None)
+        else:
+            object.__setattr__(module, "forward", own)
+
+
+def call(adapter, fn, *args, **kwargs):
+    """fn(*args, **kwargs), a member of `adapter` (forward, prefill, step, prepare, a path's
+    context), with what raised sorted by whose code it was: the target's forward -> TargetRaised;
+    a signal -> as it is; the adapter's own code around the target -> DoctorBug for a built-in
+    adapter (a doctor bug), AdapterError for a user's."""
+    with target_scope(adapter.module) as wrapped:
+        try:
+            return fn(*args, **kwargs)
+        except Signal:
+            raise
+        except Exception as e:  # noqa: BLE001 -- the adapter's own code raised: inconclusive (doctor_error or adapter_error), never the target's
+            if not wrapped:
+                raise TargetRaised(e) from e
+            where = getattr(fn, "__qualname__", "")
+            raise (DoctorBug(e, where) if builtin(adapter) else AdapterError(e, where)) from e
+
+
+def forget_history(module: nn.Module):
+    """Cut the autograd history of the tensors a module keeps between calls (a KV cache written in
+    a forward with autograd on, the last attention weights): a backward through this forward must
+    not reach a graph an earlier call of the doctor left and freed ("backward through the graph a
+    second time"). The values are unchanged (detach shares the storage)."""
+    for m in module.modules():
+        for k, v in list(vars(m).items()):
+            if isinstance(v, torch.Tensor) and not isinstance(v, nn.Parameter) and v.grad_fn is not None:
+                object.__setattr__(m, k, v.detach())
+        for k, v in list(m._buffers.items()):
+            if v is not None and v.grad_fn is not None:
+                m._buffers[k] = v.detach()
+
+
 def _first_output(out):
     """logits from logits, (logits, loss), or an object with .logits (HF's ModelOutput)."""
     if hasattr(out, "logits"):
@@ -180,9 +254,9 @@ class Layer(Adapter):
 
     def forward(self, x, mask=None, positions=None):
         if mask is not None:
-            raise Unsupported("needs a padding mask (a plain forward(x) takes none)")
+            raise Unsupported("needs a padding mask (a plain forward(x) takes none)", "no_padding_mask")
         if positions is not None:
-            raise Unsupported("needs positions (a layer takes none)")
+            raise Unsupported("needs positions (a layer takes none)", "no_positions")
         return _first_output(self.module(x))
 
 
@@ -209,7 +283,7 @@ class TorchMHA(Layer):
 
     def forward(self, x, mask=None, positions=None):
         if positions is not None:
-            raise Unsupported("needs positions (a layer takes none)")
+            raise Unsupported("needs positions (a layer takes none)", "no_positions")
         if not self.module.batch_first:
             x = x.transpose(0, 1)
         T = x.shape[0] if not self.module.batch_first else x.shape[1]

@@ -63,8 +63,9 @@ def main(argv=None) -> int:
         return EXIT_UNUSABLE
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     import torch
-    from attention_doctor.adapters import TargetError
-    from attention_doctor.examine import examine
+
+    from attention_doctor.examination import examine
+    from attention_doctor.signals import TargetError
     from attention_doctor.targets import resolve
     try:
         if args.device.startswith("cuda") and not torch.cuda.is_available():

@@ -23,8 +23,18 @@ from contextlib import contextmanager
 import torch
 import torch.nn as nn
 
-from attention_doctor.adapters import (CACHE_ARGS, Adapter, TargetError, Unreachable, Unsupported, _first_output as first_output,
-                                      _params, _var_kwargs)
+from attention_doctor.adapters import (
+    CACHE_ARGS,
+    Adapter,
+    TargetError,
+    Unreachable,
+    Unsupported,
+    _params,
+    _var_kwargs,
+    target_scope,
+)
+from attention_doctor.adapters import _first_output as first_output
+from attention_doctor.signals import TargetRaised, doctor_hook
 
 MASK_NAMES = ("attention_mask", "mask")
 POSITION_NAMES = ("position_ids", "pos", "positions", "input_pos", "start_pos")
@@ -64,7 +74,8 @@ class CallableLM(Adapter):
         self.targets = False          # the forward returns the last position only unless given targets
         self.mask_encoding = FIRST.get(self.mask_name)
         self.pos_table = None         # the name of a learned position table fed 0..T-1
-        self._paths = []              # "flash=False", "flash=True" where both run
+        self._paths = []              # "flash=False", "flash=True" where the module has both
+        self._broken = {}             # a path whose forward raised when found: its error
         self.cache = self._cache_kind()
         self.conventions = {}
 
@@ -84,8 +95,9 @@ class CallableLM(Adapter):
         return self.cache in ("start_pos", "input_pos")
 
     def prepare(self, x):
-        """Find, by measurement on x, what the names alone do not say."""
-        with torch.no_grad():
+        """Find, by measurement on x, what the names alone do not say (what the target's forward
+        raises is a TargetRaised here, as in the doctor's own calls)."""
+        with torch.no_grad(), target_scope(self.module):
             y = first_output(self._call(x))
             if y.dim() == 3 and y.shape[1] == 1 and x.shape[1] > 1 and "targets" in self.accepts:
                 self.targets = True
@@ -109,7 +121,7 @@ class CallableLM(Adapter):
         """An embedding (not the token one) that a plain forward feeds 0..T-1: a learned position table."""
         tok = token_embedding(self.module)
         fed = []
-        hooks = [m.register_forward_pre_hook(lambda m, a, n=n: fed.append((n, m, a[0] if a else None)))
+        hooks = [m.register_forward_pre_hook(doctor_hook(lambda m, a, n=n: fed.append((n, m, a[0] if a else None))))
                  for n, m in self.module.named_modules() if isinstance(m, nn.Embedding) and m is not tok]
         try:
             self._call(x)
@@ -128,26 +140,38 @@ class CallableLM(Adapter):
         return [m for m in self.module.modules() if isinstance(getattr(m, "flash", None), bool)]
 
     def _find_paths(self, x):
-        """Both settings of the modules' `flash` switch, where both run a forward."""
-        if not self._flags():
+        """Both settings of the modules' `flash` switch are paths, where each runs a forward or
+        raises for another reason than lacking what the module was built without: a setting
+        whose forward reads an attribute the flagged module does not have (nanoGPT registers its
+        causal mask buffer only when built without SDPA) is not a path of this module, by nature.
+        A setting that raises otherwise stays a path the doctor cannot drive (use_path:
+        Unreachable), never dropped."""
+        flags = self._flags()
+        if not flags:
             return
-        runs = []
+        runs, broken = [], {}
         for name in ("flash=False", "flash=True"):
             try:
                 with self.use_path(name):
                     self._call(x)
                 runs.append(name)
-            except Exception as e:
-                self.conventions["paths"] = f"{name} raises ({type(e).__name__}: {str(e)[:80]}): one path"
-        if len(runs) == 2:
-            self._paths = runs
-            self.conventions["paths"] = f"flash on {len(self._flags())} module(s), both settings"
+            except TargetRaised as e:
+                if _built_without(e.__cause__, flags):
+                    self.conventions["paths"] = f"{name}: the module was built without it ({e.error[:80]}): one path"
+                    return
+                broken[name] = e.error
+        self._paths, self._broken = ["flash=False", "flash=True"], broken
+        self.conventions["paths"] = f"flash on {len(flags)} module(s), both settings" + "".join(
+            f"; {n} raises ({err[:80]})" for n, err in broken.items())
 
     def paths(self):
         return list(self._paths)
 
     @contextmanager
     def use_path(self, name):
+        if name in self._broken:
+            raise Unreachable(f"path {name} raises ({self._broken[name][:120]}): the doctor cannot tell a path of this "
+                              "module from a setting of its flag it does not support (an Adapter's use_path can)")
         flags = self._flags()
         old = [m.flash for m in flags]
         for m in flags:
@@ -171,14 +195,15 @@ class CallableLM(Adapter):
         """The first encoding that masks padding: a mask with every token real leaves the outputs
         as they are without one, and left padding moves the real tokens' outputs (their queries no
         longer read the padding). One row: an unexpanded (B, T) mask broadcasts right there, so
-        the encoding is found for it too. None does (a mask the target ignores, or one of another
-        shape: torchtune's (B, T, T)): the checks that need a mask say they could not give one."""
+        the encoding is found for it too. None does (a mask the target ignores, one of another
+        shape: torchtune's (B, T, T), or a forward that raises under every encoding): the target
+        takes a mask the doctor cannot give, and the checks that need one are inconclusive."""
         one = x[:1]
         P = x.shape[1] // 4
         keep = torch.ones_like(one, dtype=torch.bool)
         plain = first_output(self._call(one)).double()
         order = [FIRST[self.mask_name]] + [e for e in ENCODINGS if e != FIRST[self.mask_name]]
-        self.mask_encoding = None
+        self.mask_encoding, raised = None, []
         for enc in order:
             keep[:, :P] = True
             try:
@@ -186,14 +211,20 @@ class CallableLM(Adapter):
                 keep[:, :P] = False
                 moved = _change(first_output(self._call(one, **{self.mask_name: ENCODINGS[enc](keep, self.dtype)}))[:, P:],
                                 plain[:, P:])
-            except Exception:
+            except TargetRaised as e:   # not this encoding; what it raised is said if none works
+                raised.append(f"{enc}: {e.error[:80]}")
                 continue
             if same <= EFFECT and moved > EFFECT:
                 self.mask_encoding = enc
                 self.conventions["mask"] = f"{self.mask_name} as {enc} (found by measurement)"
                 return
-        self.conventions["mask"] = (f"{self.mask_name}: no encoding tried ({', '.join(order)}) masks the padding "
-                                    "(all real: outputs unchanged; left padding: real outputs moved)")
+        if len(raised) == len(order):
+            self.conventions["mask"] = (f"{self.mask_name}: its forward raised under every encoding tried "
+                                        f"({'; '.join(raised)})")
+        else:
+            self.conventions["mask"] = (f"{self.mask_name}: no encoding tried ({', '.join(order)}) masks the padding "
+                                        "(all real: outputs unchanged; left padding: real outputs moved)"
+                                        + (f"; raised: {'; '.join(raised)}" if raised else ""))
 
     # -- the protocol ----------------------------------------------------------------------------
     def _call(self, x, **kw):
@@ -208,9 +239,9 @@ class CallableLM(Adapter):
         if mask is not None:
             if self.mask_name is None:
                 raise Unsupported("needs a padding mask (forward takes neither attention_mask nor mask; "
-                                  "an Adapter's forward(x, mask) enables it)")
-            if self.mask_encoding is None:
-                raise Unsupported(f"needs a padding mask the doctor can give: {self.conventions['mask']}; an "
+                                  "an Adapter's forward(x, mask) enables it)", "no_padding_mask")
+            if self.mask_encoding is None:   # it takes one: the doctor cannot give it (never n/a)
+                raise Unreachable(f"needs a padding mask the doctor can give: {self.conventions.get('mask', '')}; an "
                                   "Adapter's forward(x, mask) can")
             kw[self.mask_name] = ENCODINGS[self.mask_encoding](mask, self.dtype)
         if positions is None:
@@ -228,12 +259,12 @@ class CallableLM(Adapter):
             with self._fed(positions):
                 return first_output(self._call(x, **kw))
         raise Unsupported("needs positions (forward takes none of " + ", ".join(POSITION_NAMES) +
-                          " and no position table is fed 0..T-1)")
+                          " and no position table is fed 0..T-1)", "no_positions")
 
     @contextmanager
     def _fed(self, positions):
         table = self.module.get_submodule(self.pos_table)   # this adapter's module (a converted copy's own)
-        h = table.register_forward_pre_hook(lambda m, a: (positions,) + tuple(a[1:]))
+        h = table.register_forward_pre_hook(doctor_hook(lambda m, a: (positions,) + tuple(a[1:])))
         try:
             yield
         finally:
@@ -264,7 +295,8 @@ class CallableLM(Adapter):
             raise Unreachable(f"forward takes {other[0]}: a cache the doctor cannot drive (an Adapter with "
                               "prefill and step can)")
         raise Unsupported("no KV cache (forward takes none of start_pos, input_pos with set_kv_cache, "
-                          "cache with return_intermediates; an Adapter with prefill and step enables kv_cache)")
+                          "cache with return_intermediates; an Adapter with prefill and step enables kv_cache)",
+                          "no_kv_cache")
 
     def step(self, state, x):
         n = x.shape[1]
@@ -296,10 +328,21 @@ def _change(y, ref) -> float:
     return float((y - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
 
 
+def _built_without(e, flags) -> bool:
+    """e is an AttributeError raised by looking up an attribute a flagged module does not have
+    (nn.Module.__getattr__'s frame, its `self` one of them): the module was built without that path."""
+    if not isinstance(e, AttributeError) or e.__traceback__ is None:
+        return False
+    tb = e.__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return any(tb.tb_frame.f_locals.get("self") is m for m in flags)
+
+
 def uniform_offset(positions) -> int:
     """The one offset of positions that every row counts on from (start_pos / input_pos)."""
     start = int(positions.reshape(-1, positions.shape[-1])[0, 0])
     ramp = torch.arange(start, start + positions.shape[-1], device=positions.device)
     if not bool((positions == ramp).all()):
-        raise Unsupported("needs position ids per row (its positions are one offset for every row)")
+        raise Unsupported("needs position ids per row (its positions are one offset for every row)", "no_positions")
     return start

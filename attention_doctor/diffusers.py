@@ -20,7 +20,8 @@ from contextlib import contextmanager
 
 import torch
 
-from attention_doctor.adapters import Adapter, TargetError, Unsupported
+from attention_doctor.adapters import Adapter, TargetError, Unreachable, Unsupported, target_scope
+from attention_doctor.signals import TargetRaised, said
 from attention_doctor.xtransformers import parse
 
 WIDTH, HEADS, DIM_HEAD, IP_TOKENS = 32, 4, 8, 4
@@ -169,17 +170,20 @@ class DiffusersAttention(Adapter):
         self.causal = bool(getattr(module, "is_causal", False))
         self.d_model = getattr(module, "query_dim", None) or WIDTH
         self._paths = None
+        self._refused = {}   # a path that raised on a small input: its error
 
     def forward(self, x, mask=None, positions=None):
         if positions is not None:
-            raise Unsupported("needs positions (an attention processor takes rotary embeddings, not positions)")
+            raise Unsupported("needs positions (an attention processor takes rotary embeddings, not positions)",
+                              "no_positions")
         r, B = self.recipe, x.shape[0]
         kw = {}
         if self.cross:
             kw["encoder_hidden_states"] = self._context(x)
         if mask is not None:
             if r.get("mask_scope"):
-                raise Unsupported(f"needs a padding mask over its input (this processor masks {r['mask_scope']})")
+                raise Unsupported(f"needs a padding mask over its input (this processor masks {r['mask_scope']})",
+                                  "no_padding_mask")
             if self.cross:   # the keys hold the input twice: as the context (twice over) or as a second stream
                 mask = torch.cat([mask, mask], dim=-1)
         elif r.get("mask_required"):   # its processor reads the mask unconditionally: all keys visible
@@ -226,10 +230,25 @@ class DiffusersAttention(Adapter):
     def paths(self):
         """The current processor and the others diffusers treats as interchangeable with it on
         the same weights (its CROSS_ATTENTION_PROCESSORS / ADDED_KV_ATTENTION_PROCESSORS groups,
-        and the Fused<Name> / <Name> pair over fuse_projections()) that run here on a small input."""
+        and the Fused<Name> / <Name> pair over fuse_projections()) that take the same call here
+        (PROCESSORS: the same input layout, image-prompt tokens, joint stream, batch copies and
+        mask form). One that raises on a small input stays a path the doctor cannot drive
+        (use_path: Unreachable), never dropped."""
         if self._paths is None:
-            self._paths = [type(self.module.processor).__name__] + [n for n in self._alternatives() if self._runs(n)]
+            self._refused = {}
+            names = [n for n in self._alternatives() if self._same_call(n)]
+            for n in names:
+                err = self._runs(n)
+                if err:
+                    self._refused[n] = err
+            self._paths = [type(self.module.processor).__name__] + names
         return list(self._paths)
+
+    def _same_call(self, name) -> bool:
+        """The processor `name` is driven with the call this one is (PROCESSORS' keys that shape it)."""
+        keys = ("image", "ip_tokens", "joint", "copies", "mask", "mask_required", "mask_scope", "module")
+        mine, theirs = self.recipe, recipe(name)
+        return all(mine.get(k) == theirs.get(k) for k in keys)
 
     def _alternatives(self) -> list[str]:
         from diffusers.models import attention_processor as ap
@@ -243,17 +262,28 @@ class DiffusersAttention(Adapter):
             names.add(twin)
         return sorted(n for n in names - {cur} if "cannot" not in recipe(n))
 
-    def _runs(self, name) -> bool:
+    def _runs(self, name) -> str | None:
+        """None where the processor `name` runs a forward on a small input here, else what it raised."""
         try:
-            with self.use_path(name), torch.no_grad():
+            cm = self.use_path(name)
+            cm.__enter__()
+        except Exception as e:  # noqa: BLE001 -- diffusers refuses to build or set this processor here: the path stays, unreachable (inconclusive), never dropped
+            return said(e)
+        try:
+            with torch.no_grad(), target_scope(self.module):   # a no-op inside the doctor's own scope
                 self.forward(torch.zeros(1, 4, self.d_model, dtype=self.dtype, device=self.device))
-            return True
-        except Exception:
-            return False
+        except TargetRaised as e:
+            return e.error
+        finally:
+            cm.__exit__(None, None, None)
+        return None
 
     @contextmanager
     def use_path(self, name):
         from diffusers.models import attention_processor as ap
+        if name in getattr(self, "_refused", {}):
+            raise Unreachable(f"path {name} raises on this module's call ({self._refused[name][:120]}): diffusers "
+                              "lists it as interchangeable, the doctor cannot drive it")
         old = self.module.processor
         if name != type(old).__name__:
             if "fuse" in recipe(name) and not getattr(self.module, "fused_projections", False):

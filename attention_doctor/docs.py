@@ -2,15 +2,15 @@
 
     python -m attention_doctor.docs docs/doctor.md     # rewrite the tables between their markers
 
-The checks (`<!-- BEGIN checks -->` ... `<!-- END checks -->`) and the causes their rows name
-(`<!-- BEGIN causes -->` ... `<!-- END causes -->`); tests/test_doctor_registry.py holds the file
-equal to what this writes."""
+The checks (`<!-- BEGIN checks -->` ... `<!-- END checks -->`), the causes their rows name
+(`<!-- BEGIN causes -->` ... `<!-- END causes -->`) and the measurements they carry
+(`<!-- BEGIN measures -->` ... `<!-- END measures -->`); tests/test_doctor_registry.py holds the
+file equal to what this writes. Torch-free."""
 import re
 import sys
 from pathlib import Path
 
-from attention_doctor.checks import REGISTRY
-from attention_doctor.checks.common import COMMON_CAUSES
+from attention_doctor.checks import COMMON_CAUSES, COMMON_MEASURES, REGISTRY
 
 
 def _cell(text: str) -> str:
@@ -31,14 +31,23 @@ def checks_table() -> str:
 
 
 def causes_table() -> str:
-    """Every cause a row may name: each check's own, then those every check shares."""
-    out = ["| check | cause | meaning |", "|---|---|---|"]
-    out += [f"| {c.name} | `{k}` | {_cell(v)} |" for c in REGISTRY for k, v in c.causes.items()]
-    out += [f"| any | `{k}` | {_cell(v)} |" for k, v in COMMON_CAUSES.items()]
+    """Every cause a row may name, with the outcome it comes with: each check's own, then those
+    every check shares."""
+    out = ["| check | cause | outcome | meaning |", "|---|---|---|---|"]
+    out += [f"| {c.name} | `{k}` | {v.outcome} | {_cell(v.meaning)} |" for c in REGISTRY for k, v in c.causes.items()]
+    out += [f"| any | `{k}` | {v.outcome} | {_cell(v.meaning)} |" for k, v in COMMON_CAUSES.items()]
     return "\n".join(out)
 
 
-BLOCKS = {"checks": checks_table, "causes": causes_table}
+def measures_table() -> str:
+    """Every measurement a row may carry: each check's own, then those any row may."""
+    out = ["| check | label | measurement | what it is |", "|---|---|---|---|"]
+    out += [f"| {c.name} | {c.short} | `{k}` | {_cell(v)} |" for c in REGISTRY for k, v in c.measures.items()]
+    out += [f"| any | | `{k}` | {_cell(v)} |" for k, v in COMMON_MEASURES.items()]
+    return "\n".join(out)
+
+
+BLOCKS = {"checks": checks_table, "causes": causes_table, "measures": measures_table}
 
 
 def render(text: str) -> str:

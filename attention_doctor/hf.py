@@ -130,14 +130,14 @@ class HFCausalLM(Adapter):
             kw["attention_mask"] = mask.long()
         if positions is not None:
             if "position_ids" not in _params(self.module.forward):
-                raise Unsupported("needs position ids (its forward takes no position_ids)")
+                raise Unsupported("needs position ids (its forward takes no position_ids)", "no_positions")
             kw["position_ids"] = positions
         return self.module(input_ids=x, **kw).logits
 
     def prefill(self, x):
         takes = _params(self.module.forward)
         if not _takes(self.module.forward, "use_cache") and not takes & CACHE_ARGS:
-            raise Unsupported("no KV cache (its forward takes no use_cache or cache argument)")
+            raise Unsupported("no KV cache (its forward takes no use_cache or cache argument)", "no_kv_cache")
         out = self.module(input_ids=x, use_cache=True)
         if getattr(out, "past_key_values", None) is None:
             own = sorted(takes & (CACHE_ARGS - {"use_cache", "past_key_values"}))
@@ -145,7 +145,7 @@ class HFCausalLM(Adapter):
                 raise Unreachable(f"use_cache=True returned no past_key_values; its forward takes "
                                   f"{', '.join(own or ['past_key_values'])}, a cache the doctor does not drive")
             raise Unsupported("no KV cache (use_cache=True returned no past_key_values and its forward takes no "
-                              "cache argument)")
+                              "cache argument)", "no_kv_cache")
         return out.past_key_values, out.logits
 
     def step(self, state, x):

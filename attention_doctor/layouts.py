@@ -13,6 +13,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from attention_doctor.signals import doctor_hook
+
 NORM_PAIRS = [("q_norm", "k_norm"), ("q_layernorm", "k_layernorm"), ("query_layernorm", "key_layernorm"),
               ("q_ln", "k_ln")]
 PROJ_PAIRS = [("q_proj", "k_proj"), ("W_q", "W_k"), ("query", "key"), ("wq", "wk"), ("to_q", "to_k"),
@@ -38,8 +40,9 @@ def _child(m, name):
 
 @contextmanager
 def _hooks(*pairs):
-    """Forward hooks, (module, fn) each, held for the with block and removed on the way out."""
-    handles = [m.register_forward_hook(fn) for m, fn in pairs]
+    """Forward hooks, (module, fn) each, held for the with block and removed on the way out. They
+    run inside the target's forward: what they raise is a DoctorBug, never the target's."""
+    handles = [m.register_forward_hook(doctor_hook(fn)) for m, fn in pairs]
     try:
         yield
     finally:
@@ -205,7 +208,7 @@ class MHASite(Site):
             q = F.linear(q_in, wq[sq], None if bq is None else bq[bsq])
             k = F.linear(k_in, wk[sk], None if bk is None else bk[bsk])
             out.append((_rms(q), _rms(k)))
-        h = self.module.register_forward_pre_hook(pre, with_kwargs=True)
+        h = self.module.register_forward_pre_hook(doctor_hook(pre), with_kwargs=True)
         try:
             yield
         finally:

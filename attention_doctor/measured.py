@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 
 from attention_doctor.layouts import Site, _hooks, _rms
+from attention_doctor.signals import DoctorBug, TargetRaised
 
 
 class ColumnSite(Site):
@@ -108,8 +109,10 @@ def find(ctx, sited: set) -> list[tuple[str, nn.Module, Site]]:
         p.on_call = lambda: marks.append(len(outs))
         try:
             ctx.run(ctx.sample(k=95), grad=True)
-        except Exception:   # the target's error is the checks' to report
+        except TargetRaised:   # the target's error is the checks' to report
             return []
+    if p.errors:
+        raise DoctorBug(p.errors[0], "the probe") from p.errors[0]
     found, seen = [], set()
     for c, mark in zip(p.calls, marks):
         if c.module in sited or "graph" not in c.extra:

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from attention_doctor.handmade import as_matmul, einsum_operands, fitted_scale, normalised_dim
+from attention_doctor.signals import doctor_hook
 
 SDPA = {F.scaled_dot_product_attention}
 SOFTMAX = {F.softmax, torch.softmax, torch.Tensor.softmax, torch.special.softmax}
@@ -135,7 +136,7 @@ class Probe(TorchFunctionMode):
         self.qk_matmuls = set(qk_matmuls)
         self._matmuls: dict[str, int] = {}   # module -> matmuls it ran so far
         self.calls: list[Call] = []
-        self.errors: list[str] = []   # raised by the probe's own code (a doctor bug), not the target
+        self.errors: list[Exception] = []   # raised by the probe's own code (a doctor bug), not the target
         self._stack: list[tuple[str, bool]] = []   # (module name, recorded by the project's recorder)
         self._hooks = []
         self._recorders = []
@@ -150,8 +151,8 @@ class Probe(TorchFunctionMode):
             if own:
                 self._recorders.append((m, m.recorder))
                 m.recorder = _Capture(self, name, m)
-            self._hooks.append(m.register_forward_pre_hook(lambda mod, a, n=name, o=own: self._stack.append((n, o))))
-            self._hooks.append(m.register_forward_hook(lambda mod, a, out: self._stack.pop() and None))
+            self._hooks.append(m.register_forward_pre_hook(doctor_hook(lambda mod, a, n=name, o=own: self._stack.append((n, o)))))
+            self._hooks.append(m.register_forward_hook(doctor_hook(lambda mod, a, out: self._stack.pop() and None)))
         return super().__enter__()
 
     def __exit__(self, *exc):
@@ -184,10 +185,10 @@ class Probe(TorchFunctionMode):
             mm = (where, self._matmuls.get(where, 0))
             self._matmuls[where] = mm[1] + 1
             if mm in self.qk_matmuls and self._scaling(where):
-                args, kwargs = _scaled_matmul(func, args, kwargs, self.qk_factor)
+                args, kwargs = doctor_hook(_scaled_matmul)(func, args, kwargs, self.qk_factor)
         out = func(*args, **kwargs)
         if self._recording():
-            try:
+            with self._kept():
                 if func in SOFTMAX:
                     self._softmax(args, kwargs, out)
                 elif func in MATMUL:
@@ -201,9 +202,16 @@ class Probe(TorchFunctionMode):
                         self._matmul(ab[0], ab[1], out, mm)
                 elif func in EXP:
                     self._exp(args[0])
-            except Exception as e:   # the doctor's own error: the target's forward goes on
-                self.errors.append(f"{type(e).__name__}: {e}")
         return out
+
+    @contextmanager
+    def _kept(self):
+        """The probe's own recording: what it raises is kept, the target's forward goes on, and
+        Context.probe raises it after the forward as a DoctorBug (never the target's exception)."""
+        try:
+            yield
+        except Exception as e:  # noqa: BLE001 -- the probe's own code raised: kept for a DoctorBug (inconclusive: doctor error), never the target's
+            self.errors.append(e)
 
     def _add(self, call, q=None, k=None):
         if self.keep_graph and q is not None and k is not None:
@@ -230,12 +238,13 @@ class Probe(TorchFunctionMode):
         def plain(fn, a, kw):
             out = fn(*a, **kw)
             if self._recording():
-                if fn is softmax:
-                    self._softmax(a, kw, out)
-                elif fn is baddbmm:
-                    self._matmul(_arg(a, kw, 1, "batch1"), _arg(a, kw, 2, "batch2"), out)
-                else:
-                    self._matmul(a[0], a[1], out)
+                with self._kept():
+                    if fn is softmax:
+                        self._softmax(a, kw, out)
+                    elif fn is baddbmm:
+                        self._matmul(_arg(a, kw, 1, "batch1"), _arg(a, kw, 2, "batch2"), out)
+                    else:
+                        self._matmul(a[0], a[1], out)
             return out
         swaps = [(F, "softmax", seen(F.softmax, plain)),
                  (F, "scaled_dot_product_attention", seen(F.scaled_dot_product_attention, self._sdpa)),
@@ -250,15 +259,24 @@ class Probe(TorchFunctionMode):
                 setattr(mod, name, fn)
 
     def _sdpa(self, func, args, kwargs):
+        args, kwargs = doctor_hook(self._sdpa_args)(args, kwargs)
+        out = func(*args, **kwargs)
+        if self._recording() or not self.modules:
+            with self._kept():
+                self._sdpa_call(args, kwargs, out)
+        return out
+
+    def _sdpa_args(self, args, kwargs):
+        """SDPA's arguments with q, k, v positional, amplified where the probe scales them."""
         kwargs = dict(kwargs)   # q, k, v may come by name (diffusers' Flux processors: query=, key=, value=)
         args = tuple(args) + tuple(kwargs.pop(n) for n in ("query", "key", "value")[len(args):] if n in kwargs)
         q, k, v = args[0], args[1], args[2]
         if self._scaling(self._where()) and (self._recording() or not self.modules):
-            q, k = q * self.qk_factor, k * self.qk_factor
-            args = (q, k, v) + tuple(args[3:])
-        out = func(*args, **kwargs)
-        if not self._recording() and self.modules:
-            return out
+            args = (q * self.qk_factor, k * self.qk_factor, v) + tuple(args[3:])
+        return args, kwargs
+
+    def _sdpa_call(self, args, kwargs, out):
+        q, k, v = args[0], args[1], args[2]
         mask = _arg(args, kwargs, 3, "attn_mask")
         dropout_p = float(_arg(args, kwargs, 4, "dropout_p", 0.0) or 0.0)
         is_causal = bool(_arg(args, kwargs, 5, "is_causal", False))
@@ -277,7 +295,6 @@ class Probe(TorchFunctionMode):
             visible = torch.ones(T_q, T_k, dtype=torch.bool, device=q.device).tril()
         self._add(Call("sdpa", self._where(), q=q.detach(), k=kk, v=vv, out=out.detach(),
                        visible=visible, bias=bias, scale=scale, dropout_p=dropout_p), q, _expand(k, h))
-        return out
 
     def _softmax(self, args, kwargs, out):
         s = args[0]
@@ -389,6 +406,10 @@ class _Capture:
         pass
 
     def record(self, name, q, k, scores, weights, mask, out=None, v=None, scale=1.0):
+        with self.probe._kept():   # the doctor's code inside the target's forward
+            self._record(q, k, scores, weights, mask, out, v, scale)
+
+    def _record(self, q, k, scores, weights, mask, out, v, scale):
         h = q.shape[1]
         self.probe._add(Call("project", self.name, q=q.detach(), k=_expand(k.detach(), h),
                              v=None if v is None else _expand(v.detach(), h),

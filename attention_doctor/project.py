@@ -34,7 +34,7 @@ class ProjectLM(Adapter):
                 return self.module(x, key_padding_mask=mask)
             finally:
                 cfg.pad_positions = old
-        raise Unsupported("needs per-row position ids (the LM takes a start or positions from its mask)")
+        raise Unsupported("needs per-row position ids (the LM takes a start or positions from its mask)", "no_positions")
 
     @property
     def implementation(self):
@@ -78,7 +78,7 @@ class ProjectLayer(Adapter):
 
     def forward(self, x, mask=None, positions=None):
         if positions is not None:
-            raise Unsupported("needs positions (a layer takes none)")
+            raise Unsupported("needs positions (a layer takes none)", "no_positions")
         return self.module(x, x, x, is_causal=bool(self.causal), key_padding_mask=mask)[0]
 
     @property
@@ -136,7 +136,7 @@ def build_self(overrides: list[str], seed: int = 0):
                           f"requirements.txt in the clone ({e})") from None
     try:
         cfg = compose(overrides)
-    except Exception as e:  # Hydra's errors: an unknown key, a bad value
+    except Exception as e:  # noqa: BLE001 -- Hydra's errors (an unknown key, a bad value): TargetError (exit 2, Hydra's one line)
         raise TargetError(f"self: {' '.join(overrides)}: {str(e).splitlines()[0]}") from None
     from attention.lm import ModelConfig, TransformerLM
     model_cfg = {**cfg["model"], "vocab_size": cfg["data"].get("vocab_size") or 64}

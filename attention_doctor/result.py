@@ -1,58 +1,139 @@
-"""A doctor's result: one row per check, printed as a table, written as JSON, asserted in a test.
+"""A doctor's result, the one schema every reader uses: one Row per check, printed as a table,
+written as JSON and read back (Row.from_dict, DoctorResult.from_dict / from_json: this file's
+format and the older one whose rows held only `"verdict": "n/a: why"`). Torch-free.
 
 Outcomes, one meaning each (docs/doctor.md, "Outcomes and exit codes"):
-  pass               the check ran on this target and held
-  fail               it ran and found the failure (`cause` names which pattern broke)
-  warn               it ran and held only with what the caller must pass (e.g. position ids from
-                     the mask); without it the failure shows: the row says what to pass
-  n/a: why           the target cannot have this failure or lacks the interface by nature (no
-                     KV cache, no padding mask, not causal); `why` says what would enable it
-  inconclusive: why  the check applies, or may apply, but the doctor could not perform it (it
-                     could not see the scores, its own code raised, a part of it could not run)
+  pass          the check ran on this target and held
+  fail          it ran and found the failure (`cause` names which pattern broke)
+  warn          it ran and held only with what the caller must pass (e.g. position ids from the
+                mask); without it the failure shows: the row says what to pass
+  n/a           the target cannot have this failure or lacks the interface by nature (no KV
+                cache, no padding mask, not causal); `reason` says what would enable it
+  inconclusive  the check applies, or may apply, but the doctor could not perform it (it could
+                not see the scores, its own code raised, a part of it could not run); `reason` says why
+
+A row: name; outcome; reason (n/a and inconclusive: why); cause (a name from the check's record
+or the common causes, attention_doctor.checks.record); measured and tolerance (the number judged
+and how); measurements (named values, declared per check in its record: the same names whatever
+the wording of detail); experiment and thread (from the check's record); detail (prose for
+people, never parsed). `verdict` ("pass", "n/a: why") is derived, for display.
 """
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+from enum import Enum
 
-PASS, FAIL, WARN, NA, INCONCLUSIVE = "pass", "fail", "warn", "n/a", "inconclusive"
-OUTCOMES = (PASS, FAIL, WARN, NA, INCONCLUSIVE)   # n/a and inconclusive carry ": why"
+SCHEMA = 2   # the JSON's version: 1 (no `schema` key) held the outcome and reason in `verdict` alone
+
+
+class Outcome(str, Enum):
+    """A check's outcome (a str: compares equal to its value)."""
+    PASS = "pass"
+    FAIL = "fail"
+    WARN = "warn"
+    NA = "n/a"
+    INCONCLUSIVE = "inconclusive"
+
+    def __str__(self):
+        return self.value
+
+    def __format__(self, spec):
+        return format(self.value, spec)
+
+
+PASS, FAIL, WARN, NA, INCONCLUSIVE = Outcome
+OUTCOMES = tuple(Outcome)
 # exit codes (the CLI's, and DoctorResult.exit_code); 2 is the CLI's alone: no result at all
 EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE, EXIT_INCONCLUSIVE = 0, 1, 2, 3
+# what a check held to (measured or judged): the outcomes that count in info["checks_run"]
+RAN = (PASS, FAIL, WARN)
+
+
+def parse_verdict(verdict: str) -> tuple[Outcome, str]:
+    """(outcome, reason) of a display verdict ("pass", "n/a: why"); an older doctor's `skip: why`
+    is inconclusive, and so is anything not an outcome: never a pass."""
+    head, _, why = (verdict or "").partition(":")
+    head, why = head.strip(), why.strip()
+    try:
+        return Outcome(head), why
+    except ValueError:
+        return INCONCLUSIVE, (verdict or "").strip()
+
+
+def _to_json(x):
+    """JSON has no NaN or inf: they are written as the strings "nan", "inf", "-inf"."""
+    if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
+        return str(x)
+    if isinstance(x, dict):
+        return {k: _to_json(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_to_json(v) for v in x]
+    return x
+
+
+def _from_json(x):
+    if x in ("nan", "inf", "-inf"):
+        return float(x)
+    if isinstance(x, dict):
+        return {k: _from_json(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_from_json(v) for v in x]
+    return x
 
 
 @dataclass
 class Row:
-    """One check's outcome. verdict: `pass`, `fail`, `warn`, `n/a: why` or `inconclusive: why`;
-    measured: the number judged (None when nothing was); tolerance: how it was judged, e.g.
-    "<= 1e-06"; experiment: the catalogue's `python run.py +exp=NAME` that reproduces the failure
-    this check looks for; thread: the public issue where it was shipped; detail: what was
-    measured, in words; cause: which pattern broke or why the check could not run, a short
-    machine-readable name the check's registry record explains (docs/doctor.md), "" if none."""
+    """One check's outcome (the module docstring lists the fields)."""
     name: str
-    verdict: str
+    outcome: Outcome
+    reason: str = ""
+    cause: str = ""
     measured: float | None = None
     tolerance: str = ""
+    measurements: dict = field(default_factory=dict)
     experiment: str = ""
     thread: str = ""
     detail: str = ""
-    cause: str = ""
+
+    def __post_init__(self):
+        self.outcome = Outcome(self.outcome)
 
     @property
-    def outcome(self) -> str:
-        """The verdict without its reason: one of OUTCOMES."""
-        return self.verdict.split(":", 1)[0]
+    def verdict(self) -> str:
+        """The outcome with its reason, for display: `pass`, `n/a: why`, `inconclusive: why`."""
+        return f"{self.outcome.value}: {self.reason}" if self.reason else self.outcome.value
 
     @property
     def failed(self) -> bool:
-        return self.outcome == FAIL
+        return self.outcome is FAIL
 
     @property
     def inconclusive(self) -> bool:
-        return self.outcome == INCONCLUSIVE
+        return self.outcome is INCONCLUSIVE
 
     @property
     def not_applicable(self) -> bool:
-        return self.outcome == NA
+        return self.outcome is NA
+
+    def to_dict(self) -> dict:
+        """The JSON form (non-finite numbers as strings; `verdict` derived, for readers of the
+        older format)."""
+        return _to_json({"name": self.name, "outcome": self.outcome.value, "reason": self.reason, "cause": self.cause,
+                         "measured": self.measured, "tolerance": self.tolerance, "measurements": self.measurements,
+                         "experiment": self.experiment, "thread": self.thread, "detail": self.detail,
+                         "verdict": self.verdict})
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Row":
+        """A row from its JSON form, this one or the older one (`verdict` holding the outcome and
+        its reason, no measurements)."""
+        if "outcome" in d:
+            outcome, reason = Outcome(d["outcome"]), d.get("reason", "")
+        else:
+            outcome, reason = parse_verdict(d.get("verdict", ""))
+        return cls(d["name"], outcome, reason, d.get("cause") or "", _from_json(d.get("measured")),
+                   d.get("tolerance") or "", _from_json(d.get("measurements") or {}), d.get("experiment") or "",
+                   d.get("thread") or "", d.get("detail") or "")
 
 
 def _num(x) -> str:
@@ -63,17 +144,11 @@ def _num(x) -> str:
     return f"{x:.3g}"
 
 
-def _json_num(x):
-    """JSON has no NaN or inf: they are written as strings."""
-    if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
-        return str(x)
-    return x
-
-
 @dataclass
 class DoctorResult:
     """What examine() found: `checks`, one Row per check run, in order; `info`, what the doctor
-    found out about the target (kind, attention implementation, calls seen, causal, timings)."""
+    found out about the target (kind, attention implementation, calls seen, its description,
+    timings)."""
     target: str
     checks: list[Row] = field(default_factory=list)
     info: dict = field(default_factory=dict)
@@ -108,10 +183,19 @@ class DoctorResult:
         """{check: verdict}."""
         return {r.name: r.verdict for r in self.checks}
 
+    def outcomes(self) -> dict[str, Outcome]:
+        """{check: outcome}."""
+        return {r.name: r.outcome for r in self.checks}
+
     def to_dict(self) -> dict:
-        """The JSON form: target, exit_code, the rows (NaN and inf as strings), info."""
-        rows = [{k: _json_num(v) for k, v in asdict(r).items()} for r in self.checks]
-        return {"target": self.target, "exit_code": self.exit_code, "checks": rows, "info": self.info}
+        """The JSON form: schema, target, exit_code, the rows (Row.to_dict), info."""
+        return {"schema": SCHEMA, "target": self.target, "exit_code": self.exit_code,
+                "checks": [r.to_dict() for r in self.checks], "info": _to_json(self.info)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DoctorResult":
+        """A result from its JSON form (this schema or the older one; its exit code is derived)."""
+        return cls(d.get("target", ""), [Row.from_dict(c) for c in d.get("checks", [])], _from_json(d.get("info") or {}))
 
     def to_json(self, path=None) -> str:
         """to_dict() as JSON text, also written to `path` when given."""
@@ -120,6 +204,15 @@ class DoctorResult:
             with open(path, "w") as f:
                 f.write(text)
         return text
+
+    @classmethod
+    def from_json(cls, text_or_path) -> "DoctorResult":
+        """from_dict of JSON text, or of the file at a path."""
+        text = str(text_or_path)
+        if not text.lstrip().startswith("{"):
+            with open(text) as f:
+                text = f.read()
+        return cls.from_dict(json.loads(text))
 
     def header(self) -> str:
         """The target and what the doctor saw of its attention (the table's first line)."""
@@ -142,7 +235,7 @@ class DoctorResult:
             out.append(f"{len(self.inconclusive)} inconclusive (the doctor could not perform them; never a pass): "
                        + ", ".join(r.name + (f" ({r.cause})" if r.cause else "") for r in self.inconclusive))
         if not out:
-            warned = [r.name for r in self.checks if r.outcome == WARN]
+            warned = [r.name for r in self.checks if r.outcome is WARN]
             out.append("nothing failed" + (f"; read the warning: {', '.join(warned)}" if warned else ""))
         return "\n".join(out)
 

@@ -44,7 +44,7 @@ def resolve(target: str, attn_impl: str | None = None):
         sys.path.insert(0, str(Path.cwd()))
     try:
         mod = importlib.import_module(mod_name)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 -- the user's module does not import: TargetError (exit 2, one line naming it), no traceback
         fix = ""
         if isinstance(e, ModuleNotFoundError) and e.name == "transformers":
             from attention_doctor.hf import INSTALL
@@ -60,7 +60,7 @@ def resolve(target: str, attn_impl: str | None = None):
     if callable(obj):
         try:
             obj = obj()
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 -- the user's factory raised: TargetError (exit 2, one line), no traceback
             raise TargetError(f"{target}: calling {attr}() raised {type(e).__name__}: {e}") from None
     if not isinstance(obj, (nn.Module, Adapter)):
         raise TargetError(f"{target}: {attr} is a {type(obj).__name__}, not a torch.nn.Module or an "

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 import torch
 
 from attention_doctor.adapters import Adapter, TargetError, Unsupported
+from attention_doctor.signals import doctor_hook
 
 # A small model: the doctor's inputs are 16 tokens; positions reach +4096 (long_positions)
 SMALL = dict(num_tokens=64, max_seq_len=8192)
@@ -140,7 +141,7 @@ class XTransformersLM(Adapter):
         if "pos" not in kw or not isinstance(rotary, torch.nn.Module):
             return self.module(x, **kw)
         seen = []
-        hook = rotary.register_forward_hook(lambda m, args, out: seen.append(args[0]))
+        hook = rotary.register_forward_hook(doctor_hook(lambda m, args, out: seen.append(args[0])))
         try:
             out = self.module(x, **kw)
         finally:
@@ -148,7 +149,7 @@ class XTransformersLM(Adapter):
         T = x.shape[1]
         if not any(t.numel() >= T and torch.equal(t.reshape(-1)[-T:].long(), kw["pos"].reshape(-1)[-T:]) for t in seen):
             raise Unsupported(f"needs positions (this release's TransformerWrapper does not pass pos= on to its "
-                              f"{type(rotary).__name__}: it counts from 0)")
+                              f"{type(rotary).__name__}: it counts from 0)", "no_positions")
         return out
 
     def _positions(self, pos) -> dict:
@@ -163,13 +164,13 @@ class XTransformersLM(Adapter):
         rel = getattr(getattr(self.module, "attn_layers", None), "rel_pos", None)
         if rel is not None and type(rel).__name__ != "AlibiPositionalBias":   # x-transformers asserts so
             raise Unsupported(f"needs positions ({type(rel).__name__} takes no pos=; only left padding's "
-                              "seq_start_pos=)")
+                              "seq_start_pos=)", "no_positions")
         return {"pos": pos[0] if bool((pos == pos[:1]).all()) else pos}
 
     def prefill(self, x):
         if not getattr(self.module, "can_cache_kv", False):
             raise Unsupported("needs a KV cache (this TransformerWrapper says can_cache_kv=False: memory "
-                              "tokens, recycling or an attention option that cannot be cached)")
+                              "tokens, recycling or an attention option that cannot be cached)", "no_kv_cache")
         logits, cache = self.module(x, cache=None, return_intermediates=True)
         return (x, cache), logits
 
@@ -188,7 +189,8 @@ class XTransformersLM(Adapter):
     @contextmanager
     def use_path(self, name):
         if name not in self.paths():
-            raise Unsupported(f"no path {name} (paths: {', '.join(self.paths()) or 'none: built with flash=False'})")
+            raise Unsupported(f"no path {name} (paths: {', '.join(self.paths()) or 'none: built with flash=False'})",
+                              "no_paths")
         attends = _attends(self.module)
         old = [a.flash for a in attends]
         for a in attends:

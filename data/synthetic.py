@@ -1,6 +1,5 @@
 """Deterministic synthetic tasks: batch `step` of a task is a pure function of (seed, split, step),
 so a resumed run sees exactly the stream it would have seen, with no state to checkpoint."""
-import math
 from dataclasses import dataclass, field
 
 import torch
@@ -39,10 +38,6 @@ class Task:
 
     def sample(self, g: torch.Generator, batch_size: int) -> Batch:
         raise NotImplementedError
-
-    @property
-    def chance_loss(self) -> float:
-        return math.log(self.vocab_size)
 
 
 class CopyTask(Task):

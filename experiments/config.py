@@ -27,7 +27,8 @@ def exp_as_choice(overrides) -> list[str]:
 def compose_config(overrides=(), return_hydra_config: bool = False):
     """conf/config.yaml with overrides, as Hydra's DictConfig (with its `hydra` node if asked):
     the one composition run.py makes, text version included."""
-    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     GlobalHydra.instance().clear()
     with initialize_config_dir(version_base="1.3", config_dir=str(CONF)):

@@ -21,11 +21,14 @@ import yaml
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 # text task -> its corpus. *_lines: one padded line per example. Thresholds are set on Shakespeare;
-# the Python source (data/text.py) only checks that each signature holds on another kind of text.
+# the Python source and Chichewa (data/text.py) only check that each signature holds on other text.
 CORPUS = {"shakespeare_char": "shakespeare", "shakespeare_lines": "shakespeare",
-          "python_source_char": "python_source", "python_source_lines": "python_source"}
+          "python_source_char": "python_source", "python_source_lines": "python_source",
+          "chichewa_char": "chichewa", "chichewa_lines": "chichewa"}
 TEXT_TASKS = tuple(CORPUS)
 REFERENCE_CORPUS = "shakespeare"
+# each corpus as the report names it, in the report's order (the reference first)
+CORPUS_NAMES = {"shakespeare": "tiny Shakespeare", "python_source": "Python source", "chichewa": "Chichewa"}
 
 
 class NoTextVersion(ValueError):

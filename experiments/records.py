@@ -11,8 +11,7 @@ from pathlib import Path
 
 from attention.config import defaults
 from experiments.io import load_attn_weights
-from experiments.layout import ATTN_WEIGHTS, METRICS, PERF, SUMMARY
-
+from experiments.layout import ATTN_WEIGHTS, METRICS, SUMMARY
 
 
 def error_message(e: BaseException) -> str:
@@ -178,10 +177,6 @@ class RunRecord:
 
     def metrics_frame(self):
         return rows_frame(self.metrics())
-
-    def perf_rows(self) -> list[dict]:
-        """perf.csv: tokens/s per logged step."""
-        return read_rows(self.dir / PERF)
 
     def attn_weights(self):
         return read_attn_weights(self.dir)

@@ -15,8 +15,7 @@ and what is allowed.
 import sys
 from pathlib import Path
 
-from attention.config import NONNEG_INT, POS_INT, PROB, Allowed, ModelConfig, config_fields, not_allowed, show
-
+from attention.config import NONNEG_INT, POS_INT, Allowed, ModelConfig, config_fields, not_allowed, show
 from experiments.suggest import did_you_mean
 
 
@@ -69,7 +68,7 @@ SCHEMA: dict[str, Allowed] = {
     "train.dtype": Allowed("str", choices=("auto", *DTYPES)),
     "train.compile": Allowed("bool"),
     "train.progress": Allowed("str", choices=("auto", True, False)),
-    "train.threads": Allowed("int", lo=1, null=True),   # torch CPU threads; null: torch's default
+    "train.threads": Allowed("int", lo=1, null=True, choices=("auto",), number=True),  # torch CPU threads: auto (the free cores), N, null (torch's default)
     "train.z_loss": Allowed("float", lo=0),     # PaLM's z-loss coefficient on mean(log Z^2); 0: off
     "logger.name": Allowed("str", choices=LOGGERS),
 }
@@ -103,6 +102,11 @@ TASK_KEYS = {
     "python_source_lines": {"data.vocab_size": Allowed("int", lo=2, null=True),
                             "data.train_fraction": Allowed("float", lo=0, hi=1, lo_open=True, hi_open=True),
                             "data.pad_side": Allowed("str", choices=_pad_sides)},
+    "chichewa_char": {"data.path": Allowed("str", null=True), "data.vocab_size": Allowed("int", lo=2, null=True),
+                      "data.train_fraction": Allowed("float", lo=0, hi=1, lo_open=True, hi_open=True)},
+    "chichewa_lines": {"data.path": Allowed("str", null=True), "data.vocab_size": Allowed("int", lo=2, null=True),
+                       "data.train_fraction": Allowed("float", lo=0, hi=1, lo_open=True, hi_open=True),
+                       "data.pad_side": Allowed("str", choices=_pad_sides)},
 }
 
 EXP_KEYS = {"exp.name": Allowed("str"), "exp.claim": Allowed("str", null=True),

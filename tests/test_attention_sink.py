@@ -49,3 +49,27 @@ def test_training_attends_to_the_whole_prefix():
     x = torch.randn(2, 10, 16)
     torch.testing.assert_close(windowed(x, x, x, is_causal=True)[0], full(x, x, x, is_causal=True)[0])
     assert not torch.allclose(windowed.eval()(x, x, x, is_causal=True)[0], full.eval()(x, x, x, is_causal=True)[0])
+
+
+@pytest.mark.usefixtures("corpus")
+def test_the_measure_serves_a_cache_twice_as_large_on_the_same_weights(tmp_path):
+    """window_eviction's eviction_cost_x2 (the condition a reliable signature may need, issue 47)
+    is what the measure reads when the served cache itself is twice as large: two paths, one number."""
+    import copy
+    import dataclasses
+
+    from experiments.config import compose
+    from experiments.training.loop import Trainer
+    from experiments.training.measures.positions import window_eviction
+    cfg = compose(["+exp=attention_sink", "model.d_model=32", "model.n_layers=1", "model.n_heads=2",
+                   "model.attention.kv_window=6", "model.attention.kv_sinks=2", "train.steps=1", "train.batch_size=4",
+                   "train.eval_batches=2", "logger=none", f"results_dir={tmp_path}"])
+    trainer = Trainer(cfg, tmp_path / "run")
+    trainer.run()
+    out = window_eviction(trainer, cfg)
+    assert set(out) >= {"window/eviction_cost", "window/eviction_cost_x2"} and out["window/agreement_before_full"] < 1e-5
+    big = copy.deepcopy(cfg)
+    big["model"]["attention"]["kv_window"] = 6 + 8   # as many sinks, the rest recent: 16 keys
+    for a in trainer.model.attentions:
+        a.cfg = dataclasses.replace(a.cfg, kv_window=14)
+    assert window_eviction(trainer, big)["window/eviction_cost"] == pytest.approx(out["window/eviction_cost_x2"], abs=1e-6)

@@ -11,10 +11,9 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import ROOT, TINY, run_py
-
-import torch
 
 
 def run_cases(cases: dict[str, list[str]]) -> dict[str, tuple[int, str]]:
@@ -80,7 +79,7 @@ CASES = {
     "vocab_of_one": (["data.vocab_size=1"], "data.vocab_size=1 is not allowed: an integer >= 2"),
     "diag_every_negative": (["train.diag_every=-5"], "train.diag_every=-5 is not allowed: an integer >= 0"),
     "eval_batches_negative": (["train.eval_batches=-1"], "train.eval_batches=-1 is not allowed: an integer >= 1"),
-    "threads_zero": (["train.threads=0"], "train.threads=0 is not allowed: an integer >= 1 or null"),
+    "threads_zero": (["train.threads=0"], "train.threads=0 is not allowed: one of auto or an integer >= 1 or null"),
     # one per class of check: type, range, choice, cross-field
     "type": (["seed=abc"], "seed='abc' is not allowed: an integer >= 0"),
     "type_bool": (["model.bias=maybe"], "model.bias='maybe' is not allowed: true or false"),

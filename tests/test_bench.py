@@ -40,6 +40,7 @@ def test_throughput_runs_all_three_loops(capsys):
 @needs_corpus
 def test_shakespeare_tiny_seeds_and_reference_feed_the_report(tmp_path, capsys):
     import json
+
     from experiments.report.sections import bench as section
     for seed in (0, 1):
         out = tmp_path / "bench" / f"shakespeare_seed{seed}.json"
@@ -49,10 +50,14 @@ def test_shakespeare_tiny_seeds_and_reference_feed_the_report(tmp_path, capsys):
         assert j["seed"] == seed and j["val_loss_20"]["n"] == 2  # 40 batches: two 20-batch estimates
         assert j["val_loss_20"]["min"] <= j["val_loss"] <= j["val_loss_20"]["max"]
         assert abs(j["reference_val_loss"] - j["val_loss"]) < 0.1
+        # both loops timed per iteration at the threads the default chose (issue 47: nanoGPT at its default)
+        assert j["ms_per_iter"] > 0 and j["reference_ms_per_iter"] > 0 and j["threads_ran"] == j["threads"]
+        assert j["threads_why"].startswith(("auto:", "OMP_NUM_THREADS="))
     text = capsys.readouterr().out
-    assert "val loss" in text and "tokens/s" in text and "nanoGPT's own loop" in text
+    assert "val loss" in text and "tokens/s" in text and "nanoGPT's own loop" in text and "ms/iter" in text
     md = section.render([], tmp_path / "figures")
     assert "(seed 0)" in md and "(seed 1)" in md and "transcribed" in md
+    assert f"{j['ms_per_iter']:.1f} / {j['reference_ms_per_iter']:.1f} ms" in md
 
 
 def test_cli_rejects_reference_outside_shakespeare():
@@ -124,6 +129,7 @@ def test_gpu_figures_get_their_own_lines_beside_the_cpu_ones(tmp_path):
     """A GPU run's JSON (as bench writes it on CUDA) adds lines with GPU, date, MFU and peaks."""
     import json
     import shutil
+
     from experiments.report.sections import bench as section
     d = tmp_path / "bench"
     d.mkdir()
@@ -145,19 +151,25 @@ def test_gpu_figures_get_their_own_lines_beside_the_cpu_ones(tmp_path):
 
 
 def test_threads_times_the_default_run_at_each_thread_count_and_the_report_says_the_default(tmp_path, capsys):
-    """The figures behind train.threads (issue 35): `python run.py` timed at 1 and 2 threads, and the
-    report's benchmark line built from them (tiny: no busy process beside them)."""
+    """The figures behind train.threads (issues 35, 47): `python run.py` timed at a fixed thread count
+    and at the default (auto, which says what it ran), and the report's benchmark line built from
+    them, with the default's time over the best fixed setting's (tiny: no busy process beside them)."""
+    import os
+
     from experiments.io import write_json
     from experiments.report.sections.bench import render
     out = bench.bench_threads(tiny=True)
-    assert [(r["busy"], r["threads"]) for r in out["rows"]] == [(0, 1), (0, 2)]
+    assert [(r["busy"], r["threads"]) for r in out["rows"]] == [(0, 1), (0, "auto")]
     assert all(r["wall_s"] > 0 and 0 < r["cpu_s"] and r["load_before"] >= 0 for r in out["rows"])
-    assert out["default_threads"] == 1 and out["median_s"]["0 busy, 2 threads"] == out["rows"][1]["wall_s"]
+    assert out["rows"][0]["ran"] == 1 and 1 <= out["rows"][1]["ran"] <= os.cpu_count()   # what auto chose
+    assert out["default_threads"] == "auto" and out["median_s"]["0 busy, auto threads"] == out["rows"][1]["wall_s"]
+    assert out["default_vs_best"] == {0: out["rows"][1]["wall_s"] / out["rows"][0]["wall_s"]}
     assert "median 0 busy, 1 threads" in capsys.readouterr().out
     write_json(tmp_path / "bench" / "threads.json", {"bench": "threads", "date": "2026-01-01", **out})
     md = render([], tmp_path / "figures")
-    assert f"2 thread(s) **{out['rows'][1]['wall_s']:.1f} s** ({out['rows'][1]['cpu_s']:.1f} s CPU)" in md
-    assert "The default: `train.threads=1` (conf/train/cpu.yaml)" in md
+    assert f"auto (ran {out['rows'][1]['ran']}) **{out['rows'][1]['wall_s']:.1f} s** ({out['rows'][1]['cpu_s']:.1f} s CPU)" in md
+    assert f"the default / the best fixed setting **{out['default_vs_best'][0]:.2f}**" in md
+    assert "The default: `train.threads=auto` (conf/train/cpu.yaml)" in md
 
 
 def test_the_readmes_first_line_promises_what_the_committed_threads_bench_measured():

@@ -43,8 +43,7 @@ def test_normalize_by_sum_gives_negative_weights_summing_to_one():
 
 
 def test_sum_normalized_attention_leaves_the_convex_hull():
-    from attention.diagnostics import hull_violation
-    from attention.diagnostics import Recorder
+    from attention.diagnostics import Recorder, hull_violation
     m = mha(softmax="sum")
     m.recorder = Recorder()
     m(x_in(), x_in(), x_in(), is_causal=True)
@@ -196,8 +195,8 @@ def test_fully_masked_rows_diverge_at_step_zero(compose_cfg, tiny, tmp_path):
 
 
 def test_measures_on_a_tiny_untrained_model(compose_cfg, tiny, tmp_path):
-    from experiments.training.measures import catalogue as mc
     from experiments.training.loop import Trainer
+    from experiments.training.measures import catalogue as mc
 
     def trainer(*ov):
         return Trainer(compose_cfg([*tiny, *ov]), tmp_path), compose_cfg([*tiny, *ov])

@@ -115,7 +115,8 @@ def test_lr_sensitivity_and_rank_sections_render_from_runs(compose_cfg, tiny, tm
     """The two sections read real run records: one lr_sensitivity cell per fix and width, and a
     rank_collapse run with its skip-connection control."""
     from experiments.records import RunRecord
-    from experiments.report.sections import lr_sensitivity as lrs, rank_collapse as rc
+    from experiments.report.sections import lr_sensitivity as lrs
+    from experiments.report.sections import rank_collapse as rc
     from experiments.training.runner import run_experiment
     runs = []
     for i, (qk, lr) in enumerate([(False, 1e-3), (False, 3e-1), (True, 1e-3), (True, 3e-1)]):

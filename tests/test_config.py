@@ -82,6 +82,7 @@ def test_no_config_file_sets_a_key_twice():
     """YAML keeps the last of two equal keys without a word: a threshold edited in one copy of a
     check would silently lose to the other (it happened in conf/on_text/ once)."""
     import yaml
+
     from conftest import ROOT
 
     class Strict(yaml.SafeLoader):

@@ -33,7 +33,7 @@ def test_only_the_error_an_experiment_expects_exits_0_in_the_runner_and_the_reju
     crash of the same experiment is not (issue 35), whether judged by the runner or judged again."""
     import run
     from experiments.config import compose
-    from experiments.judging.__main__ import main as judge_again
+    from experiments.rejudge import main as judge_again
     from experiments.training import loop
     from experiments.training.runner import run_experiment
     cfg = compose([*TINY, "+exp=mask_broadcast_shape_error", "data.max_len=7"])

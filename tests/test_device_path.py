@@ -1,8 +1,7 @@
 """The GPU path's switches, checked on the CPU: device=auto picks CUDA with bf16 autocast and
 fused AdamW, and the compiled and bf16 loops train as the eager float32 one does."""
-import torch
-
 import pytest
+import torch
 
 from experiments.training.build import autocast_dtype, build_optimizer, pick_device
 from experiments.training.loop import Trainer

@@ -9,11 +9,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from conftest import ROOT
+from attention.lm import ModelConfig, TransformerLM
 from attention_doctor import DoctorResult, examine
 from attention_doctor.checks import ORDER
-from attention.lm import ModelConfig, TransformerLM
-from experiments.doctor_validation import catalogue, targeted
+from conftest import ROOT
+from doctor_lab.validation import catalogue, targeted
 
 SIZE_KEYS = {"d_model", "n_heads", "n_layers", "d_ff", "block_size", "n_kv_heads"}
 BASE = dict(vocab_size=16, block_size=32, d_model=32, n_layers=2, n_heads=2)
@@ -117,8 +117,12 @@ def test_result_json_rows_and_assertion_helper(tmp_path):
     r = examine(tiny_lm({"attention": {"merge": "no_transpose"}}), name="merge", strict=True)
     d = r.to_dict()
     assert d["target"] == "merge" and [c["name"] for c in d["checks"]] == list(ORDER) and d["exit_code"] == 1
-    assert all(set(c) == {"name", "verdict", "measured", "tolerance", "experiment", "thread", "detail", "cause"}
-               for c in d["checks"])
+    assert d["schema"] == 2 and all(set(c) == {"name", "outcome", "reason", "cause", "measured", "tolerance",
+                                                "measurements", "experiment", "thread", "detail", "verdict"}
+                                     for c in d["checks"])
+    back = DoctorResult.from_json(r.to_json())   # the one parser reads what was written
+    assert back.outcomes() == r.outcomes() and back.exit_code == r.exit_code == 1
+    assert back["future_leak"].measurements["outputs"][0]["t"] == 1 and back["future_leak"].cause == "outputs_move"
     assert r["future_leak"].failed and r["future_leak"].experiment == "head_merge_no_transpose"
     with pytest.raises(AssertionError, match="future_leak"):
         r.assert_healthy()
@@ -146,11 +150,12 @@ def test_docs_worked_example_runs_and_is_short(capsys):
 
 
 def test_report_section_renders_the_committed_evidence(tmp_path):
-    """The report's doctor section from results/doctor/*.json: sensitivity, specificity, shipped
+    """The lab report's doctor section from results/doctor/*.json: sensitivity, specificity, shipped
     bugs, the benchmark; the README block is the real run's output, numbers from the JSON."""
     import json
     import shutil
-    from experiments.report.sections import doctor
+
+    from doctor_lab.report.sections import doctor
     src = ROOT / "results" / "doctor"   # committed: the repo ships it
     assert sorted(p.stem for p in src.glob("*.json")) == ["benchmark", "example", "references", "sensitivity", "shipped",
                                                           "specificity", "styles"]

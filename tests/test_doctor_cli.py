@@ -7,8 +7,8 @@ import sys
 import pytest
 import torch.nn as nn
 
-from conftest import ROOT
 from attention_doctor.cli import main
+from conftest import ROOT
 
 
 def healthy():
@@ -45,9 +45,11 @@ def test_exit_1_on_a_failed_check_with_json(tmp_path, capsys):
     assert j["target"] == "self:model.attention.merge=no_transpose"
     assert [c["name"] for c in j["checks"]][:2] == ["eval_dropout", "future_leak"]
     row = next(c for c in j["checks"] if c["name"] == "future_leak")
-    assert set(row) == {"name", "verdict", "measured", "tolerance", "experiment", "thread", "detail", "cause"}
+    assert set(row) == {"name", "outcome", "reason", "cause", "measured", "tolerance", "measurements", "experiment",
+                        "thread", "detail", "verdict"}
     assert j["exit_code"] == 1
-    assert row["verdict"] == "fail" and row["measured"] > 0 and row["experiment"] == "head_merge_no_transpose"
+    assert row["outcome"] == row["verdict"] == "fail" and row["measured"] > 0 and row["experiment"] == "head_merge_no_transpose"
+    assert row["cause"] == "outputs_move" and row["measurements"]["limit"] == 1e-6
 
 
 def test_exit_0_on_a_healthy_module_target(tmp_path, capsys):

@@ -1,13 +1,11 @@
-"""The public reference implementations' harness (experiments/doctor_references.py) without their
+"""The public reference implementations' harness (doctor_lab/references.py) without their
 code: what is missing is said, never passed; a notebook-as-script yields its model definitions
 alone; the report renders the rows and flags anything unexplained."""
 import json
 
-import torch
-
-from experiments.doctor_references import ANNOTATED, REFERENCES, annotated_source
-from experiments.doctor_validation import references
-from experiments.report.sections.doctor import references as render
+from doctor_lab.references import ANNOTATED, REFERENCES, annotated_source
+from doctor_lab.report.sections.doctor import references as render
+from doctor_lab.validation import references
 
 
 def test_missing_clones_and_releases_are_said(tmp_path):
@@ -59,5 +57,5 @@ def test_the_committed_evidence_has_every_reference_and_style_explained():
         assert "error" not in r, r["error"]
         assert r["provenance"].get("release") or len(r["provenance"]["commit"]) == 40
     assert "Unexplained: none." in render(refs)
-    from experiments.report.sections.doctor import styles
+    from doctor_lab.report.sections.doctor import styles
     assert "missed: none" in styles(json.loads((src / "styles.json").read_text()))

@@ -1,45 +1,66 @@
-"""The doctor's registry: one record per check, from which the order, the count and the docs'
-tables are derived; a check module that is not registered fails here; every public name has a
-docstring and its place in docs/doctor.md; no count of checks is typed anywhere."""
+"""The doctor's registry: one record per check (attention_doctor/checks/catalogue.py), from which
+the order, the count, the labels and the docs' tables are derived; a check function without a
+record fails here; every public name has a docstring and its place in docs/doctor.md; no count of
+checks is typed anywhere; the records, the schema and the signals load without torch."""
 import ast
+import importlib
 import inspect
 import re
 import subprocess
+import sys
 
 import attention_doctor
 from attention_doctor import checks as registry
-from attention_doctor.checks.common import COMMON_CAUSES
+from attention_doctor.checks import COMMON_CAUSES, COMMON_MEASURES
 from attention_doctor.docs import render
 from conftest import ROOT
 
-SHARED = {"__init__", "common", "record", "cached_positions"}   # checks/ modules that hold no check
+SHARED = {"__init__", "common", "record", "catalogue", "cached_positions"}   # checks/ modules that hold no check
+
+
+def _check_modules():
+    return {p.stem: importlib.import_module(f"attention_doctor.checks.{p.stem}")
+            for p in (ROOT / "attention_doctor" / "checks").glob("*.py") if p.stem not in SHARED}
 
 
 def test_every_check_module_is_registered_and_each_check_once():
-    files = sorted(p.stem for p in (ROOT / "attention_doctor" / "checks").glob("*.py") if p.stem not in SHARED)
-    assert sorted(m.__name__.rsplit(".", 1)[1] for m in registry.MODULES) == files, \
-        "a module of attention_doctor/checks/ is not in MODULES (its checks would never run)"
-    for m in registry.MODULES:
-        assert m.CHECKS, f"{m.__name__} registers no check"
-        for c in m.CHECKS:   # a record's function lives in its module
-            assert c.fn.__module__ == m.__name__, c.name
+    modules = _check_modules()
+    assert sorted({c.module for c in registry.REGISTRY}) == sorted(modules), \
+        "a module of attention_doctor/checks/ holds no registered check (its checks would never run)"
+    for c in registry.REGISTRY:   # a record's function lives in the module it names
+        assert c.fn.__module__ == f"attention_doctor.checks.{c.module}" and c.fn.__name__ == c.name, c.name
     assert len(set(registry.ORDER)) == len(registry.ORDER) == len(registry.REGISTRY)
     assert registry.ORDER[0] == "eval_dropout"   # dropout left on in eval must not read as a leak
+    assert len({c.short for c in registry.REGISTRY}) == len(registry.REGISTRY)   # a label per check, each its own
     for c in registry.REGISTRY:
-        assert c.does and c.fails_when and c.tolerance and c.applies and c.thread, c.name
+        assert c.does and c.fails_when and c.tolerance and c.applies and c.thread and c.short and c.measures, c.name
+        assert not set(c.causes) & set(COMMON_CAUSES) and not set(c.measures) & set(COMMON_MEASURES), c.name
 
 
 def test_every_function_a_check_module_defines_is_a_check_or_private_or_used():
-    """A function of a check module that takes `ctx` alone and is not registered is a check that
+    """A function of a check module that takes `ctx` alone and has no record is a check that
     would never run (unless another module calls it: amplifier, unit_qk)."""
-    registered = {c.fn for c in registry.REGISTRY}
+    registered = {c.name for c in registry.REGISTRY}
     sources = "\n".join(p.read_text() for p in (ROOT / "attention_doctor").rglob("*.py"))
-    for m in registry.MODULES:
+    for m in _check_modules().values():
         for name, fn in inspect.getmembers(m, inspect.isfunction):
-            if fn.__module__ != m.__name__ or name.startswith("_") or fn in registered:
+            if fn.__module__ != m.__name__ or name.startswith("_") or name in registered:
                 continue
             if list(inspect.signature(fn).parameters) == ["ctx"]:
                 assert len(re.findall(rf"\b{name}\(", sources)) > 1, f"{m.__name__}.{name} looks like an unregistered check"
+
+
+def test_the_records_the_schema_and_the_signals_load_without_torch():
+    """The report and a zoo's triage read them without loading a model (PEP 562: the package's
+    names are imported when first used)."""
+    code = ("import sys; import attention_doctor, attention_doctor.result, attention_doctor.signals, "
+            "attention_doctor.docs; from attention_doctor import Unsupported, Unreachable, TargetError, REGISTRY, "
+            "DoctorResult, Row, Outcome; from attention_doctor.checks import ORDER, BY_NAME; "
+            "assert BY_NAME['padding'].short == 'pad'; print('torch' in sys.modules)")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "False", p.stderr
+    from attention_doctor import Adapter, examine  # the rest, when asked for
+    assert callable(examine) and isinstance(Adapter, type)
 
 
 def test_docs_tables_are_the_registry():
@@ -47,20 +68,25 @@ def test_docs_tables_are_the_registry():
     assert render(text) == text, "docs/doctor.md's tables differ from the registry: python -m attention_doctor.docs docs/doctor.md"
     for c in registry.REGISTRY:
         assert f"| {c.name} |" in text
-        for cause in c.causes:
-            assert f"`{cause}`" in text
+        for name in [*c.causes, *c.measures]:
+            assert f"`{name}`" in text
 
 
 def _strings(node) -> set[str]:
     return {n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value}
 
 
+# where a call takes the cause, by position (it may also come as cause=)
+CAUSE_ARG = {"row": 4, "judged": 4, "inconclusive": 1, "na": 1, "with_bfloat16": 7, "NotPerformed": 1,
+             "Unsupported": 1, "Unreachable": 1}
+
+
 def cause_literals(tree) -> set[str]:
-    """The strings that can reach a row's cause: the cause argument of row() / inconclusive()
-    (positional or keyword), what is assigned to a variable named `cause`, and the first item of
-    the tuples _cause()/_size() return."""
+    """The strings that can reach a row's cause: the cause argument of the row helpers and the
+    signals (CAUSE_ARG, positional or keyword), what is assigned to a name `cause` (a signal's
+    class attribute too), and the first item of the tuples _cause()/_size() return."""
     out = set()
-    pos = {"row": 5, "inconclusive": 2}
+    pos = CAUSE_ARG
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in pos:
             i = pos[node.func.id]
@@ -79,6 +105,8 @@ def cause_literals(tree) -> set[str]:
             for r in ast.walk(node):
                 if isinstance(r, ast.Return) and isinstance(r.value, ast.Tuple):
                     out |= {s for s in _strings(r.value.elts[0]) if " " not in s}
+        if isinstance(node, ast.FunctionDef) and node.name.endswith("_cause") and node.name != "_cause":
+            out |= {s for r in ast.walk(node) if isinstance(r, ast.Return) for s in _strings(r.value) if " " not in s}
     return out
 
 
@@ -87,10 +115,13 @@ def test_every_cause_a_check_names_is_registered():
     refuses an unregistered one under strict=True)."""
     known = set(COMMON_CAUSES) | {k for c in registry.REGISTRY for k in c.causes}
     found = set()
-    for p in [*(ROOT / "attention_doctor" / "checks").glob("*.py"), ROOT / "attention_doctor" / "examine.py"]:
-        found |= cause_literals(ast.parse(p.read_text()))
-    assert {"qk_before_scale", "mask_fill_overflow", "softmax_low_precision", "doctor_error", "scores_unseen",
-            "positions_from_padding", "too_large"} <= found   # the walk finds them
+    declared = {"record.py", "catalogue.py"}
+    for p in (ROOT / "attention_doctor").rglob("*.py"):
+        if p.name not in declared:
+            found |= cause_literals(ast.parse(p.read_text()))
+    assert {"qk_before_scale", "mask_fill_overflow", "softmax_low_precision", "doctor_error", "adapter_error",
+            "scores_unseen", "positions_from_padding", "too_large", "no_kv_cache", "shift_moves_mask",
+            "target_raised", "unreachable", "not_repeatable", "reference_nonfinite", "not_amplified"} <= found   # the walk finds them
     assert found <= known, found - known
 
 
@@ -100,9 +131,9 @@ def test_no_count_of_checks_is_typed():
     n = len(registry.REGISTRY)
     word = re.compile(r"\b(ten|eleven|twelve|thirteen|fourteen|fifteen) (doctor )?checks\b", re.I)
     digit = re.compile(rf"\b{n} (doctor )?checks\b")
-    generated = [ROOT / "README.md", ROOT / "results" / "REPORT.md"]
+    generated = [ROOT / "README.md", ROOT / "results" / "REPORT.md", ROOT / "results" / "DOCTOR.md"]
     written = [*(ROOT / "docs").glob("*.md"), *(ROOT / "attention_doctor").rglob("*.py"),
-               *(ROOT / "experiments" / "report").rglob("*.py"), ROOT / "experiments" / "doctor_validation.py"]
+               *(ROOT / "experiments" / "report").rglob("*.py"), *(ROOT / "doctor_lab").rglob("*.py")]
     typed = [f"{p.relative_to(ROOT)}: {m.group(0)}" for p in generated + written for m in word.finditer(p.read_text())]
     typed += [f"{p.relative_to(ROOT)}: {m.group(0)}" for p in written for m in digit.finditer(p.read_text())]
     assert not typed, typed

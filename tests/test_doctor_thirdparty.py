@@ -8,6 +8,7 @@ import torch.nn as nn
 from attention_doctor import TorchMHA, examine
 from experiments.bench.nanogpt_reference import GPT, CausalSelfAttention
 
+
 def not_passed(r):
     """Every row that is neither a pass nor n/a (an inconclusive row is one: never a pass)."""
     return {c.name: c.outcome for c in r.checks if c.outcome not in ("pass", "n/a")}
@@ -31,7 +32,7 @@ def test_multihead_attention_fully_masked_rows_by_need_weights(causal):
 def test_nanogpt_attention_and_lm():
     torch.manual_seed(0)
     r = examine(CausalSelfAttention(32, 4), strict=True)
-    assert not_passed(r) == {} and r.info["causal"].startswith("causal (found")
+    assert not_passed(r) == {} and r.info["description"]["causal_from"].startswith("causal (found")
     r = examine(GPT(64, 64, 2, 4, 32), strict=True)
     assert not_passed(r) == {}, r.table()
     assert r["kv_cache"].verdict.startswith("n/a: no KV cache (forward takes none of start_pos")

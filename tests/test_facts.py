@@ -4,7 +4,6 @@ import ast
 from pathlib import Path
 
 from conftest import ROOT
-
 from experiments import facts
 
 # module -> the numbers it must take from elsewhere, not type

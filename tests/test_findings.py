@@ -1,13 +1,15 @@
 """The zoos' new findings (docs/findings/): each page has the parts a maintainer needs, and each
-repro fails on the installed library (the bug is there) and passes on a copy patched with its
-.patch (the fix works). The patched copy is a tree of links to the installed library with the
-patched files copied (experiments/zoo/findings.py), built here in a temporary directory."""
+repro fails on every release of its library the page names (the bug is there) and passes on that
+release patched (the fix works): the pinned release (installed: requirements-validation.txt, one
+place), and a newer one where the shared cache of releases holds it (findings.PINNED; else a skip
+naming the install command). The patched copy is a tree of links to the library with the patched
+files copied (doctor_lab/zoo/findings.py), built here in a temporary directory."""
 import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from experiments.zoo import findings
+from doctor_lab.zoo import findings
 
 pytestmark = pytest.mark.validation
 PARTS = ["## Repro", "## Cause", "## Patch", "## Public threads", "## Report"]
@@ -25,37 +27,62 @@ def test_every_finding_is_upstream_ready():
         report = page[page.index("## Report"):]
         assert all(k in report for k in ("**Environment**", "**Reproduction**", "**Expected**", "**Actual**",
                                           "**Proposed fix**")), name
+        fails_on = page[page.index("**Fails on**"):].splitlines()[0] if "**Fails on**" in page else ""
+        assert all(r in fails_on for r in findings.RELEASES[package]), (name, "the page names the releases its "
+                                                                        "repro fails on", fails_on)
         repro = (findings.FINDINGS / f"{name}.py").read_text()
         imports = {m.split(".")[0] for m in re.findall(r"^(?:from|import) (\S+)", repro, re.M)}
         assert imports <= {"sys", "torch", package}, (name, imports)  # standalone: no doctor, no project
         assert findings.touched(findings.FINDINGS / f"{name}.patch"), name
 
 
-def need(package: str):
-    """The installed package, at the release its patches are written against (else a skip saying so)."""
+def need(package: str, release: str):
+    """The directory holding `package` at `release` (None: the installed one), else a skip saying how
+    to get it. The pinned release must be the installed one: another release is an environment the
+    validation extra did not install (a failure, not a skip)."""
     pytest.importorskip(package, reason="the validation extra: pip install -r requirements-validation.txt")
-    if findings.version(package) != findings.RELEASES[package]:
-        pytest.skip(f"the patches are written against {package} {findings.RELEASES[package]}, not {findings.version(package)}")
-    return findings.installed(package)
+    if release == findings.RELEASES[package][0]:
+        assert findings.version(package) == release, (
+            f"{package} {findings.version(package)} is installed; requirements-validation.txt pins "
+            f"{release}: pip install -r requirements-validation.txt")
+    try:
+        return findings.release_dir(package, release)
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+
+
+def test_the_pins_are_the_validation_extras(tmp_path):
+    """The releases the patches are written against are read from requirements-validation.txt, one
+    place: a `name==release` line per library, comments and other lines ignored."""
+    req = tmp_path / "r.txt"
+    req.write_text("# x-transformers==0.0.1 in a comment\nTransformers==5.0.0  # pinned\ntorch>=2\n"
+                   "x-transformers==2.3.27\ndiffusers==0.30.0 ; python_version >= '3.10'\n")
+    assert findings.pins(req) == {"transformers": "5.0.0", "x-transformers": "2.3.27", "diffusers": "0.30.0"}
+    pinned = findings.pins()
+    assert {p: r[0] for p, r in findings.RELEASES.items()} == {p: pinned[pip] for p, pip in findings.PIP.items()}
 
 
 @pytest.fixture(scope="module")
 def installed():
-    return need("transformers")
+    pinned = findings.RELEASES["transformers"][0]
+    if need("transformers", pinned) is not None:
+        pytest.skip(f"the installed transformers is {findings.version('transformers')}, not the pinned {pinned}")
+    return findings.installed("transformers")
 
 
-@pytest.mark.parametrize("package", list(findings.RELEASES))
-def test_each_repro_fails_before_its_patch_and_passes_after(package, tmp_path):
-    need(package)
+@pytest.mark.parametrize("package, release", [(p, r) for p, rs in findings.RELEASES.items() for r in rs])
+def test_each_repro_fails_before_its_patch_and_passes_after(package, release, tmp_path):
+    where = need(package, release)
     names = findings.names(package)
-    copies = {n: findings.copy(n, tmp_path / n) for n in names}
-    # before: every repro on the installed library; after: each on its own patched copy (the library
-    # imported afresh from it); each in one process, side by side
+    source = where / package if where else findings.installed(package)
+    copies = {n: findings.copy(n, tmp_path / n, source) for n in names}
+    # before: every repro on the release; after: each on its own patched copy (the library imported
+    # afresh from it); each in one process, side by side
     with ThreadPoolExecutor(2) as pool:
-        before, after = pool.map(lambda c: findings.repros(names, c), [None, copies])
+        before, after = pool.map(lambda c: findings.repros(names, c, release=None if c else where), [None, copies])
     for n in names:
-        assert before[n][0] == 1 and "BUG" in before[n][1], (n, before[n][1][-1500:])
-        assert after[n][0] == 0 and "OK" in after[n][1], (n, after[n][1][-1500:])
+        assert before[n][0] == 1 and "BUG" in before[n][1], (n, release, before[n][1][-1500:])
+        assert after[n][0] == 0 and "OK" in after[n][1], (n, release, after[n][1][-1500:])
 
 
 def test_a_patched_copy_is_the_installed_one_plus_the_patch(installed, tmp_path):

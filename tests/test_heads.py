@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from attention import AttentionConfig, KVCache, ModelConfig, MultiHeadAttention, TransformerLM
-from data.synthetic import IGNORE, TwoFactsTask
 from attention.diagnostics import kv_cache_bytes
+from data.synthetic import IGNORE, TwoFactsTask
 from experiments.training.measures.heads import attention_params_formula
 
 D = 32

@@ -1,11 +1,11 @@
-"""`python -m experiments.judging DIR... exp.checks.NAME.FIELD=VALUE`: existing runs judged again
+"""`python -m experiments.rejudge DIR... exp.checks.NAME.FIELD=VALUE`: existing runs judged again
 under changed thresholds, without training (issue 23)."""
 import json
 import math
 
 from experiments.io import write_json, write_rows_csv
-from experiments.judging.__main__ import main
 from experiments.records import RunRecord
+from experiments.rejudge import main
 
 LN = math.log(64)
 EXP = {"name": "slow", "control": {"name": "fast", "overrides": {}}, "expect": ["plateau"], "floor": None,

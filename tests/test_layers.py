@@ -3,6 +3,7 @@ circle. The imports are read from the source (ast: top-level and inside function
 a grep or an import graph sees is what the test holds."""
 import ast
 import functools
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -17,21 +18,35 @@ LAYERS = [
     ("experiments.records", "experiments.config", "experiments.command_line"),
     ("experiments.training", "experiments.report",                   # training never draws; the report never trains
      "attention_doctor"),  # the library's client: `self:` composes this project's config (experiments.config)
-    ("experiments.bench", "experiments.callbacks", "experiments.zoo", "experiments.zoo_xt", "experiments.zoo_diffusers",
-     "experiments.doctor_references"),  # the public reference implementations the doctor's evidence builds
-    ("experiments.doctor_validation", "experiments.reference"),     # runs the doctor on nanoGPT's attention (bench)
+    ("experiments.bench", "experiments.callbacks"),
+    ("experiments.reference",),
+    # the doctor's lab, above the suite and the doctor: nothing below imports it
+    ("doctor_lab.report", "doctor_lab.references", "doctor_lab.styles"),  # triage and the lab's report; the test beds
+    ("doctor_lab.zoo", "doctor_lab.zoo_xt", "doctor_lab.zoo_diffusers"),  # the zoos triage with the report's rules
+    ("doctor_lab.validation",),   # the evidence: the test beds, nanoGPT's attention (bench), its report block
 ]
 TOP = len(LAYERS)
+# what the lab takes from the suite (anything else of experiments/ it would need moves down or into the lab)
+LAB_USES = {"experiments.io",                     # atomic writes of its tables and JSON
+            "experiments.report.markdown",        # README blocks, nested under the page's headings
+            "experiments.report.figures",         # the report's figure style, for the zoos' pictures
+            "experiments.bench.nanogpt_reference"}  # nanoGPT's attention as transcribed: a specificity target
 
 
 @functools.cache
 def modules() -> dict[str, Path]:
     out = {"run": ROOT / "run.py"}
-    for top in ("attention", "attention_doctor", "data", "experiments"):
+    for top in ("attention", "attention_doctor", "data", "experiments", "doctor_lab"):
         for p in sorted((ROOT / top).rglob("*.py")):
             parts = p.relative_to(ROOT).with_suffix("").parts
             out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
     return out
+
+
+@functools.cache
+def files_of_tests() -> dict[str, Path]:
+    """tests/*.py by the names they import each other with (tests/ is on sys.path under pytest)."""
+    return {p.stem: p for p in sorted((ROOT / "tests").glob("*.py"))}
 
 
 @functools.cache
@@ -64,7 +79,7 @@ def unit(module: str) -> tuple[int, str]:
         return TOP, module
     matches = [(len(prefix), layer, prefix) for layer, prefixes in enumerate(LAYERS) for prefix in prefixes
                if module == prefix or module.startswith(prefix + ".")]
-    return max(matches)[1:] if matches else (TOP, module)  # the longest prefix: experiments.zoo over experiments
+    return max(matches)[1:] if matches else (TOP, module)  # the longest prefix: doctor_lab.zoo over experiments
 
 
 def circle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -89,6 +104,22 @@ def circle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_no_import_circle():
     c = circle(graph())
+    assert c is None, "circle: " + " -> ".join(c)
+    c = circle(imports({**modules(), **files_of_tests()}))   # the tests among themselves and with the project
+    assert c is None, "circle: " + " -> ".join(c)
+
+
+def test_no_circle_between_units():
+    """Nor between units (a prefix of LAYERS, or a module of its own): judging and the report, the zoos
+    and the lab's report, each pair imports one way."""
+    units: dict[str, set[str]] = {}
+    for m, targets in graph().items():
+        own = unit(m)[1]
+        units.setdefault(own, set()).update(unit(t)[1] for t in targets if unit(t)[1] != own)
+    for targets in list(units.values()):
+        for t in targets:
+            units.setdefault(t, set())
+    c = circle(units)
     assert c is None, "circle: " + " -> ".join(c)
 
 
@@ -118,8 +149,8 @@ def test_code_named_from_config_is_listed_where_a_grep_finds_it():
     files = sorted(p.stem for p in (ROOT / "experiments" / "report" / "sections").glob("*.py") if p.stem != "__init__")
     assert sorted(m.__name__.rsplit(".", 1)[1] for m in SECTIONS) == files
     assert all(f.__module__.startswith("experiments.training.measures.") for f in MEASURES.values())
-    for p in ROOT.joinpath("experiments").rglob("*.py"):
-        if p.name == "doctor_validation.py":
+    for p in [*ROOT.joinpath("experiments").rglob("*.py"), *ROOT.joinpath("doctor_lab").rglob("*.py")]:
+        if p.name == "validation.py":
             continue  # imports other libraries' pinned releases (transformers, torchtune) by name, none of ours
         src = p.read_text()
         assert "importlib" not in src and "pkgutil" not in src, f"{p}: code named by a string"
@@ -137,3 +168,38 @@ def test_the_doctor_imports_experiments_for_self_only():
     users = {m for m, targets in graph().items() if m.startswith("attention_doctor")
              for t in targets if t.split(".")[0] == "experiments"}
     assert users == {"attention_doctor.project"}, users
+
+
+def test_nothing_imports_the_lab():
+    """doctor_lab/ is at the top: the suite, the library and the doctor never import it."""
+    up = [f"{m} imports {t}" for m, targets in graph().items() if not m.startswith("doctor_lab")
+          for t in targets if t.startswith("doctor_lab")]
+    assert not up, up
+
+
+def test_the_lab_takes_from_the_suite_only_what_it_lists():
+    uses = {t for m, targets in graph().items() if m.startswith("doctor_lab") for t in targets
+            if t.split(".")[0] in ("experiments", "data", "run")}
+    assert uses <= LAB_USES, sorted(uses - LAB_USES)
+
+
+def test_nothing_outside_tests_imports_tests():
+    """No module of the project imports a module of tests/, by name or by putting tests/ on sys.path."""
+    names = set(files_of_tests()) | {"tests"}
+    bad = []
+    for m, p in modules().items():
+        src = p.read_text()
+        for node in ast.walk(ast.parse(src)):
+            if isinstance(node, ast.Import):
+                bad += [f"{m} imports {a.name}" for a in node.names if a.name.split(".")[0] in names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                bad += [f"{m} imports {node.module}"] if node.module.split(".")[0] in names else []
+        if re.search(r"sys\.path\.(insert|append)\([^)]*tests", src):
+            bad.append(f"{m} puts tests/ on sys.path")
+    assert not bad, bad
+
+
+def test_the_walk_sees_the_lab_and_the_tests():
+    assert "doctor_lab.report.triage" in graph()["doctor_lab.zoo.table"]
+    assert "doctor_lab.styles.classic" in graph()["doctor_lab.validation"]   # imported inside a function
+    assert "test_report" in imports({**modules(), **files_of_tests()})["test_pages"]

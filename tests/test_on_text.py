@@ -145,7 +145,7 @@ def test_a_text_run_trains_its_floor_once_and_the_report_puts_it_beside_the_synt
     gain = rec.control["final"]["loss/train"] - rec.floor["final"]["loss/train"]
     assert cells[5] == f"{gain:+.2f}"  # control − floor: what attention buys the control
     assert (tmp_path / "report" / "figures" / "text_floor.png").exists()
-    assert "| baseline | – | – | – | – | – | – | text version not run |" in text
+    assert "| baseline | – | – | – | – | – | – | – | text version not run |" in text   # a column per other corpus
     # the synthetic catalogue does not mix in the text runs
     catalogue = report.split("## Catalogue")[1].split("\n## ")[0]
     assert catalogue.count("sum_normalize") >= 1 and "shakespeare" not in catalogue
@@ -204,6 +204,7 @@ def test_each_text_version_runs_a_tiny_step_on_text_and_measures_it(text_version
     """Every text version's configs pass preflight (failure, control, floor), and its failure
     trains one tiny step on text and takes its measures there (none reads the copy task)."""
     import copy
+
     from experiments.training.loop import Trainer
     from experiments.training.runner import measure_fn, preflight
     tiny = {"model": {"d_model": 16, "n_layers": 1, "n_heads": 2},
@@ -241,11 +242,15 @@ def test_the_text_table_shows_the_second_corpus_and_why_an_experiment_has_no_tex
     runs = [run("no_scaling", "copy", s, True) for s in (0, 1, 2)]
     runs += [run("no_scaling", "shakespeare_char", s, True, 2.4) for s in (0, 1, 2)]
     runs += [run("no_scaling", "python_source_char", 0, False, 2.3), run("heads", "two_facts", 0, False)]
+    runs += [run("no_scaling", "chichewa_char", s, s != 1, 2.0) for s in (0, 1, 2)]
     md = text.render(runs, tmp_path)
+    assert "| Python source: reproduced | Chichewa: reproduced | finding |" in md
     row = next(line for line in md.splitlines() if line.startswith("| no_scaling |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1:3] == ["3 of 3", "3 of 3"] and cells[6] == "0 of 1 (n < 3)"  # Shakespeare, then Python source
-    assert "reproduces on shakespeare_char (3 of 3) but not on python_source_char (0 of 1)" in cells[7]
+    assert cells[7] == "2 of 3"                                                   # and Chichewa
+    assert "reproduces on shakespeare_char (3 of 3) but not on python_source_char (0 of 1)" in cells[8]
+    assert "no_scaling: 3 of 3 on shakespeare_char, 2 of 3 on chichewa_char." in cells[8]
     heads = next(line for line in md.splitlines() if line.startswith("| heads |"))
     assert "no text version: its signature is the two-facts task's" in heads
 
@@ -254,6 +259,7 @@ def test_every_text_version_plots_the_text_loss_and_pairs_the_heatmaps_by_layer(
     """Issue 23: five text versions plotted loss/copy (never logged on text: an empty panel), and
     the heatmaps put the failure's layer 0 beside the control's layer 1."""
     import numpy as np
+
     from experiments.report.figures import shown_heads
     for exp, cfg in text_versions.items():
         assert cfg["exp"]["loss_metric"] == "loss/train", exp  # text batches have no loss groups

@@ -8,8 +8,7 @@ import pytest
 
 from experiments import report
 from experiments.io import write_json
-from experiments.report.build import BLOCK, page_level
-from experiments.report.markdown import headings, nest
+from experiments.report.markdown import BLOCK, headings, nest, page_level
 from test_report import fake_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +33,7 @@ def repeated(md: str) -> list[str]:
 
 def too_shallow(page: str) -> list[str]:
     """Headings inside report blocks at or above the page heading they sit under."""
-    return [f"{m.group(1)}: {text}" for m in BLOCK.finditer(page)
+    return [f"{m.group(1)}:{m.group(2)}: {text}" for m in BLOCK.finditer(page)
             for _, lv, text in headings(m.group(0)) if lv <= page_level(page, m.start())]
 
 
@@ -53,7 +52,7 @@ def test_nest_drops_the_title_and_moves_subheadings_below_the_page_heading():
     assert nest(block, 0) == block  # no page heading above: left as REPORT.md has it
 
 
-@pytest.mark.parametrize("page", ["README.md", "results/REPORT.md"])
+@pytest.mark.parametrize("page", ["README.md", "results/REPORT.md", "results/DOCTOR.md"])
 def test_no_heading_appears_twice_on_a_committed_page(page):
     assert repeated((ROOT / page).read_text()) == []
 
@@ -117,8 +116,9 @@ def test_generated_report_and_readme_have_each_heading_once(tmp_path):
 
 
 def test_phase_cell_labels_contrast_with_the_cell_and_mark_capped_cells():
-    from experiments.report.sections.phase import _cell_text, _text_colour
     import matplotlib.pyplot as plt
+
+    from experiments.report.sections.phase import _cell_text, _text_colour
     magma = plt.get_cmap("magma_r")
     assert _text_colour(magma(1.0)) == "white" and _text_colour(magma(0.0)) == "black"
     cell = {"plateau": 600.0, "budget": 600, "flat": True, "pred_std": 16.0, "diverged": 0, "final": float("nan")}

@@ -30,6 +30,7 @@ def test_predicted_score_std_follows_the_variance_argument():
 def test_learned_scale_starts_where_the_layer_starts_it():
     """The report's prediction and the layer agree, cosine included (learned: sqrt(d_k) there)."""
     import math
+
     from attention import MultiHeadAttention
     for score in ("dot", "cosine"):
         m = MultiHeadAttention(d_model=32, n_heads=2, score=score, scale="learned")

@@ -58,4 +58,8 @@ def test_ci_runs_the_readme_command_with_a_users_environment():
     lines = [l.strip() for l in (ROOT / ".ci" / "run").read_text().splitlines() if not l.strip().startswith("#")]
     exported = [w.split("=")[0] for l in lines if l.startswith("export ") for w in l.split()[1:]]
     assert exported == ["ATTN_REQUIRE_SLURM", "ATTN_REQUIRE_CORPUS"], exported
-    assert lines[-1] == "python3 -m pytest"  # the README's `pytest`, nothing added
+    assert lines[-1] == "pytest"  # the README's `pytest`, nothing added
+    # run as a user installs: in a virtualenv made in the clone, the README's install into it, linted first
+    venv, activate = lines.index("python3 -m venv .venv"), lines.index(". .venv/bin/activate")
+    install = next(i for i, l in enumerate(lines) if l.startswith("python -m pip install") and "-r requirements.txt" in l)
+    assert venv < activate < install < lines.index("ruff check .") < len(lines) - 1

@@ -56,7 +56,7 @@ COMMANDS = {
     "python run.py -m +exp=heads seed=0": Cmd(S8, stdout=REPORTED),
     "python run.py +exp=no_scaling data=shakespeare_char": Cmd(S8),
     "python run.py -m '+exp=glob(*)' data=shakespeare_char": Cmd(S8, stdout=r"^skipped: \S+mask_broadcast"),
-    "python -m experiments.judging results/runs/no_scaling exp.checks.plateau.value=30":
+    "python -m experiments.rejudge results/runs/no_scaling exp.checks.plateau.value=30":
         Cmd(after=NO_SCALING, stdout=r"^\[no_scaling\] reproduced: false \| .* plateau=\S+ \(>= 30; .*\) FAIL"),
     "python -m experiments.report": Cmd(after=NO_SCALING, files=("results/REPORT.md", "results/runs.csv")),
     # (the GPU commands are in docs/running.md)
@@ -135,12 +135,39 @@ def script(cmd: str, state: list[str], add: str) -> str:
 
 
 def environment(bin_dir: Path) -> dict:
-    """A user's: `python` is this interpreter, no W&B variables (the config's default decides)."""
-    bin_dir.mkdir(exist_ok=True)
-    if not (bin_dir / "python").exists():
-        (bin_dir / "python").symlink_to(sys.executable)
+    """A user's: `python` (and `pip`, `pytest`) is this interpreter's, no W&B variables (the config's
+    default decides). Its own bin dir goes first on PATH: a virtualenv's python started through a
+    link made elsewhere is the base interpreter without the venv (Python looks for pyvenv.cfg beside
+    the path it was started from). Where that dir has no `python` of its own (a system with python3
+    only), bin_dir gets a `python` that execs this interpreter by its own path."""
+    own = Path(sys.executable).parent
+    path = [str(own)]
+    if not is_this_python(own / "python"):
+        bin_dir.mkdir(exist_ok=True)
+        wrapper = bin_dir / "python"
+        if not wrapper.exists():
+            wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+            wrapper.chmod(0o755)
+        path.insert(0, str(bin_dir))
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
-    return {**env, "PATH": f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", "OMP_NUM_THREADS": "1"}
+    return {**env, "PATH": os.pathsep.join([*path, env.get("PATH", "")]), "OMP_NUM_THREADS": "1"}
+
+
+def is_this_python(p: Path) -> bool:
+    """`p` starts this interpreter with its environment: the same file, or a venv's own `python`."""
+    if not p.exists():
+        return False
+    return os.path.realpath(p) == os.path.realpath(sys.executable) or sys.prefix != sys.base_prefix
+
+
+def test_the_users_python_is_this_interpreter_with_its_packages(tmp_path):
+    """`python` as the README's commands find it is this interpreter, in this environment: the same
+    sys.prefix (a venv's, not its base's) and this interpreter's packages importable."""
+    code = "import sys, hydra; print(sys.prefix)"
+    p = subprocess.run(["bash", "-c", f"python -c '{code}'"], capture_output=True, text=True,
+                       env=environment(tmp_path / "bin"), timeout=60)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip() == sys.prefix
 
 
 NO_CORPUS = "no tiny Shakespeare corpus here (data/cache/ or ../shared/data/)"

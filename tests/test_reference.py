@@ -195,3 +195,32 @@ def test_every_experiment_with_a_worst_margin_under_one_spread_runs_five_seeds()
     part = dict(reference.PARTS)["seeds_3_4"]
     assert f"+exp={','.join(reference.THIN_MARGIN)} seed=3,4" in part
     assert "seed=0,1,2" in dict(reference.PARTS)["catalogue"]  # 3 + 2 = 5 seeds each
+
+
+def test_the_thin_margin_experiments_run_at_five_seeds_no_threshold_was_set_on():
+    """Issue 47: every experiment the committed catalogue flags `margin < 2` or `k < n` (and the
+    baseline, the first command's run) runs at seeds 5-9 in the reference (part seeds_5_9)."""
+    import re
+
+    from experiments.facts import THIN_MARGIN_EXPS, UNSEEN_SEEDS
+    catalogue = (ROOT / "README.md").read_text().split("<!-- BEGIN report:catalogue -->")[1].split("<!-- END")[0]
+    flagged = {re.match(r"\| \[(\w+)", r).group(1) for r in catalogue.splitlines()
+               if r.startswith("| [") and ("margin < 2" in r or "k < n" in r)}
+    assert flagged and flagged | {"baseline"} <= set(THIN_MARGIN_EXPS), flagged
+    part = dict(reference.PARTS)["seeds_5_9"]
+    assert f"+exp={','.join(THIN_MARGIN_EXPS)} seed=5,6,7,8,9 " in part and UNSEEN_SEEDS == (5, 6, 7, 8, 9)
+    assert not set(UNSEEN_SEEDS) & {0, 1, 2, 3, 4}   # none the catalogue or seeds_3_4 ran
+
+
+def test_a_parts_own_variables_win_and_an_empty_one_is_unset(monkeypatch):
+    """The nanoGPT comparison runs at the default threads: its part says `OMP_NUM_THREADS=`, which
+    removes the reference's one thread per process from its environment (an empty OMP_NUM_THREADS
+    would reach libgomp as an invalid value)."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    env, args = reference.parse(dict(reference.PARTS)["bench_shakespeare_seed0"])
+    assert env == {"OMP_NUM_THREADS": ""} and args[:3] == ["-m", "experiments.bench", "shakespeare"]
+    full = reference.part_env(env)
+    assert "OMP_NUM_THREADS" not in full and full["WANDB_SILENT"] == "true"
+    assert reference.part_env({"WANDB_MODE": "offline"})["WANDB_MODE"] == "offline"
+    assert reference.part_env({})["OMP_NUM_THREADS"] == "1"

@@ -1,6 +1,5 @@
 """The report, the multirun callback and the W&B payload, on hand-made run dirs (no training)
 plus one tiny real multirun through run.py."""
-import json
 import math
 import os
 import re
@@ -16,8 +15,8 @@ import torch
 from experiments import report
 from experiments.callbacks import crashed_jobs, finish_multirun, job_dirs
 from experiments.io import save_attn_weights, write_json, write_rows_csv
-from experiments.training.logger import entropy_by_layer, heads_image, image_steps, payload
 from experiments.report.sections import catalogue
+from experiments.training.logger import entropy_by_layer, heads_image, image_steps, payload
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -284,6 +283,7 @@ def test_payload_keeps_csv_names_and_adds_media():
 
 def test_offline_wandb_run_writes_the_heatmap_image(tmp_path):
     import wandb
+
     from experiments.training.logger import WandbLogger
     cfg = {"train": {"steps": 6, "diag_every": 3}, "seed": 0}
     lg = WandbLogger({"mode": "offline", "project": "test", "entity": None}, tmp_path, cfg, "x-seed0", "x",

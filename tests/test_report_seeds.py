@@ -99,3 +99,29 @@ def test_flags_rate_and_the_k_of_n_line():
     assert flags(rate, seeds.checks_over_seeds(clean)) == [] and rate.control_k is None
     assert rate_lines(clean) == ["ok: 3 of 3 seeds reproduced (95% interval 0.44–1.00); no control"]
     assert flags(seeds.Rate.of(clean[:2]), seeds.checks_over_seeds(clean[:2])) == ["n < 3"]
+
+
+def test_the_unseen_seeds_section_gives_each_check_per_seed_with_its_spread_and_both_margins(tmp_path):
+    """sections/unseen_seeds.py: the thin-margin experiments at seeds 5-9 only (the reference's
+    seeds are the context of the second margin), k of n there and over every seed, FAIL marked."""
+    from experiments.report.sections import unseen_seeds
+
+    def run(seed, sinks):
+        ok = sinks >= 0.005
+        c = {"key": "sinks_restore", "name": "sinks restore", "kind": "delta", "passed": ok, "measured": sinks,
+             "op": ">=", "threshold": 0.005, "expected": ">= 0.005"}
+        s = {"key": "no_error", "name": "no error", "kind": "status", "passed": True, "measured": "completed",
+             "op": "==", "threshold": "completed", "expected": "== completed"}
+        return RunRecord(exp="attention_sink", status="completed", role="failure", seed=seed,
+                         verdict={"reproduced": ok, "checks": [s, c]})
+    values = {0: 0.06, 1: 0.05, 2: 0.07, 5: 0.003, 6: 0.06, 7: 0.04, 8: 0.05, 9: 0.08}
+    runs = [run(s, v) for s, v in values.items()] + [RunRecord(exp="heads", status="completed", role="failure", seed=5,
+                                                               verdict={"reproduced": True, "checks": []})]
+    md = unseen_seeds.render(runs, tmp_path)
+    assert "attention_sink 4 of 5 (7 of 8 over seeds 0, 1, 2, 5, 6, 7, 8, 9)" in md
+    row = next(l for l in md.splitlines() if l.startswith("| attention_sink | sinks restore |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2:7] == ["0.003 **FAIL**", "0.06", "0.04", "0.05", "0.08"]
+    assert cells[7] == "0.0466 ± 0.029" and cells[8] == ">= 0.005" and cells[10].endswith("(n=8)")
+    assert float(cells[9]) < 0 and "no error" not in md and "heads" not in md   # a status check has no margin
+    assert unseen_seeds.render([run(s, v) for s, v in values.items() if s < 5], tmp_path) is None

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from conftest import ROOT, TINY
 from experiments.io import load_attn_weights
@@ -123,6 +122,7 @@ def test_damaged_checkpoint_is_set_aside_and_the_run_goes_on(compose_cfg, tmp_pa
     """A truncated ckpt.pt: resume from ckpt.prev.pt; a damaged log chunk under that too: restart
     from step 0. Each damaged file named in one line and kept; the rows end as if never broken."""
     import torch
+
     from experiments.training import checkpoint
     from experiments.training.loop import Trainer
     cfg = compose_cfg([*TINY, "train.steps=24", "train.ckpt_every=5", "train.log_every=1"], results_dir=tmp_path)

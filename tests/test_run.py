@@ -1,6 +1,7 @@
 """run.py end to end on a tiny config, and every experiment config composes."""
 import csv
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,11 @@ def test_tiny_run_writes_metrics_summary_figure_and_offline_wandb(tmp_path):
     assert summary["status"] == "completed" and summary["exp"] == "baseline"
     import torch
     assert summary["env"]["torch"] == torch.__version__
-    assert summary["env"]["threads"] == summary["config"]["train"]["threads"] == 1  # train.threads' default, set at the start
+    # train.threads' default, auto, set at the start: OMP_NUM_THREADS (conftest's under xdist) wins over the reading
+    assert summary["config"]["train"]["threads"] == "auto" and 1 <= summary["env"]["threads"] <= os.cpu_count()
+    omp = os.environ.get("OMP_NUM_THREADS")
+    assert summary["env"]["threads_why"] == (f"OMP_NUM_THREADS={omp}" if omp else summary["env"]["threads_why"])
+    assert omp or summary["env"]["threads_why"].startswith("auto: ")
     assert set(summary["verdict"]) >= {"reproduced", "checks"}
     assert summary["verdict"]["checks"][0]["measured"] == summary["final"]["loss/copy"]
     rows = list(csv.DictReader(open(run_dir / "metrics.csv")))
@@ -137,6 +142,7 @@ def test_the_report_package_loads_neither_torch_nor_wandb():
 
 def test_train_threads_sets_torchs_threads_for_the_run_and_summary_records_them(compose_cfg, tmp_path):
     import torch
+
     from experiments.training.runner import run_experiment
     before = torch.get_num_threads()
     try:

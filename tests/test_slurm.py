@@ -44,7 +44,8 @@ class Instrument(Callback):
             f.write(json.dumps({"event": event, "t": time.time(), **self.ids, **kw}) + "\n")
 
     def on_job_start(self, config, **kwargs):
-        from experiments.training import loop as train, runner
+        from experiments.training import loop as train
+        from experiments.training import runner
         attempt = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
         array = os.environ.get("SLURM_ARRAY_JOB_ID")  # a sweep of one job is not an array
         task = f"{array}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array else os.environ["SLURM_JOB_ID"]

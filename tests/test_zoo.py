@@ -1,4 +1,4 @@
-"""The zoo (experiments/zoo): the command on three architectures through the doctor, the
+"""The zoo (doctor_lab/zoo): the command on three architectures through the doctor, the
 runner's isolation (a hang, a crash, memory exhaustion and a CPU hog are rows, not the end of
 the run), resuming, the shrink table, bad input, and the report section."""
 import csv
@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -14,16 +13,16 @@ from conftest import ROOT
 
 pytest.importorskip("transformers")
 
-from experiments.report.triage import outcome  # noqa: E402
-from experiments.zoo import runner, worker  # noqa: E402
-from experiments.zoo.shrink import load_table, make_config  # noqa: E402
+from doctor_lab.report.triage import outcome  # noqa: E402
+from doctor_lab.zoo import runner, worker  # noqa: E402
+from doctor_lab.zoo.shrink import load_table, make_config  # noqa: E402
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
 ARCHS = ["gpt2", "llama", "deepseek_v2"]  # absolute positions; rotary with GQA; MLA from the shrink table
 
 
 def zoo(*args, out):
-    return subprocess.run([sys.executable, "-m", "experiments.zoo", *args, "--out", str(out)],
+    return subprocess.run([sys.executable, "-m", "doctor_lab.zoo", *args, "--out", str(out)],
                           cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
 
 
@@ -55,7 +54,7 @@ def test_three_architectures_through_the_doctor_and_a_resume(tmp_path, capsys):
     # a second run finds everything done and leaves the result files as they were
     before = {f: f.stat().st_mtime_ns for f in (tmp_path / "runs").glob("*.json")}
     assert len(before) == 6
-    from experiments.zoo.__main__ import main  # in this process: nothing is left to fork
+    from doctor_lab.zoo.__main__ import main  # in this process: nothing is left to fork
     assert main(["--arch", *ARCHS, "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "to run" not in out and "3 of 189 architectures examined" in out, out
@@ -105,7 +104,7 @@ def test_shrink_table():
 @pytest.mark.parametrize("args, names", [(["--arch", "no_such_model"], "no_such_model"),
                                          (["--checks", "kv_cache,nonsense"], "nonsense")])
 def test_bad_input_is_one_line_and_exit_2(args, names, capsys, tmp_path):
-    from experiments.zoo.__main__ import main
+    from doctor_lab.zoo.__main__ import main
     with pytest.raises(SystemExit) as e:
         main([*args, "--out", str(tmp_path)])
     err = capsys.readouterr().err.strip().splitlines()
@@ -127,14 +126,14 @@ def _table(results, version="5.23.0", **extra):
 
 
 def test_report_section_counts_problems_and_rows(tmp_path):
-    from experiments.report.sections import zoo as section
+    from doctor_lab.report.sections import zoo as section
     results = [
         {"arch": "gpt2", "impl": "eager", "status": "examined", "cpu_s": 1.0,
          "checks": [_check("padding", "warn", PAD.format(r="1e-07", l="0.7")), _check("low_precision", "fail")]},
         {"arch": "gpt2", "impl": "sdpa", "status": "examined", "cpu_s": 1.0,
          "checks": [_check("padding", "warn", PAD.format(r="1e-07", l="0.7")), _check("low_precision", "pass")]},
         {"arch": "llama", "impl": "eager", "status": "examined", "cpu_s": 1.0,
-         "checks": [_check("padding", "pass"), _check("low_precision", "fail"), _check("long_positions", "skip: needs x"),
+         "checks": [_check("padding", "pass"), _check("low_precision", "fail"), _check("long_positions", "n/a: needs x"),
                     _check("score_scale", "inconclusive: could not see the scores")]},
         {"arch": "newarch", "impl": "eager", "status": "examined", "cpu_s": 1.0,
          "checks": [_check("padding", "pass"), _check("kv_cache", "fail")]},
@@ -149,8 +148,8 @@ def test_report_section_counts_problems_and_rows(tmp_path):
     blocks = section.blocks([], tmp_path / "figures")
     md = blocks["zoo"]
     assert "| eager | 3 | 1 |" in md and "| sdpa | 2 | 0 |" in md  # examined, timeout per implementation
-    # verdict classes of both vocabularies, each its own column: pass / fail / warn / skip / inconclusive
-    assert "pass / fail / warn / skip / inconclusive" in md
+    # each verdict class its own column: pass / fail / warn / n/a / inconclusive
+    assert "pass / fail / warn / n/a / inconclusive" in md
     assert "| padding | 2 / 0 / 1 / 0 / 0 | 1 / 0 / 1 / 0 / 0 |" in md
     assert "### Inconclusive (1 rows)" in md and "llama (eager)" in md
     # problems: gpt2's two warns are one problem (#21080), the two eager low_precision fails one (#33317),
@@ -166,7 +165,7 @@ def test_report_section_counts_problems_and_rows(tmp_path):
 
 
 def test_triage_checks_the_row_against_its_reason():
-    from experiments.report import triage
+    from doctor_lab.report import triage
     assert triage.padding_sides(PAD.format(r="0.00317", l="0.97"), "<= 1e-05") == {"right", "left"}
     assert triage.padding_sides(PAD.format(r="1e-07", l="0.97") + ", left padding with position ids from the mask 1e-07",
                                 "<= 1e-05") == {"left"}
@@ -185,14 +184,14 @@ def test_triage_checks_the_row_against_its_reason():
     assert triage.assign({**lp, "cause": "mask fill overflows in float16"}, entries) is None
     ps = triage.problems([{**lp, "arch": a, "cause": "mask fill overflows in float16"} for a in ("x", "y")], entries)
     assert [(p["key"], len(p["rows"])) for p in ps] == [("cause:mask fill overflows in float16", 2)]
-    # both vocabularies: a skip for the doctor's own error is inconclusive, never a pass
-    assert [triage.outcome(v) for v in ("pass", "skip: needs a KV cache", "skip: doctor error (KeyError)",
-                                        "n/a: no cache", "inconclusive: raised", "")] == [
-        "pass", "skip", "inconclusive", "n/a", "inconclusive", "inconclusive"]
+    # a word outside the doctor's outcomes (the old `skip`, nothing at all) is inconclusive, never a pass
+    assert [triage.outcome(v) for v in ("pass", "warn: x", "skip: needs a KV cache", "n/a: no cache",
+                                        "inconclusive: raised", "")] == [
+        "pass", "warn", "inconclusive", "n/a", "inconclusive", "inconclusive"]
 
 
 def test_triage_entries_are_problems_with_their_evidence():
-    from experiments.report import triage
+    from doctor_lab.report import triage
     entries = triage.load()
     for e in entries:
         if e["kind"] == "finding":  # each finding's page exists, with its repro and patch beside it
@@ -210,8 +209,8 @@ def test_triage_entries_are_problems_with_their_evidence():
 def test_over_releases_first_seen_and_fixed(tmp_path):
     """A problem present in one release and gone in the next, its architecture examined there, is
     fixed by the next (the Doge SDPA leak of 5.17.0, fixed by 5.23.0); one that stays is open."""
-    from experiments.report import releases
-    from experiments.report.sections import zoo as section
+    from doctor_lab.report import releases
+    from doctor_lab.report.sections import zoo as section
     leak = [_check("future_leak", "fail"), _check("kv_cache", "fail")]
     old = [{"arch": "doge", "impl": "sdpa", "status": "examined", "checks": leak},
            {"arch": "llama", "impl": "eager", "status": "examined", "checks": [_check("low_precision", "fail")]}]
@@ -240,7 +239,7 @@ def test_over_releases_first_seen_and_fixed(tmp_path):
 
 
 def test_conditions_label_what_a_row_needs():
-    from experiments.zoo.conditions import BY_NAME, needs
+    from doctor_lab.zoo.conditions import BY_NAME, needs
     reruns = {"float32": {"verdict": "fail"}, "float64": {"verdict": "fail"}, "seed1": {"verdict": "fail"},
               "pad_row": {"verdict": "pass"}, "pad_id": {"verdict": "n/a: nothing to change"}}
     assert needs("fail", reruns) == [BY_NAME["pad_row"].needs] == ["random-init artifact: needs a zero pad row"]
@@ -249,8 +248,8 @@ def test_conditions_label_what_a_row_needs():
 
 
 def test_conditions_change_the_model():
-    from experiments.zoo.conditions import BY_NAME
-    from experiments.zoo.worker import build
+    from doctor_lab.zoo.conditions import BY_NAME
+    from doctor_lab.zoo.worker import build
     _, m, cfg = build("gpt2", "eager", load_table())
     assert BY_NAME["pad_row"].prepare(m, cfg) == ""  # GPT-2 has no zero pad row: n/a
     _, m, cfg = build("opt", "eager", load_table())
@@ -261,7 +260,7 @@ def test_conditions_change_the_model():
 
 
 def test_cost_adds_sessions_and_a_redo_starts_over(tmp_path):
-    from experiments.zoo import cost
+    from doctor_lab.zoo import cost
     a = cost.Session(tmp_path, "k1", 2)
     a.record("archs_run")
     b = cost.Session(tmp_path, "k1", 2)
@@ -285,7 +284,7 @@ def test_release_bad_input_is_one_line_and_exit_2(args, says, tmp_path):
 def test_another_release_from_its_directory_and_the_table_over_releases(tmp_path):
     """--transformers DIR imports transformers from DIR (here a linked copy of the installed one),
     writes that release's table under releases/VERSION, and the table over releases beside."""
-    from experiments.zoo.findings import installed
+    from doctor_lab.zoo.findings import installed
     rel = tmp_path / "tf"
     rel.mkdir()
     (rel / "transformers").symlink_to(installed())
@@ -311,20 +310,35 @@ def test_a_new_fail_is_rerun_under_each_condition_and_resumes(tmp_path):
     assert "to rerun" not in p.stdout and "to run" not in p.stdout
 
 
-def test_report_sections_splice_from_committed_results(tmp_path):
-    """`python -m experiments.report --sections zoo` re-renders the zoo section from results/zoo alone
-    (no runs) and puts it in place of the old one in REPORT.md and README's block; the rest stays."""
-    from experiments.report.build import main
+def test_the_lab_report_renders_from_committed_results(tmp_path):
+    """`python -m doctor_lab.report --readme README.md` renders DOCTOR.md from results/zoo alone (no
+    runs) and fills README's lab:zoo_summary block; the suite's block stays as it was, and the
+    suite's README update leaves the lab's block alone."""
+    from doctor_lab.report.build import main
+    from experiments.report.markdown import update_readme
     (tmp_path / "zoo").mkdir()
     (tmp_path / "zoo" / "zoo.json").write_text(json.dumps(_table([
         {"arch": "gpt2", "impl": "eager", "status": "examined", "checks": [_check("low_precision", "fail")]}])))
-    (tmp_path / "REPORT.md").write_text("# Report\n\nbefore\n\n## The zoo: transformers' causal LMs under the doctor\n\n"
-                                        "old zoo text\n\n## What it cost\n\nafter\n")
     readme = tmp_path / "README.md"
-    readme.write_text("# R\n\n## Zoo\n<!-- BEGIN report:zoo_summary -->\nold\n<!-- END report:zoo_summary -->\nend\n")
-    assert main([str(tmp_path), "--sections", "zoo", "--readme", str(readme)]) == 0
-    text = (tmp_path / "REPORT.md").read_text()
-    assert text.startswith("# Report\n\nbefore\n\n## The zoo") and text.endswith("## What it cost\n\nafter\n")
-    assert "old zoo text" not in text and "1 fail or warn row, **1 problem**" in text
-    assert "**1 of 1**" in readme.read_text() and "\nold\n" not in readme.read_text()
-    assert main([str(tmp_path), "--sections", "nonsense"]) == 2
+    suite = "<!-- BEGIN report:catalogue -->\nsuite's\n<!-- END report:catalogue -->\n"
+    readme.write_text(f"# R\n\n{suite}\n## Zoo\n<!-- BEGIN lab:zoo_summary -->\nold\n<!-- END lab:zoo_summary -->\nend\n")
+    assert main(["--results", str(tmp_path), "--readme", str(readme)]) == 0
+    text = (tmp_path / "DOCTOR.md").read_text()
+    assert text.startswith("# The attention doctor's lab") and "## The zoo: transformers' causal LMs under the doctor" in text
+    assert "1 fail or warn row, **1 problem**" in text and "## The attention doctor\n" not in text  # no evidence: no section
+    filled = readme.read_text()
+    assert "**1 of 1**" in filled and "\nold\n" not in filled and suite in filled and filled.endswith("end\n")
+    # the suite fills its own block only, and names no missing block of the lab's
+    assert update_readme(readme, {"catalogue": "new"}, tmp_path) == []
+    assert readme.read_text() == filled.replace("suite's", "new")
+    assert main(["--results", str(tmp_path / "nonsense")]) == 2
+
+
+def test_the_lab_report_says_in_one_line_what_it_cannot_read(tmp_path, capsys):
+    from doctor_lab.report.build import main
+    (tmp_path / "zoo").mkdir()
+    (tmp_path / "zoo" / "zoo.json").write_text("{not json")
+    assert main(["--results", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: doctor_lab.report: JSONDecodeError") and err.count("\n") == 1
+    assert not (tmp_path / "DOCTOR.md").exists()

@@ -1,4 +1,4 @@
-"""The library zoos (experiments.zoo_xt, experiments.zoo_diffusers) on a few targets: statuses and
+"""The library zoos (doctor_lab.zoo_xt, doctor_lab.zoo_diffusers) on a few targets: statuses and
 reasons in the table, a resume that redoes nothing, the cost recorded, bad input; the x-transformers
 options table against the installed signatures; the table across releases. Each part skips, saying
 why, where its library is not installed."""
@@ -31,7 +31,7 @@ def xt():
 
 def test_xt_zoo_statuses_resume_and_cost(xt, tmp_path):
     targets = ["rotary_pos_emb", "attn_pre_talking_heads", "attn_custom_attn_fn"]
-    p = zoo("experiments.zoo_xt", "--target", *targets, "--checks", "kv_cache,path_agreement", out=tmp_path)
+    p = zoo("doctor_lab.zoo_xt", "--target", *targets, "--checks", "kv_cache,path_agreement", out=tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
     got = {(r["target"], r["path"], r["check"]): r for r in rows(tmp_path)}
     for path in ("flash", "einsum"):
@@ -46,7 +46,7 @@ def test_xt_zoo_statuses_resume_and_cost(xt, tmp_path):
     assert "attn_qk_norm" in z["not_run"] and "attn_custom_attn_fn" not in z["not_run"]
     assert z["cost"]["invocations"] == 1 and z["cost"]["wall_s"] > 0 and z["cost"]["cpu_s"] > 0
     before = {f: f.stat().st_mtime_ns for f in (tmp_path / "runs").glob("*.json")}
-    p = zoo("experiments.zoo_xt", "--target", *targets, "--checks", "kv_cache,path_agreement", out=tmp_path)
+    p = zoo("doctor_lab.zoo_xt", "--target", *targets, "--checks", "kv_cache,path_agreement", out=tmp_path)
     assert p.returncode == 0 and "to run" not in p.stdout, p.stdout
     assert {f: f.stat().st_mtime_ns for f in (tmp_path / "runs").glob("*.json")} == before
 
@@ -54,8 +54,9 @@ def test_xt_zoo_statuses_resume_and_cost(xt, tmp_path):
 def test_xt_options_table_covers_every_option_of_the_installed_release(xt):
     import inspect
 
-    from experiments.zoo_xt import load_table
     from x_transformers.x_transformers import Attention, AttentionLayers
+
+    from doctor_lab.zoo_xt import load_table
     t = load_table()
     named = set(t["not_examined"]) | {k for opts in t["targets"].values() for k in opts}
     attn = {f"attn_{n}" for n in inspect.signature(Attention.__init__).parameters} - {"attn_self", "attn_dim"}
@@ -67,9 +68,9 @@ def test_xt_options_table_covers_every_option_of_the_installed_release(xt):
 def test_releases_table_first_with_and_first_fixed(tmp_path):
     """Per problem of the xt triage: the first release that has it and the first later one without it;
     an option a release does not know yet is absent there (not a build error, not a row)."""
-    from experiments.report.releases import over_releases, load_tables
-    from experiments.report.sections.zoo_xt import TRIAGE
-    from experiments.zoo_xt.releases import write_across
+    from doctor_lab.report.releases import load_tables, over_releases
+    from doctor_lab.report.sections.zoo_xt import TRIAGE
+    from doctor_lab.zoo_xt.releases import write_across
 
     def z(v, verdict, status="examined", reason=""):
         r = [{"arch": "shift_tokens", "impl": "flash", "status": status, "reason": reason,
@@ -96,7 +97,7 @@ def test_releases_table_first_with_and_first_fixed(tmp_path):
 
 def test_diffusers_zoo_statuses(tmp_path):
     pytest.importorskip("diffusers", reason="diffusers is not installed (requirements-validation.txt)")
-    p = zoo("experiments.zoo_diffusers", "--target", "AttnProcessor2_0", "XFormersAttnProcessor",
+    p = zoo("doctor_lab.zoo_diffusers", "--target", "AttnProcessor2_0", "XFormersAttnProcessor",
             "IPAdapterAttnProcessor2_0", "--checks", "padding,path_agreement", out=tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
     got = {(r["target"], r["path"], r["check"]): r for r in rows(tmp_path)}
@@ -110,9 +111,9 @@ def test_diffusers_zoo_statuses(tmp_path):
 
 
 @pytest.mark.parametrize("module,args,says", [
-    ("experiments.zoo_xt", ["--target", "no_such_option"], "not in the zoo's table: no_such_option"),
-    ("experiments.zoo_xt", ["--path", "sdpa"], "--path 'sdpa': give some of flash,einsum"),
-    ("experiments.zoo_diffusers", ["--checks", "nope"], "unknown check(s) nope")])
+    ("doctor_lab.zoo_xt", ["--target", "no_such_option"], "not in the zoo's table: no_such_option"),
+    ("doctor_lab.zoo_xt", ["--path", "sdpa"], "--path 'sdpa': give some of flash,einsum"),
+    ("doctor_lab.zoo_diffusers", ["--checks", "nope"], "unknown check(s) nope")])
 def test_bad_input_is_one_line_and_exit_2(module, args, says, tmp_path):
     pytest.importorskip("x_transformers" if module.endswith("xt") else "diffusers")
     p = zoo(module, *args, out=tmp_path)

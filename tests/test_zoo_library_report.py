@@ -1,7 +1,7 @@
-"""The library zoos in the report (experiments/report/library_zoo.py; sections zoo_xt and
+"""The library zoos in the report (doctor_lab/report/library_zoo.py; sections zoo_xt and
 zoo_diffusers): synthetic tables in tmp_path, no library needed. Counts of problems and rows, an
-untriaged row said loudly, the triage rules checked against what a row shows, a section new to
-REPORT.md put in its place by `--sections`."""
+untriaged row said loudly, the triage rules checked against what a row shows, DOCTOR.md and the
+README's lab blocks from the committed tables (`python -m doctor_lab.report`)."""
 import json
 
 import pytest
@@ -48,7 +48,7 @@ XT_ROWS = [
 
 
 def test_xt_section_counts_problems_and_rows_and_says_untriaged(tmp_path):
-    from experiments.report.sections import zoo_xt
+    from doctor_lab.report.sections import zoo_xt
     _write(tmp_path / "zoo_xt", "2.31.10", XT_ROWS,
            not_examined={"attn_causal": ["einsum: skipped: the Decoder sets it"]})
     blocks = zoo_xt.blocks([], tmp_path / "figures")
@@ -69,7 +69,7 @@ def test_xt_section_counts_problems_and_rows_and_says_untriaged(tmp_path):
 
 
 def test_xt_section_over_releases_with_its_picture(tmp_path):
-    from experiments.report.sections import zoo_xt
+    from doctor_lab.report.sections import zoo_xt
     old = [dict(r) for r in XT_ROWS if r["arch"] != "shift_tokens"] + [
         {"arch": "shift_tokens", "impl": "flash", "status": "examined", "checks": [_check("kv_cache", "pass")]},
         {"arch": "polar_pos_emb", "impl": "flash", "status": "build_error",
@@ -88,7 +88,7 @@ def test_xt_section_over_releases_with_its_picture(tmp_path):
 
 
 def test_diffusers_section_counts(tmp_path):
-    from experiments.report.sections import zoo_diffusers
+    from doctor_lab.report.sections import zoo_diffusers
     rows = [
         {"arch": "JointAttnProcessor2_0", "impl": "cross", "status": "examined",
          "checks": [_check("padding", "fail", PAD.format(r="0.323", l="0.272"))]},
@@ -108,8 +108,8 @@ def test_diffusers_section_counts(tmp_path):
 
 
 def test_library_triage_rules_check_the_row():
-    from experiments.report import triage
-    from experiments.report.sections import zoo_diffusers, zoo_xt
+    from doctor_lab.report import triage
+    from doctor_lab.report.sections import zoo_diffusers, zoo_xt
     xt = zoo_xt.TRIAGE.entries()
     row = lambda arch, check, verdict, detail, impl="einsum": {  # noqa: E731
         "arch": arch, "impl": impl, "check": check, "verdict": verdict, "detail": detail, "tolerance": "<= 1e-05", "cause": ""}
@@ -139,35 +139,50 @@ def test_library_triage_rules_check_the_row():
                 assert page.is_file() and page.with_suffix(".py").is_file() and page.with_suffix(".patch").is_file(), e["id"]
 
 
-def test_sections_new_to_the_report_are_placed_and_refreshed(tmp_path):
-    """`--sections zoo_xt` on a REPORT.md without that section puts it before the cost section, and
-    fills the README's block; a second refresh replaces it in place."""
-    from experiments.report.build import main
+def test_the_lab_report_places_each_zoo_and_refreshes_in_place(tmp_path):
+    """DOCTOR.md with the x-transformers and diffusers zoos in the lab's order, the README's
+    lab:zoo_xt_summary filled; a second run gives the same bytes."""
+    from doctor_lab.report.build import main
     _write(tmp_path / "zoo_xt", "2.31.10", XT_ROWS)
-    (tmp_path / "REPORT.md").write_text("# Report\n\nbefore\n\n## The zoo: x\n\nzoo\n\n## What the reference costs\n\nafter\n")
+    _write(tmp_path / "zoo_diffusers", "0.42.1", [
+        {"arch": "AttnProcessor2_0", "impl": "self", "status": "examined", "checks": [_check("padding", "pass")]}])
     readme = tmp_path / "README.md"
-    readme.write_text("# R\n\n## Zoo\n<!-- BEGIN report:zoo_xt_summary -->\nold\n<!-- END report:zoo_xt_summary -->\nend\n")
+    readme.write_text("# R\n\n## Zoo\n<!-- BEGIN lab:zoo_xt_summary -->\nold\n<!-- END lab:zoo_xt_summary -->\nend\n")
+    pages = []
     for _ in range(2):
-        assert main([str(tmp_path), "--sections", "zoo_xt", "--readme", str(readme)]) == 0
-        text = (tmp_path / "REPORT.md").read_text()
-        assert text.count("## The x-transformers zoo") == 1
-        assert text.index("## The zoo: x") < text.index("## The x-transformers zoo") < text.index("## What the reference costs")
-        assert text.endswith("## What the reference costs\n\nafter\n") and "\n\n\n" not in text
+        assert main(["--results", str(tmp_path), "--readme", str(readme)]) == 0
+        pages.append((tmp_path / "DOCTOR.md").read_text())
+        assert pages[-1].count("## The x-transformers zoo") == 1 and "\n\n\n" not in pages[-1]
+        assert pages[-1].index("## The x-transformers zoo") < pages[-1].index("## The diffusers zoo")
+    assert pages[0] == pages[1]
     assert "**4 of 6** targets" in readme.read_text() and "\nold\n" not in readme.read_text()
 
 
 @pytest.mark.parametrize("name", ["zoo_xt", "zoo_diffusers"])
 def test_library_sections_render_nothing_without_a_table(name, tmp_path):
-    from experiments.report.build import SECTIONS
-    (mod,) = [m for m in SECTIONS if m.NAME == name]
+    from doctor_lab.report.build import SECTIONS
+    (mod,) = [m for m in SECTIONS if m.__name__.endswith("." + name)]
     assert mod.blocks([], tmp_path / "figures") == {}
 
 
-def test_a_new_last_section_goes_at_the_end(tmp_path):
-    from experiments.report.build import main
-    _write(tmp_path / "zoo_diffusers", "0.42.1", [
-        {"arch": "AttnProcessor2_0", "impl": "self", "status": "examined", "checks": [_check("padding", "pass")]}])
-    (tmp_path / "REPORT.md").write_text("# Report\n\nbefore\n")
-    assert main([str(tmp_path), "--sections", "zoo_diffusers"]) == 0
-    text = (tmp_path / "REPORT.md").read_text()
-    assert text.startswith("# Report\n\nbefore\n\n## The diffusers zoo") and text.endswith(".\n") and "\n\n\n" not in text
+def test_the_findings_section_lists_every_page_once_with_the_zoos_rows(tmp_path):
+    """From the committed tables: every docs/findings/ page once (no page without its triage entry),
+    and per zoo the rows its findings explain are those the zoo's section counts as findings."""
+    import re
+    import shutil
+
+    from doctor_lab.report.sections import findings, zoo
+    results = ROOT / "results"
+    md = findings.blocks([], results / "doctor_figures")["findings"]
+    pages = re.findall(r"^\| \[(\w+)\]\(\.\./docs/findings/\1\.md\) \| ", md, re.M)
+    assert sorted(pages) == sorted(p.stem for p in (ROOT / "docs" / "findings").glob("*.md"))
+    rows = {lib: sum(int(n) for n in re.findall(rf"^\| \[\w+\]\(\S+\) \| {lib} \S+ \| (\d+) \|", md, re.M))
+            for lib in ("transformers", "x-transformers", "diffusers")}
+    (tmp_path / "zoo").mkdir()   # the transformers zoo's current table alone (no pictures written into results/)
+    shutil.copy(results / "zoo" / "zoo.json", tmp_path / "zoo" / "zoo.json")
+    said = zoo.blocks([], tmp_path / "figures")["zoo"]
+    counted = re.search(r"(\d+) new findings? \((\d+) rows?\), (\d+) findings? that needs? a random-init condition "
+                        r"\((\d+) rows?\)", said)
+    assert rows["transformers"] == int(counted[2]) + int(counted[4]) > 0
+    md = findings.blocks([], tmp_path / "figures")["findings"]   # without the library zoos' tables: 0 rows there
+    assert len(re.findall(r"^\| \[", md, re.M)) == len(pages) and "| x-transformers | 0 |" in md

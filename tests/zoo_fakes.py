@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from experiments.zoo import runner, worker  # noqa: E402
+from doctor_lab.zoo import runner, worker  # noqa: E402
 
 
 def fake_examine(arch, impl, table, checks):

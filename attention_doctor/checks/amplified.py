@@ -1,13 +1,23 @@
 """Amplified logits: q and k scaled until the largest score reaches 1e4..1e5."""
 import math
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 
 import torch
 
-from attention_doctor.checks.common import (AMP_HI, AMP_LO, AMP_TARGET, EXACT_REL, HULL_REL, ROW_SUM_TOL,
-                                            finite_max_abs, inconclusive, not_repeatable, rel, row, visible_scores)
-from attention_doctor.checks.record import Check
+from attention_doctor.checks.common import (
+    AMP_HI,
+    AMP_LO,
+    AMP_TARGET,
+    EXACT_REL,
+    HULL_REL,
+    ROW_SUM_TOL,
+    finite_max_abs,
+    judged,
+    rel,
+    visible_scores,
+)
 from attention_doctor.layouts import scaled_sites
+from attention_doctor.signals import NotPerformed
 
 
 class Amplifier:
@@ -64,18 +74,16 @@ def _max_score(calls, init=None) -> float:
 NOT_AMPLIFIED = "scores could not be amplified"
 
 
-def not_amplified(name, amp: str, why=None, detail=""):
-    """The row of a check that needs amplified scores and has none: `amp` is amplifier()'s reason,
-    `why` the verdict's (default: amp)."""
-    return inconclusive(name, why or amp, "not_amplified" if amp.startswith(NOT_AMPLIFIED) else "scores_unseen",
-                        detail=detail)
+def not_amplified_cause(amp: str) -> str:
+    """The cause of a check that needs amplified scores and has none (`amp`: amplifier()'s reason)."""
+    return "not_amplified" if amp.startswith(NOT_AMPLIFIED) else "scores_unseen"
 
 
 def amplifier(ctx):
     """The Amplifier that brings the largest score into [AMP_LO, AMP_HI], or a reason why not.
     Computed once per target; the factor is verified by measuring the scores it gives."""
-    if ctx._amp is not None:
-        return ctx._amp
+    if "amp" in ctx.cache:
+        return ctx.cache["amp"]
     x = ctx.sample(k=30)
     _, calls = ctx.probe(x)
     m0 = _max_score(calls)
@@ -86,11 +94,11 @@ def amplifier(ctx):
     matmuls = frozenset(c.extra["qk_matmul"] for c in calls if c.module in unsited and "qk_matmul" in c.extra)
     in_call |= {m for m, _ in matmuls}
     if not calls or m0 == 0.0:
-        ctx._amp = "needs to see the scores (no softmax or SDPA call seen)"
-        return ctx._amp
+        ctx.cache["amp"] = "needs to see the scores (no softmax or SDPA call seen)"
+        return ctx.cache["amp"]
     if not at and not in_call:
-        ctx._amp = "needs q and k (no known q/k layout, no SDPA call, no q k^T before a softmax)"
-        return ctx._amp
+        ctx.cache["amp"] = "needs q and k (no known q/k layout, no SDPA call, no q k^T before a softmax)"
+        return ctx.cache["amp"]
     f, m = math.sqrt(AMP_TARGET / m0), m0
     for _ in range(6):
         amp = Amplifier(ctx, f, 0.0, at, in_call, matmuls)
@@ -98,14 +106,14 @@ def amplifier(ctx):
         m = _max_score(amped, calls)
         if AMP_LO <= m <= AMP_HI:
             amp.reached = m
-            ctx._amp = amp
+            ctx.cache["amp"] = amp
             return amp
         if m <= m0 * 1.01:   # scaling q and k did not move the scores
             break
         f *= math.sqrt(AMP_TARGET / m)
-    ctx._amp = (f"{NOT_AMPLIFIED}: the largest reached {m:.3g} with q and k scaled by {f:.3g} "
+    ctx.cache["amp"] = (f"{NOT_AMPLIFIED}: the largest reached {m:.3g} with q and k scaled by {f:.3g} "
                 "(normalised or capped scores, or a q/k layout read wrong)")
-    return ctx._amp
+    return ctx.cache["amp"]
 
 
 def _weights_checks(calls, init_calls):
@@ -124,10 +132,10 @@ def _weights_checks(calls, init_calls):
             v = vis.expand_as(w)
             live = v.any(-1)
             if (~v).any() and live.any():   # a row that sees no key is fully_masked_rows' case, not a leak
-                leaked = w.masked_fill(v, 0).nan_to_num(1.0).abs().amax(-1)
+                leaked = w.masked_fill(v, 0).nan_to_num(1.0).abs().amax(-1)   # a NaN weight counts as 1: the worst
                 masked_w = max(masked_w, float(leaked[live].max()))
         s = w.sum(-1)
-        row_err = max(row_err, float((s - 1).abs()[live].nan_to_num(math.inf).max()) if live.any() else 0.0)
+        row_err = max(row_err, float((s - 1).abs()[live].nan_to_num(math.inf).max()) if live.any() else 0.0)  # NaN: inf
         if c.out is not None and c.v is not None:   # no mask known: the hull of every value (wider)
             hull = max(hull, _hull(c.out.double(), c.v.double(), torch.ones_like(live[..., None]) if vis is None else vis, live))
     return masked_w, row_err, hull, dims
@@ -144,59 +152,42 @@ def _hull(out, v, vis, live):
     span = (v.amax(-2, keepdim=True) - v.amin(-2, keepdim=True)).amax(-1, keepdim=True).clamp_min(1e-30)
     exc = (torch.relu(lo - out) + torch.relu(out - hi)) / span
     exc = exc.amax(-1)[live.expand(exc.shape[:-1])]
-    return float(exc.nan_to_num(math.inf).max()) if exc.numel() else 0.0
+    return float(exc.nan_to_num(math.inf).max()) if exc.numel() else 0.0   # a NaN output: inf, the worst
 
 
 def amplified_logits(ctx):
-    if ctx.deterministic is False:
-        return not_repeatable("amplified_logits")
+    ctx.require_repeatable()
     amp = amplifier(ctx)
     if isinstance(amp, str):
-        return not_amplified("amplified_logits", amp)
+        raise NotPerformed(amp, not_amplified_cause(amp))
     x = ctx.sample(k=30)
     _, init_calls = ctx.probe(x)
     y, calls = amp.probe(ctx, x)
     finite = bool(torch.isfinite(y).all())
-    leak = 0.0
-    if ctx.causal is not False:
+    leak = None
+    if ctx.require_causal() and finite:   # outputs that are not finite fail already
         t = ctx.T // 2
         x2 = x.clone()
         x2[:, t:] = ctx.sample(k=31)[:, t:]
         y2, _ = amp.probe(ctx, x2)
-        leak = rel(y2[:, :t], y[:, :t]) if finite else 0.0
+        leak = rel(y2[:, :t], y[:, :t], "the amplified outputs before t")
     masked_w, row_err, hull, dims = _weights_checks(calls, init_calls)
     _, _, hull0, _ = _weights_checks(init_calls, init_calls)
     hull = max(hull, hull0)
-    wrong_dim = [d for d in dims if d != -1]
+    wrong_dim = sorted(d for d in dims if d != -1)
     parts = [("outputs finite", finite, None),
              ("masked keys' largest weight", masked_w <= EXACT_REL, masked_w),
-             ("earlier outputs' change with later tokens replaced", leak <= EXACT_REL, leak),
+             ("earlier outputs' change with later tokens replaced", leak is None or leak <= EXACT_REL, leak),
              ("rows' weights sum to 1 (worst |sum - 1|)", row_err <= ROW_SUM_TOL and not wrong_dim, row_err),
              ("outputs outside their values' hull (at init or amplified)", hull <= HULL_REL, hull)]
     causes = ("nonfinite", "masked_key_weight", "future_leak", "row_sum", "outside_hull")
     bad = [p for p in parts if not p[1]]
     cause = next((c for c, p in zip(causes, parts) if not p[1]), "")
     detail = (f"largest score {amp.reached:.3g} (q and k scaled by {amp.factor:.3g} {amp.where()}); " +
-              "; ".join(f"{n}: {'yes' if v is None and ok else ('no' if v is None else f'{v:.3g}')}" for n, ok, v in parts)
+              "; ".join(f"{n}: " + ("n/a" if v is None and i == 2 else ('yes' if ok else 'no') if v is None else f"{v:.3g}")
+                        for i, (n, ok, v) in enumerate(parts))
               + (f"; softmax taken over dim {wrong_dim}, not the keys" if wrong_dim else ""))
     measured = max([v for _, _, v in parts if v is not None] + ([math.inf] if not finite else []))
-    return row("amplified_logits", "fail" if bad else "pass", measured,
-               f"finite; leak <= {EXACT_REL:g}; hull <= {HULL_REL:g}", detail, cause)
-
-
-CHECKS = (
-    Check(amplified_logits, does="q and k scaled until the largest score reaches 1e4..1e5 (3e4 aimed for, the factor "
-                                 "verified)",
-          fails_when="outputs not finite; a masked key gets weight in a row that sees some key (a row that sees "
-                     "none is fully_masked_rows'); earlier outputs move when later tokens change; rows do not sum "
-                     "to 1; an output leaves its values' range (also at init)",
-          tolerance="1e-6 (weights, leak), 1e-5 of the values' range (hull), 1e-3 (row sums)",
-          applies="targets whose scores the doctor sees and can amplify", thread="karpathy/minGPT #75",
-          targets=("finite_mask_leak", "naive_softmax", "sum_normalize"),
-          causes={"nonfinite": "outputs not finite at large scores (a softmax without the max subtracted)",
-                  "masked_key_weight": "a masked key gets weight: a finite fill (-1e4) the scores passed",
-                  "future_leak": "earlier outputs move with later tokens at large scores",
-                  "row_sum": "a row's weights do not sum to 1 (a softmax over the wrong dim)",
-                  "outside_hull": "an output leaves the range of the values it mixes: weights that are not convex "
-                                  "(s / sum(s) sums to 1 with negative weights)"}),
-)
+    return judged(bool(bad), measured, f"finite; leak <= {EXACT_REL:g}; hull <= {HULL_REL:g}", detail, cause,
+                  largest_score=amp.reached, factor=amp.factor, finite=finite, masked_key_weight=masked_w, leak=leak,
+                  row_sum_error=row_err, outside_hull=hull, softmax_dims=wrong_dim)

@@ -3,26 +3,35 @@
 outputs cannot be compared with those at +0. Their scores among themselves can: each new query
 against the new keys, at the same relative offsets at +0 and at +4096, rows centred (a constant
 per row, a softmax's maximum taken off, does not change the weights). The first attention call
-only: the empty slots change its outputs, hence every later layer's q and k."""
+only: the empty slots change its outputs, hence every later layer's q and k. And the bfloat16 half
+long_positions shares with its outputs' version."""
+import math
 from contextlib import nullcontext
 
 import torch
 
-from attention_doctor.adapters import Unsupported
-from attention_doctor.checks.common import (LONG_BF16_FLOOR, LONG_BF16_RATIO, LONG_OFFSET, LONG_REL, TargetRaised,
-                                            inconclusive, row, unseen, unsupported)
+from attention_doctor.checks.common import (
+    LONG_BF16_FLOOR,
+    LONG_BF16_RATIO,
+    LONG_OFFSET,
+    LONG_REL,
+    held_in_part,
+    inconclusive,
+    judged,
+    unseen,
+)
 from attention_doctor.checks.scale import unit_qk
+from attention_doctor.signals import NotPerformed, TargetRaised, Unsupported
 
 
-def new_scores(ctx, adapter, x, offset, autocast=False) -> list[torch.Tensor]:
-    """The first attention call's scores of the T new queries against the T new keys (float64,
-    NaN where masked, rows centred), at positions offset.., q and k unit-variance; [] if none."""
+def new_scores(ctx, adapter, x, offset, autocast=False) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """[(scores, visible)] of the first attention call: its T new queries against the T new keys
+    (float64), at positions offset.., q and k unit-variance; [] if no call's scores were seen."""
     T = x.shape[1]
     pos = torch.arange(offset, offset + T, device=adapter.device).expand(x.shape[0], -1)
     cast = torch.autocast(adapter.device.type, dtype=torch.bfloat16) if autocast else nullcontext()
     with unit_qk(ctx, adapter), cast:
         _, calls = ctx.probe(x, positions=pos, adapter=adapter)
-    out = []
     for c in calls:
         if (c.scores is None and not c.complete) or c.q is None or c.q.shape[-2] != T:
             continue
@@ -30,23 +39,50 @@ def new_scores(ctx, adapter, x, offset, autocast=False) -> list[torch.Tensor]:
         # the new keys: at the offset in a cache of fixed length (LitGPT), else the last T (Meta's)
         cols = slice(offset, offset + T) if full.shape[-1] >= offset + T and full.shape[-1] > T else slice(-T, None)
         s = full[..., cols]
-        vis = torch.isfinite(s) if c.visible is None else c.visible.expand(full.shape)[..., cols] & torch.isfinite(s)
-        s = s.masked_fill(~vis, float("nan"))
-        return [s - s.nanmean(-1, keepdim=True)]
+        vis = torch.ones_like(s, dtype=torch.bool) if c.visible is None else c.visible.expand(full.shape)[..., cols]
+        return [(s, vis)]
     return []
 
 
+def _centred(s, vis):
+    """s with each row's mean over its visible entries taken off, 0 where masked."""
+    n = vis.sum(-1, keepdim=True).clamp_min(1)
+    s = s.masked_fill(~vis, 0.0)
+    return (s - s.sum(-1, keepdim=True) / n).masked_fill(~vis, 0.0)
+
+
+def _pairs(a: list, b: list):
+    """(a's centred scores, b's, the visible entries) per call; b is the reference: scores that are
+    not finite where visible leave nothing to compare (NotPerformed); a's are inf there (a NaN is
+    never agreement), and so is a call whose visible entries differ from b's."""
+    for (sa, va), (sb, vb) in zip(a, b):
+        if not bool(torch.isfinite(sb[vb]).all()):
+            raise NotPerformed("the new tokens' scores at +0 are not finite where visible: no comparison holds",
+                               "reference_nonfinite")
+        if not torch.equal(va, vb) or not bool(torch.isfinite(sa[va]).all()):
+            yield None
+        else:
+            yield _centred(sa, va), _centred(sb, vb), vb
+
+
 def _rel(a: list, b: list) -> float:
-    """The largest |a - b| over the calls, relative to the largest |b| (masked entries left out)."""
-    num = max(float((x - y).abs().nan_to_num(0.0).max()) for x, y in zip(a, b))
-    return num / max(max(float(y.abs().nan_to_num(0.0).max()) for y in b), 1e-30)
+    """The largest |a - b| over the calls' visible entries, relative to the largest |b|."""
+    num, den = 0.0, 1e-30
+    for p in _pairs(a, b):
+        if p is None:
+            return math.inf
+        x, y, _ = p
+        num, den = max(num, float((x - y).abs().max())), max(den, float(y.abs().max()))
+    return num / den
 
 
 def _per_query(a: list, b: list) -> float:
     """The residual of a fitted as b times one factor per query (a temperature by position)."""
     worst = 0.0
-    for x, y in zip(a, b):
-        x, y = x.nan_to_num(0.0), y.nan_to_num(0.0)
+    for p in _pairs(a, b):
+        if p is None:
+            return math.inf
+        x, y, _ = p
         f = (x * y).sum(-1, keepdim=True) / (y * y).sum(-1, keepdim=True).clamp_min(1e-300)
         worst = max(worst, float((x - f * y).abs().max()) / max(float(y.abs().max()), 1e-30))
     return worst
@@ -56,16 +92,22 @@ def long_positions_through_cache(ctx, a, x):
     try:
         s0 = new_scores(ctx, a, x, 0)
         s1 = new_scores(ctx, a, x, LONG_OFFSET)
-    except Unsupported as e:
-        return unsupported("long_positions", e)
     except TargetRaised as e:   # it may have the failure; the doctor cannot shift it there
-        return inconclusive("long_positions", f"the target raised on positions {LONG_OFFSET}.. ({e})", "unreachable")
+        return inconclusive(f"the target raised on positions {LONG_OFFSET}.. ({e.error})", "unreachable",
+                            through_cache=True, error=e.error)
     if not s0 or not s1:
-        return unseen("long_positions", "positions move its KV cache: the check compares the attention scores, "
-                      "and no call's scores were seen")
+        raise unseen("positions move its KV cache: the check compares the attention scores, and no call's scores "
+                     "were seen")
+    moved = sum(int((va != vb).sum()) for (_, va), (_, vb) in zip(s1, s0))
+    if moved:   # which new keys a new query sees changed with the shift: nothing else to compare
+        parts = [f"the first attention call: at +{LONG_OFFSET} the new tokens' mask among themselves differs from "
+                 f"+0's in {moved} entries (a causal mask not aligned to the cache's end?)"]
+        return with_bfloat16(ctx, a, lambda lo, o, auto: new_scores(ctx, lo, x, o, auto), _rel, "scores' ", True,
+                             math.inf, "shift_moves_mask", parts, through_cache=True, absolute_positions=False,
+                             shift_16=None, shift=math.inf, per_query_residual=None)
     d = _rel(s1, s0)
-    parts, bad, measured, cause = [f"the first attention call: the new tokens' scores among themselves at "
-                                   f"+{LONG_OFFSET} against +0: {d:.3g}"], False, d, ""
+    parts, bad, measured, cause, r = [f"the first attention call: the new tokens' scores among themselves at "
+                                      f"+{LONG_OFFSET} against +0: {d:.3g}"], False, d, "", None
     if d > LONG_REL:
         r = _per_query(s1, s0)
         measured = r
@@ -75,33 +117,48 @@ def long_positions_through_cache(ctx, a, x):
         else:
             bad, cause = True, "shift_moves_outputs"
             parts.append(f"not those at +0 times a factor per query (residual {r:.3g})")
-    return bfloat16_half(a, lambda lo, o, auto: new_scores(ctx, lo, x, o, auto), _rel, "scores' ", bad, measured,
-                         cause, parts)
+    return with_bfloat16(ctx, a, lambda lo, o, auto: new_scores(ctx, lo, x, o, auto), _rel, "scores' ", bad,
+                         measured, cause, parts, through_cache=True, absolute_positions=False, shift_16=None,
+                         shift=d, per_query_residual=r)
 
 
-def bfloat16_half(a, at, err, what, bad, measured, cause, parts):
-    """long_positions' bfloat16 half and its row: in bfloat16 (weights cast, and float32 weights
-    under autocast, as mixed-precision training runs) the error against float64 at +4096 must stay
-    near that at +0. at(adapter, offset, autocast): what is compared (the outputs, or the scores
-    among the new tokens); err(got, float64's). What ran held but this half could not run:
-    inconclusive, never a pass."""
+def bfloat16_half(ctx, a, at, err, what, parts) -> tuple[list[dict], str, str | None]:
+    """long_positions' bfloat16 half: in bfloat16 (weights cast, and float32 weights under
+    autocast, as mixed-precision training runs) the error against float64 at +4096 must stay near
+    that at +0. at(adapter, offset, autocast): what is compared (the outputs, or the scores among
+    the new tokens); err(got, float64's). Returns ([{mode, error_0, error_4096, limit}], its cause
+    ("" if it held), why it could not run (None: it ran)); appends its words to parts."""
+    records, cause = [], ""
     try:
-        hi = a.converted(dtype=torch.float64)
+        try:
+            hi, lo = a.converted(dtype=torch.float64), a.converted(dtype=torch.bfloat16)
+        except (RuntimeError, TypeError) as e:   # a module torch cannot cast: the half cannot run
+            raise NotPerformed(f"the target cannot be cast ({type(e).__name__}: {str(e)[:80]})") from e
         ref = {o: at(hi, o, False) for o in (0, LONG_OFFSET)}
-        for label, lo, auto in (("bfloat16 weights", a.converted(dtype=torch.bfloat16), False),
-                                ("bfloat16 autocast", a, True)):
-            e = [err(at(lo, o, auto), ref[o]) for o in (0, LONG_OFFSET)]
+        for mode, low, auto in (("weights", lo, False), ("autocast", a, True)):
+            e = [err(at(low, o, auto), ref[o]) for o in (0, LONG_OFFSET)]
             lim = LONG_BF16_RATIO * e[0] + LONG_BF16_FLOOR
-            if e[1] > lim:
-                bad, measured, cause = True, max(measured, e[1]), cause or "bfloat16_error_grows"
-            parts.append(f"{label}: {what}error against float64 at +0 {e[0]:.3g}, at +{LONG_OFFSET} {e[1]:.3g} "
+            records.append({"mode": mode, "error_0": e[0], "error_4096": e[1], "limit": lim})
+            if not all(math.isfinite(v) for v in e):
+                cause = cause or "bfloat16_nonfinite"
+            elif e[1] > lim:
+                cause = cause or "bfloat16_error_grows"
+            parts.append(f"bfloat16 {mode}: {what}error against float64 at +0 {e[0]:.3g}, at +{LONG_OFFSET} {e[1]:.3g} "
                          f"(limit {lim:.3g})")
-        half = None
-    except (Unsupported, TargetRaised, RuntimeError, TypeError) as ex:
-        half = f"{type(ex).__name__}: {str(ex)[:80]}"
-        parts.append(f"bfloat16: not run ({half})")
+        return records, cause, None
+    except (Unsupported, TargetRaised, NotPerformed) as ex:   # the target cannot run in this precision
+        why = ex.why if not isinstance(ex, TargetRaised) else f"the target raised: {ex.error}"
+        parts.append(f"bfloat16: not run ({why})")
+        return records, cause, why
+
+
+def with_bfloat16(ctx, a, at, err, what, bad, measured, cause, parts, **measurements):
+    """long_positions' row: what the shift found, then the bfloat16 half (bfloat16_half). What ran
+    held but the bfloat16 half could not run: inconclusive, never a pass."""
+    records, bcause, not_run = bfloat16_half(ctx, a, at, err, what, parts)
+    if bcause:
+        bad, cause = True, cause or bcause
+        measured = max(measured, max(max(r["error_0"], r["error_4096"]) for r in records))
     tol = f"<= {LONG_REL:g}; bf16 <= {LONG_BF16_RATIO:g}x + {LONG_BF16_FLOOR:g}"
-    if half and not bad:   # the bfloat16 half could not run: what ran held, and that is not a pass
-        return inconclusive("long_positions", f"its bfloat16 half could not run ({half})", "part_not_run",
-                            measured, tol, "; ".join(parts))
-    return row("long_positions", "fail" if bad else "pass", measured, tol, "; ".join(parts), cause)
+    r = judged(bad, measured, tol, "; ".join(parts), cause, **measurements, bfloat16=records)
+    return held_in_part(r, {"the bfloat16 half": not_run} if not_run else {})

@@ -1,24 +1,39 @@
-"""Dropout off in eval, the future leak, self-visibility, and the KV cache."""
+"""The target's description (repeatable eval outputs, causal or not: decided before the checks run),
+dropout off in eval, the future leak, self-visibility, and the KV cache."""
+import math
+
 import torch
 
-from attention_doctor.adapters import Unsupported
-from attention_doctor.checks.common import (AGREE_REL, EXACT_REL, TargetRaised, inconclusive, na, not_repeatable,
-                                            rel, row, unseen, unsupported)
-from attention_doctor.checks.record import Check
+from attention_doctor.checks.common import (
+    AGREE_REL,
+    EXACT_REL,
+    Description,
+    held_in_part,
+    inconclusive,
+    judged,
+    na,
+    rel,
+    row,
+    unseen,
+)
+from attention_doctor.result import FAIL, PASS
+from attention_doctor.signals import Signal, TargetRaised, doctor_hook
 
+# -- the description ------------------------------------------------------------------------------
 
-def eval_dropout(ctx):
-    x = ctx.sample()
-    y1, y2 = ctx.run(x), ctx.run(x)
-    same = torch.equal(torch.nan_to_num(y1), torch.nan_to_num(y2))
-    ctx.deterministic = same
-    d = float((y1.double() - y2.double()).abs().nan_to_num().max())
-    p = 0.0 if same else max((c.dropout_p for c in ctx.probe(x)[1]), default=0.0)
-    why = f"; scaled_dot_product_attention got dropout_p={p:g} in eval" if p else ""
-    return row("eval_dropout", "pass" if same else "fail", d, "== 0 (bit-identical)",
-               f"two eval calls on the same input differ by up to {d:.3g}{why}" if not same
-               else "two eval calls are bit-identical",
-               "" if same else "sdpa_dropout_p" if p else "random_in_eval")
+def repeat(y1: torch.Tensor, y2: torch.Tensor) -> tuple[bool, float]:
+    """(bit-identical, the largest |y1 - y2|) of two outputs of one input: the same NaN at the same
+    places is repeatable, a NaN or an inf on one side only is not (its difference is inf)."""
+    n1, n2 = torch.isnan(y1), torch.isnan(y2)
+    if y1.shape != y2.shape or not torch.equal(n1, n2):
+        return False, math.inf
+    a, b = y1[~n1], y2[~n2]
+    if torch.equal(a, b):
+        return True, 0.0
+    fin = torch.isfinite(a) & torch.isfinite(b)
+    if not torch.equal(a[~fin], b[~fin]):   # an inf on one side, or of the other sign
+        return False, math.inf
+    return False, float((a[fin].double() - b[fin].double()).abs().max())
 
 
 def _masks_later_keys(calls) -> bool:
@@ -39,205 +54,224 @@ def _masks_later_keys(calls) -> bool:
     return seen > 0
 
 
-def _find_causal(ctx, x, y):
+def _find_causal(ctx, x, y) -> tuple[bool, str]:
     """A layer that did not say: causal if its attention calls mask every later key (a bug that
     leaks, softmax over the queries, still reads as causal), else if position 0 does not read
     position T-1."""
     if _masks_later_keys(ctx.probe(x)[1]):
-        ctx.causal = True
-        ctx.info["causal"] = "causal (found: its attention calls mask every later key)"
-        return True
+        return True, "causal (found: its attention calls mask every later key)"
+    ctx.require_repeatable()   # position 0's change would be the noise's
     x2 = x.clone()
     x2[:, -1] = ctx.sample(k=11)[:, -1]
-    d = rel(ctx.run(x2)[:, 0], y[:, 0])
-    ctx.causal = d == 0.0
-    ctx.info["causal"] = "causal (found: position 0 does not read position T-1)" if ctx.causal else \
-        "not causal (found: position 0 reads position T-1, and no attention call masks the later keys)"
-    return ctx.causal
+    if rel(ctx.run(x2)[:, 0], y[:, 0], "position 0's output") == 0.0:
+        return True, "causal (found: position 0 does not read position T-1)"
+    return False, "not causal (found: position 0 reads position T-1, and no attention call masks the later keys)"
+
+
+def describe(ctx, x, y) -> Description:
+    """The target's description from its output y on the plain batch x (ctx.sample()): a second
+    call says whether eval outputs repeat; an LM is causal, a layer as its adapter says or as
+    found. A part that could not be decided is None, and the signal that kept it so is in
+    ctx.undecided (the checks that need it raise it)."""
+    a = ctx.adapter
+    repeatable = max_diff = None
+    try:
+        repeatable, max_diff = repeat(y, ctx.run(x))
+    except Signal as s:
+        ctx.undecided["repeatable"] = s
+    # the repeatability is needed to find causality by the outputs
+    ctx.description = Description(a.kind, None, "", repeatable, max_diff)
+    if a.kind == "lm":
+        causal, how = True, "causal (an LM)"
+    elif a.causal is not None:
+        causal, how = bool(a.causal), f"{'causal' if a.causal else 'not causal'} (said)"
+    else:
+        try:
+            causal, how = _find_causal(ctx, x, y)
+        except Signal as s:
+            ctx.undecided["causal"] = s
+            causal, how = None, f"undecided ({s.why})"
+    return Description(a.kind, causal, how, repeatable, max_diff)
+
+
+# -- the checks ----------------------------------------------------------------------------------
+
+def eval_dropout(ctx):
+    d = ctx.description
+    if d.repeatable is None:
+        raise ctx.undecided["repeatable"]
+    tol = "== 0 (bit-identical)"
+    if d.repeatable:
+        return row(PASS, 0.0, tol, "two eval calls are bit-identical", max_diff=0.0, dropout_p=0.0)
+    p = max((c.dropout_p for c in ctx.probe(ctx.sample())[1]), default=0.0)
+    why = f"; scaled_dot_product_attention got dropout_p={p:g} in eval" if p else ""
+    return row(FAIL, d.eval_max_diff, tol, f"two eval calls on the same input differ by up to {d.eval_max_diff:.3g}{why}",
+               "sdpa_dropout_p" if p else "random_in_eval", max_diff=d.eval_max_diff, dropout_p=p)
+
+
+class _GradientHalf:
+    """Why the gradient half gave no number: `na` (the forward computes no gradient: nothing to
+    leak) or not (the doctor could not run it)."""
+    def __init__(self, why: str, na: bool = False):
+        self.why, self.na = why, na
 
 
 def _input_grads(ctx, x, t):
-    """d (weighted outputs before t) / d (inputs at and after t): ((the largest finite |.|, how many
-    are not finite), None) or (None, why not)."""
+    """d (weighted outputs before t) / d (inputs at and after t): (the largest finite |.|, how many
+    are not finite), or a _GradientHalf saying why there is none."""
     a = ctx.adapter
     w = torch.randn(x.shape[0], t, 1, generator=ctx.gen(5)).to(a.device)
     if a.kind == "layer":
         xi = x.clone().requires_grad_(True)
         y = ctx.run(xi, grad=True)
         return _grad((y[:, :t].double() * w).sum(), xi, x.shape, t)
-    emb = a.embedding()
+    emb = ctx.call(a.embedding)
     if emb is None:
-        return None, "no input embedding to differentiate against"
+        return _GradientHalf("no input embedding to differentiate against (an Adapter's embedding() names it)")
     got = []
-    h = emb.register_forward_hook(lambda m, i, o: got.append(o))
+    h = emb.register_forward_hook(doctor_hook(lambda m, i, o: got.append((o, torch.is_grad_enabled()))))
     try:
-        with torch.enable_grad():
-            y = ctx.run(x, grad=True)
+        y = ctx.run(x, grad=True)
     finally:
         h.remove()
-    if len(got) != 1 or not got[0].requires_grad:
-        return None, "the input embedding's output is not differentiable here"
-    return _grad((y[:, :t].double() * w).sum(), got[0], x.shape, t)
+    if len(got) != 1:
+        return _GradientHalf(f"the input embedding ran {len(got)} times in one forward")
+    out, grad_on = got[0]
+    if isinstance(out, torch.Tensor) and (not grad_on or out.is_inference()):
+        return _GradientHalf("the forward computes no gradient (it runs under inference mode or no_grad)", na=True)
+    if not isinstance(out, torch.Tensor) or not out.requires_grad:
+        return _GradientHalf("the input embedding's output is not differentiable here (frozen weights?)")
+    return _grad((y[:, :t].double() * w).sum(), out, x.shape, t)
 
 
 def _grad(loss, wrt, shape, t):
     """(the largest finite |d loss / d wrt| at positions t.., the non-finite count) (wrt (B, T, ...)
-    or (T, B, ...): XLNet's embedding is time-major), or (None, why not)."""
+    or (T, B, ...): XLNet's embedding is time-major), or a _GradientHalf."""
     try:
         g, = torch.autograd.grad(loss, wrt, allow_unused=True)
-    except Exception as e:   # a backward the target refuses in eval mode (Reformer's reversible layers)
-        return None, f"its backward raised in eval mode ({type(e).__name__}: {str(e)[:80]})"
+    except Exception as e:  # noqa: BLE001 -- the target's backward refused (Reformer's reversible layers in eval): the gradient half not run (inconclusive), never a pass
+        return _GradientHalf(f"its backward raised in eval mode ({type(e).__name__}: {str(e)[:80]})")
     if g is None:
-        return (0.0, 0), None
+        return 0.0, 0
     B, T = shape[0], shape[1]
     if g.dim() >= 2 and g.shape[1] == T:
         g = g[:, t:]
     elif g.dim() >= 2 and g.shape[0] == T and g.shape[1] == B:
         g = g[t:]
     else:
-        return None, f"the embedding's output {tuple(g.shape)} has no position axis of length {T}"
+        return _GradientHalf(f"the embedding's output {tuple(g.shape)} has no position axis of length {T}")
     fin = torch.isfinite(g)
-    return (float(g[fin].abs().max()) if fin.any() else 0.0, int((~fin).sum())), None
+    return (float(g[fin].abs().max()) if fin.any() else 0.0), int((~fin).sum())
 
 
 def future_leak(ctx):
-    if ctx.deterministic is False:
-        return not_repeatable("future_leak")
+    ctx.require_repeatable()
+    if not ctx.require_causal():
+        how = "" if ctx.adapter.causal is not None else "; causal=True, or --causal yes, if it is meant to be causal"
+        return na(f"{ctx.description.causal_from}: a bidirectional layer sees every position{how}", "not_causal")
     x = ctx.sample()
     y = ctx.run(x)
-    causal = ctx.adapter.causal if ctx.adapter.causal is not None else _find_causal(ctx, x, y)
-    ctx.causal = causal
-    if not causal:
-        how = "" if ctx.adapter.causal is not None else "; causal=True, or --causal yes, if it is meant to be causal"
-        return na("future_leak", f"{ctx.info.get('causal', 'not causal')}: a bidirectional layer sees every position{how}")
-    worst, grads, nonfinite, at, why = 0.0, [], 0, [], None
+    worst, grads, nonfinite, outputs, half = 0.0, [], 0, [], None
     for t in (1, ctx.T // 2, ctx.T - 1):
         x2 = x.clone()
         x2[:, t:] = ctx.sample(k=20 + t)[:, t:]
-        d = rel(ctx.run(x2)[:, :t], y[:, :t])
-        at.append(f"t={t}: {d:.3g}")
+        d = rel(ctx.run(x2)[:, :t], y[:, :t], "the outputs before t")
+        outputs.append({"t": t, "change": d})
         worst = max(worst, d)
-        g, why = _input_grads(ctx, x, t)
-        if g is not None:
-            grads.append(g[0])
-            nonfinite += g[1]
-    g = max(grads) if grads else None
+        if half is None:
+            g = _input_grads(ctx, x, t)
+            if isinstance(g, _GradientHalf):
+                half = g
+            else:
+                grads.append(g[0])
+                nonfinite += g[1]
+    g = max(grads) if grads and half is None else None
     bad_grad = g is not None and (g != 0.0 or nonfinite > 0)
     # the measured value is what failed: the outputs' change, else the gradient's non-finite entries, else its size
     measured = worst if worst > EXACT_REL or not bad_grad else (nonfinite or g)
-    detail = ("outputs before t with tokens from t on replaced, relative change: " + ", ".join(at) +
+    detail = ("outputs before t with tokens from t on replaced, relative change: " +
+              ", ".join(f"t={o['t']}: {o['change']:.3g}" for o in outputs) +
               (f"; gradient of earlier outputs w.r.t. later inputs: max |g| = {g:.3g}, {nonfinite} non-finite"
-               if g is not None else f"; gradient: n/a ({why})"))
-    bad = worst > EXACT_REL or bad_grad
-    cause = "" if not bad else "outputs_move" if worst > EXACT_REL else "gradient_nonzero"
-    return row("future_leak", "fail" if bad else "pass", measured, f"<= {EXACT_REL:g}; gradient == 0", detail, cause)
+               if g is not None else f"; gradient: {'n/a' if half.na else 'not run'} ({half.why})"))
+    cause = "outputs_move" if worst > EXACT_REL else "gradient_nonzero"
+    r = judged(worst > EXACT_REL or bad_grad, measured, f"<= {EXACT_REL:g}; gradient == 0", detail, cause,
+               limit=EXACT_REL, outputs=outputs, gradient_max=g, gradient_nonfinite=None if g is None else nonfinite)
+    if half is not None and half.na:
+        r.measurements["not_applicable"] = ["gradient"]
+        return r
+    return held_in_part(r, {"the gradient half": half.why} if half is not None else {})
 
 
 def self_visibility(ctx):
     """Every query that sees some key sees its own: its own key is not masked (the call's mask,
     or a fill below MASKED in the scores a softmax got). A weight that underflows to 0 beside
-    much larger scores is not a mask, so the weights decide only where no mask is known."""
-    if ctx.deterministic is False:
-        return not_repeatable("self_visibility")
+    much larger scores is not a mask, so the weights decide only where no mask is known, and
+    there a row whose weights are not finite cannot be judged (never read as a pass)."""
+    ctx.require_repeatable()
     _, calls = ctx.probe(ctx.sample())
-    hidden, rows, n, smallest = 0, 0, 0, float("inf")
+    hidden, rows, n, smallest, unjudged = 0, 0, 0, math.inf, 0
     for c in calls:
         if c.weights is None and not c.complete:
             continue
-        w = c.seen_weights().double().nan_to_num(0.0)
+        w = c.seen_weights().double()
         if w.shape[-1] != w.shape[-2]:
             continue
-        sees = w.abs().sum(-1) > 0.5   # a row that sees no key (all zero, or NaN) is fully_masked_rows' case
         own_w = torch.diagonal(w, dim1=-2, dim2=-1).abs()
-        if c.visible is not None:
-            own = torch.diagonal(c.visible.expand_as(w), dim1=-2, dim2=-1)
+        if c.visible is not None:   # the mask decides: a row that sees no key is fully_masked_rows' case
+            vis = c.visible.expand_as(w)
+            sees, own = vis.any(-1), torch.diagonal(vis, dim1=-2, dim2=-1)
         else:
+            fin = torch.isfinite(w).all(-1)
+            unjudged += int((~fin).sum())
+            sees = fin & (w.abs().sum(-1) > 0.5)   # a row of all zeros sees no key
             own = own_w > 0
         n += 1
         rows += int(sees.sum())
         hidden += int((sees & ~own).sum())
-        if (sees & own).any():
-            smallest = min(smallest, float(own_w[sees & own].min()))
+        ok = sees & own & torch.isfinite(own_w)
+        if ok.any():
+            smallest = min(smallest, float(own_w[ok].min()))
     if not n:
-        return unseen("self_visibility", "needs the attention weights (no softmax or SDPA call seen)")
-    return row("self_visibility", "fail" if hidden else "pass", hidden, "== 0 queries with their own key masked",
+        raise unseen("needs the attention weights (no softmax or SDPA call seen)")
+    smallest = None if smallest == math.inf else smallest
+    r = judged(hidden > 0, hidden, "== 0 queries with their own key masked",
                f"{hidden} of {rows} queries (that see some key) over {n} attention call(s) have their own key "
-               f"masked; smallest weight on an own key that is visible: {smallest:.3g}"
+               f"masked; smallest weight on an own key that is visible: "
+               + ("none" if smallest is None else f"{smallest:.3g}")
                + (" (a token cannot see itself: a causal mask off by one)" if hidden else ""),
-               "own_key_masked" if hidden else "")
-
-
-def _target(fn, *args):
-    """Call the target's prefill/step: what it raises is the target's (TargetRaised)."""
-    try:
-        return fn(*args)
-    except Unsupported:
-        raise
-    except Exception as e:
-        raise TargetRaised(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]) from e
+               "own_key_masked", own_key_masked=hidden, queries=rows, calls=n, smallest_own_weight=smallest)
+    return held_in_part(r, {"rows with non-finite weights and no known mask": f"{unjudged} row(s)"} if unjudged else {})
 
 
 def kv_cache(ctx):
     a = ctx.adapter
     if a.kind != "lm":
-        return na("kv_cache", "needs a KV cache (a layer has none; an Adapter of kind lm with prefill and step)")
-    if ctx.deterministic is False:
-        return not_repeatable("kv_cache")
+        return na("needs a KV cache (a layer has none; an Adapter of kind lm with prefill and step)", "no_kv_cache")
+    ctx.require_repeatable()
     x = ctx.sample()
     full = ctx.run(x)
-    worst, parts, cause = 0.0, [], ""
-    try:
-        for n in (1, 3):
+    trials, worst, cause = [], 0.0, ""
+    tol = f"<= {AGREE_REL:g}"
+    for n in (1, 3):
+        P, where = ctx.T - n, "prefill"
+        try:
             with torch.no_grad():
-                state, pre = _target(a.prefill, x[:, :-n])
-                state, new = _target(a.step, state, x[:, -n:])
-            for what, got, want in (("prefill", pre, full[:, :-n]), ("step", new, full[:, -n:])):
-                if tuple(got.shape) != tuple(want.shape):   # e.g. a step that returns every token's logits
-                    return inconclusive("kv_cache", f"{what} returned {tuple(got.shape)}, not {tuple(want.shape)}: "
-                                        "prefill returns the prompt's outputs, step the new tokens' only",
-                                        "adapter_contract")
-            d_pre, d_new = rel(pre, full[:, :-n]), rel(new, full[:, -n:])
-            parts.append(f"prefill {ctx.T - n} then {n} new: prefill {d_pre:.3g}, new tokens {d_new:.3g}")
-            worst = max(worst, d_pre, d_new)
-            cause = cause or ("prefill_differs" if d_pre > AGREE_REL else "new_tokens_differ" if d_new > AGREE_REL else "")
-    except Unsupported as e:
-        return unsupported("kv_cache", e)
-    return row("kv_cache", "fail" if worst > AGREE_REL else "pass", worst, f"<= {AGREE_REL:g}",
-               "cached against the full forward: " + "; ".join(parts), cause)
-
-
-CHECKS = (
-    Check(eval_dropout, does="two eval calls on the same input",
-          fails_when="they differ at all",
-          tolerance="bit-identical: nothing random may run in eval",
-          applies="every target", thread="meta-pytorch/torchtune #1791",
-          causes={"sdpa_dropout_p": "scaled_dot_product_attention got dropout_p > 0 in eval",
-                  "random_in_eval": "something else random ran in eval"}),
-    Check(future_leak, does="replaces the tokens from t on (t = 1, T/2, T-1); the gradient of outputs before t "
-                            "w.r.t. inputs from t on (where the target's backward refuses eval mode, the replacement "
-                            "alone, said so)",
-          fails_when="an earlier output moves, or the gradient is not exactly 0",
-          tolerance="1e-6: masked keys contribute exp(-huge) = 0 exactly, so a healthy model moves by 0; runs "
-                    "after eval_dropout (dropout left on is not a leak)",
-          applies="causal targets (LMs; a layer said or found causal)",
-          thread="jsbaan/transformer-from-scratch #6", targets=("head_merge_no_transpose",),
-          causes={"outputs_move": "an earlier output moves when later tokens change",
-                  "gradient_nonzero": "outputs do not move measurably, but an earlier output's gradient reaches a "
-                                      "later input"}),
-    Check(self_visibility, does="whether each query's own key is masked (the call's mask, or a fill in the scores "
-                                "its softmax got; the weights where no mask is known)",
-          fails_when="a query that sees some key has its own key masked",
-          tolerance="0 such queries: a causal mask keeps the diagonal (a weight that underflows to 0 beside much "
-                    "larger scores is not a mask)",
-          applies="targets whose attention calls the doctor sees", thread="RVC-Boss/GPT-SoVITS #965",
-          targets=("causal_off_by_one",), causes={"own_key_masked": "a query's own key is masked"}),
-    Check(kv_cache, does="prefill T-1 (T-3) tokens, then 1 (3) new ones (T_q != T_k), against the full forward",
-          fails_when="logits differ",
-          tolerance="1e-5: the same sums in another order",
-          applies="LMs with a KV cache (transformers' past_key_values, this project's KVCache, an Adapter's "
-                  "prefill/step)",
-          thread="pytorch/pytorch #108108", targets=("causal_kv_cache",),
-          causes={"prefill_differs": "the prefill's outputs differ from the full forward's",
-                  "new_tokens_differ": "the new tokens' outputs after the cache differ (a causal mask aligned "
-                                       "top-left when T_q != T_k)"}),
-)
+                state, pre = ctx.call(a.prefill, x[:, :-n])
+                where = "step"
+                state, new = ctx.call(a.step, state, x[:, -n:])
+        except TargetRaised as e:
+            return row(FAIL, None, "", f"the target raised on a valid input: {e.error} (in {where}, prefill {P} then "
+                       f"{n} new)", "target_raised", limit=AGREE_REL, trials=trials, error=e.error,
+                       raised_in={"prefill_tokens": P, "new_tokens": n, "call": where})
+        for what, got, want in (("prefill", pre, full[:, :-n]), ("step", new, full[:, -n:])):
+            if tuple(got.shape) != tuple(want.shape):   # e.g. a step that returns every token's logits
+                return inconclusive(f"{what} returned {tuple(got.shape)}, not {tuple(want.shape)}: prefill returns "
+                                    "the prompt's outputs, step the new tokens' only", "adapter_contract")
+        d_pre, d_new = rel(pre, full[:, :-n], "the full forward's outputs"), rel(new, full[:, -n:], "the full forward's outputs")
+        trials.append({"prefill_tokens": P, "new_tokens": n, "prefill": d_pre, "new": d_new})
+        worst = max(worst, d_pre, d_new)
+        cause = cause or ("prefill_differs" if d_pre > AGREE_REL else "new_tokens_differ" if d_new > AGREE_REL else "")
+    detail = "cached against the full forward: " + "; ".join(
+        f"prefill {t['prefill_tokens']} then {t['new_tokens']} new: prefill {t['prefill']:.3g}, new tokens {t['new']:.3g}"
+        for t in trials)
+    return judged(worst > AGREE_REL, worst, tol, detail, cause, limit=AGREE_REL, trials=trials)

@@ -1,16 +1,18 @@
-"""What every check shares: the context (target, sizes, seeded inputs, the probe), the error
-measure, and the tolerances (docs/doctor.md says why each is what it is)."""
+"""What every check shares: the context (target, its description, sizes, seeded inputs, the probe,
+the one way to call the target), the error measure, the tolerances (docs/doctor.md says why each
+is what it is), and the helpers that make a check's row."""
 import math
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
 
 from attention_doctor import measured
-from attention_doctor.adapters import Adapter, Unreachable, Unsupported
+from attention_doctor.adapters import Adapter, call, forget_history
 from attention_doctor.layouts import attention_modules
-from attention_doctor.probes import MASKED, Probe
-from attention_doctor.result import Row
+from attention_doctor.probes import Probe
+from attention_doctor.result import FAIL, INCONCLUSIVE, NA, PASS, Row
+from attention_doctor.signals import DoctorBug, NotPerformed, doctor_hook
 
 # float32 tolerances, relative to the largest |output| of the reference (see docs/doctor.md)
 EXACT_REL = 1e-6       # same computation, other tokens changed: masked keys contribute exactly 0
@@ -38,33 +40,55 @@ def _scaled_by(a, b, f: float) -> bool:
     return float((qb - f * qa).abs().max()) <= 1e-4 * max(float(qa.abs().max()), 1e-30)
 
 
-class TargetRaised(Exception):
-    """The target's forward raised on an input the check gave it (a valid one)."""
-
-
-def rel(a: torch.Tensor, ref: torch.Tensor) -> float:
-    """max |a - ref| / max |ref|; inf when a is not finite where ref is."""
+def rel(a: torch.Tensor, ref: torch.Tensor, what: str = "the reference") -> float:
+    """max |a - ref| / max |ref|, in float64: inf where a is not finite and ref is (a NaN is never
+    agreement). A reference that is not finite itself leaves nothing to compare against: the check
+    is not performed (NotPerformed, cause reference_nonfinite), never a pass."""
     a, ref = a.double(), ref.double()
-    if not torch.isfinite(a[torch.isfinite(ref)]).all():
+    fin = torch.isfinite(ref)
+    if not bool(fin.all()):
+        raise NotPerformed(f"{what}: not finite ({int((~fin).sum())} of {ref.numel()} values), no comparison holds",
+                           "reference_nonfinite")
+    if a.shape != ref.shape:   # the target's outputs for one input are (B, T, D) whatever B and T are
+        raise NotPerformed(f"outputs of shape {tuple(a.shape)} against {what} of shape {tuple(ref.shape)}",
+                           "adapter_contract")
+    if not bool(torch.isfinite(a).all()):
         return math.inf
-    d = (a - ref)[torch.isfinite(ref)].abs()
-    if d.numel() == 0:
+    if ref.numel() == 0:
         return 0.0
-    return float(d.max() / ref[torch.isfinite(ref)].abs().max().clamp_min(1e-30))
+    return float((a - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+
+
+@dataclass(frozen=True)
+class Description:
+    """What the checks read about the target, decided once before any check runs (examine(); shown
+    in info["description"]), so that a check's outcome is the same alone or in a full run.
+    kind: "lm" or "layer"; causal: True / False (None: it could not be decided, causal_from says
+    why); causal_from: how it was decided (an LM, the adapter said, or found and how);
+    repeatable: two eval calls on one input are bit-identical (eval_dropout reports it); eval_max_diff:
+    the largest |difference| between them (inf where they are not finite at the same places)."""
+    kind: str
+    causal: bool | None
+    causal_from: str
+    repeatable: bool | None
+    eval_max_diff: float | None
 
 
 @dataclass
 class Context:
+    """One examination: the adapter, the inputs' sizes and seed, the target's description, what
+    the doctor found out (info), and caches of what depends on the target alone (its attention
+    modules, verified q/k sites, the amplifier, unit-variance factors): computed when a check first
+    asks, the same whichever check asks first."""
     adapter: Adapter
     B: int = 2
     T: int = 16
     seed: int = 0
     info: dict = field(default_factory=dict)
-    deterministic: bool | None = None
-    causal: bool | None = None
+    description: Description | None = None
     _modules: list | None = None
-    _amp: object = None
     cache: dict = field(default_factory=dict)
+    undecided: dict = field(default_factory=dict)   # description field -> the signal that kept it undecided
 
     def gen(self, k: int = 0) -> torch.Generator:
         return torch.Generator().manual_seed(1000 * self.seed + k)
@@ -112,7 +136,7 @@ class Context:
     def _verified(self, sites) -> set:
         x = self.sample(k=90)
         ran = set()
-        hooks = [s.module.register_forward_pre_hook(lambda m, a, n=s.name: ran.add(n)) for s in sites]
+        hooks = [s.module.register_forward_pre_hook(doctor_hook(lambda m, a, n=s.name: ran.add(n))) for s in sites]
         try:
             _, base = self.probe(x)
         finally:
@@ -138,33 +162,64 @@ class Context:
                 self.info.setdefault("qk_sites_rejected", []).append(site.name)
         return ok
 
+    # -- the one way to call the target ---------------------------------------------------------
+    def call(self, fn, *args, adapter=None, **kwargs):
+        """An adapter member (prefill, step, paths, ...) called as adapters.call does: what the
+        target's forward raises is TargetRaised, what the adapter's code raises is inconclusive."""
+        return call(adapter or self.adapter, fn, *args, **kwargs)
+
     def run(self, x, mask=None, positions=None, grad=False, adapter=None):
-        """The target's output (B, T, D); Unsupported passes through, anything else the target
-        raises is TargetRaised."""
+        """The target's output (B, T, D) (adapters.call: the target's exceptions are TargetRaised,
+        signals pass through). With grad, the autograd history the target keeps from earlier
+        calls is cut first (adapters.forget_history)."""
         a = adapter or self.adapter
         if a.kind == "layer" and x.is_floating_point():
             x = x.to(a.dtype)
         if mask is not None and a.kind == "lm" and a.pad_id is not None:   # padded as a tokenizer pads
             x = x.masked_fill(~mask, a.pad_id)
+        if grad:
+            forget_history(a.module)
         with (nullcontext() if grad else torch.no_grad()):
-            try:
-                return a.forward(x, mask=mask, positions=positions)
-            except Unsupported:
-                raise
-            except Exception as e:
-                raise TargetRaised(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]) from e
+            return call(a, a.forward, x, mask=mask, positions=positions)
+
+    @contextmanager
+    def use_path(self, name, adapter=None):
+        """The adapter's use_path(name), entered and left as adapters.call calls it."""
+        a = adapter or self.adapter
+        cm = call(a, a.use_path, name)
+        call(a, cm.__enter__)
+        try:
+            yield
+        finally:
+            call(a, cm.__exit__, None, None, None)
 
     def probe(self, x, mask=None, positions=None, qk_factor=None, adapter=None, modules=None,
               qk_where=None, qk_matmuls=()):
         """(output, the attention calls seen) of one forward. It runs with autograd on, as
         training does: a fused inference-only path (nn.MultiheadAttention's fast path under
-        no_grad) shows nothing; its black-box checks run it, its white-box checks see the other."""
+        no_grad) shows nothing; its black-box checks run it, its white-box checks see the other.
+        What the probe's own code raised (a doctor bug) is a DoctorBug after the forward."""
         mods = [(n, m) for n, m, _ in (self.modules_of(adapter) if modules is None else modules)]
         with Probe(mods, qk_factor=qk_factor, qk_where=qk_where, qk_matmuls=qk_matmuls) as p:
             out = self.run(x, mask, positions, adapter=adapter, grad=True)
         if p.errors:
-            raise RuntimeError(f"probe: {p.errors[0]}")
+            raise DoctorBug(p.errors[0], "the probe") from p.errors[0]
         return out.detach(), p.calls
+
+    # -- the description, decided before the checks --------------------------------------------
+    def require_repeatable(self):
+        """A check that compares outputs needs them repeatable: NotPerformed (not_repeatable) if not."""
+        d = self.description
+        if d.repeatable is None:
+            raise self.undecided["repeatable"]
+        if not d.repeatable:
+            raise NotPerformed("eval outputs are not repeatable (see eval_dropout)", "not_repeatable")
+
+    def require_causal(self) -> bool:
+        """The description's causal; where it could not be decided, what kept it undecided."""
+        if self.description.causal is None:
+            raise self.undecided["causal"]
+        return self.description.causal
 
     def left_padded(self, pad: int | None = None, k: int = 7):
         """(x, mask): row 0 with `pad` padding tokens on the left, row 1 without."""
@@ -175,58 +230,50 @@ class Context:
         return x, mask
 
 
-def row(name, verdict, measured=None, tolerance="", detail="", cause="") -> Row:
-    """A check's row (examine adds the experiment and thread from the check's record)."""
-    if isinstance(measured, torch.Tensor):
-        measured = float(measured)
-    return Row(name, verdict, measured, tolerance, detail=detail, cause=cause)
+def _number(x):
+    return float(x) if isinstance(x, torch.Tensor) else x
 
 
-# Why a check could not run, for every check alike (a check's own causes are in its record)
-COMMON_CAUSES = {
-    "target_raised": "fail: the target raised on a valid input the check gave it",
-    "doctor_error": "inconclusive: the doctor's own code raised (a doctor bug; strict=True re-raises it)",
-    "not_repeatable": "inconclusive: eval outputs differ from call to call (eval_dropout failed), so no comparison holds",
-    "scores_unseen": "inconclusive: no attention call was seen (no softmax or SDPA call; einsum with its own "
-                     "softmax, a fused kernel): the scores, weights or q and k it needs are out of sight",
-    "not_amplified": "inconclusive: scaling q and k did not raise the scores (normalised or capped scores, or a "
-                     "q/k layout read wrong)",
-    "no_qk_layout": "inconclusive: no verified q/k layout (attention_doctor/layouts.py): q and k cannot be made "
-                    "unit-variance where they are made",
-    "unreachable": "inconclusive: the target may have the interface (a cache of its own kind, positions it "
-                   "rejects) but the doctor cannot drive it; an Adapter can",
-    "part_not_run": "inconclusive: the part that ran held, another part of the check could not run",
-    "adapter_contract": "inconclusive: an adapter returned something its contract does not allow",
-}
+def row(outcome, measured=None, tolerance="", detail="", cause="", **measurements) -> Row:
+    """A check's row with what it measured (examine adds the check's name, experiment and thread
+    from its record). outcome: pass, fail or warn (a fail and a warn name their cause);
+    measurements: the named values its record declares."""
+    return Row("", outcome, "", cause, _number(measured), tolerance, measurements, detail=detail)
 
 
-def na(name, why) -> Row:
+def judged(bad: bool, measured, tolerance, detail, cause="", **measurements) -> Row:
+    """fail with `cause` when bad, else pass."""
+    return row(FAIL if bad else PASS, measured, tolerance, detail, cause if bad else "", **measurements)
+
+
+def na(why, cause) -> Row:
     """`n/a: why`: the target cannot have this failure or lacks the interface by nature; `why`
     says what would enable the check."""
-    return row(name, f"n/a: {why}")
+    return Row("", NA, why, cause)
 
 
-def inconclusive(name, why, cause="", measured=None, tolerance="", detail="") -> Row:
+def inconclusive(why, cause, measured=None, tolerance="", detail="", **measurements) -> Row:
     """`inconclusive: why`: the check applies, or may apply, but the doctor could not perform it.
     Never a pass: exit code 3, and assert_healthy raises."""
-    return row(name, f"inconclusive: {why}", measured, tolerance, detail, cause)
+    return Row("", INCONCLUSIVE, why, cause, _number(measured), tolerance, measurements, detail=detail)
 
 
-def unsupported(name, e: Unsupported) -> Row:
-    """The row for an Unsupported the target's adapter raised: n/a (it lacks the capability by
-    nature), or inconclusive for an Unreachable (it may have it; the doctor cannot drive it)."""
-    if isinstance(e, Unreachable):
-        return inconclusive(name, str(e), "unreachable")
-    return na(name, str(e))
+def unseen(why) -> NotPerformed:
+    """The doctor saw no attention call where the check needs one (raise it)."""
+    return NotPerformed(why, "scores_unseen")
 
 
-def not_repeatable(name) -> Row:
-    return inconclusive(name, "eval outputs are not repeatable (see eval_dropout)", "not_repeatable")
-
-
-def unseen(name, why) -> Row:
-    """The doctor saw no attention call where the check needs one."""
-    return inconclusive(name, why, "scores_unseen")
+def held_in_part(r: Row, not_run: dict) -> Row:
+    """r, a check's row from the parts that ran, where the parts in `not_run` ({part: why}) could
+    not: a fail stands (what ran found it); anything else is inconclusive naming the parts, never
+    a pass. The row keeps what ran in its measurements (`not_run`: the parts)."""
+    if not not_run:
+        return r
+    r.measurements["not_run"] = sorted(not_run)
+    if r.outcome is FAIL:
+        return r
+    why = "; ".join(f"{part} could not run ({reason})" for part, reason in not_run.items())
+    return Row("", INCONCLUSIVE, why, "part_not_run", r.measured, r.tolerance, r.measurements, detail=r.detail)
 
 
 def visible_scores(call) -> torch.Tensor:
@@ -246,5 +293,7 @@ def visible_scores(call) -> torch.Tensor:
 
 
 def finite_max_abs(t: torch.Tensor) -> float:
+    """The largest finite |entry| (0 without one): a calibration (how far to amplify), never an
+    error measure."""
     t = t[torch.isfinite(t)]
     return float(t.abs().max()) if t.numel() else 0.0

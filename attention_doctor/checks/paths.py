@@ -1,10 +1,12 @@
 """Path agreement: where the target switches between attention paths, the paths agree with each
 other and each path's attention calls agree with the textbook attention on their own q, k, v."""
+import math
+
 import torch
 
-from attention_doctor.adapters import Unsupported
-from attention_doctor.checks.common import AGREE_REL, TargetRaised, na, rel, row, unseen, unsupported
-from attention_doctor.checks.record import Check
+from attention_doctor.checks.common import AGREE_REL, held_in_part, judged, na, rel, row, unseen
+from attention_doctor.result import FAIL
+from attention_doctor.signals import TargetRaised, Unreachable, Unsupported
 
 
 def _reference_error(calls) -> float | None:
@@ -16,60 +18,74 @@ def _reference_error(calls) -> float | None:
         live = torch.ones(ref.shape[:-1], dtype=torch.bool, device=ref.device)
         if c.visible is not None:
             live = c.visible.expand(ref.shape[:-1] + (c.k.shape[-2],)).any(-1)
-        errs.append(rel(c.out[live], ref[live]))
+        errs.append(rel(c.out[live], ref[live], "the textbook attention on the call's q, k, v"))
     return max(errs) if errs else None
+
+
+def _agree(a: torch.Tensor, b: torch.Tensor, what: str) -> float:
+    """Two paths' outputs, neither the reference: one not finite where the other is disagrees
+    (inf); both not finite at the same places leaves nothing to compare (NotPerformed)."""
+    fa, fb = torch.isfinite(a), torch.isfinite(b)
+    if fa.shape == fb.shape and not torch.equal(fa, fb):
+        return math.inf
+    return rel(a, b, what)
 
 
 def path_agreement(ctx):
     a = ctx.adapter
-    try:
-        paths = a.paths()
-    except Unsupported as e:
-        return unsupported("path_agreement", e)
+    paths = ctx.call(a.paths)
     if len(paths) < 2:
-        return na("path_agreement", "no switch between attention paths (an Adapter's paths() and use_path() "
-                  "enable it)")
+        return na("no switch between attention paths (an Adapter's paths() and use_path() enable it)", "no_paths")
     x = ctx.sample(k=70)
     xp, m = ctx.left_padded(k=71)
-    outs, parts, worst, compared = {}, [], 0.0, 0
-    for p in paths:
-        try:
-            with a.use_path(p):
+    outs, padded_why, raised, textbook, worst, compared = {}, {}, set(), [], 0.0, 0
+    for p in paths:   # a path the target refuses to switch to (Unreachable) ends the check: inconclusive
+        with ctx.use_path(p):
+            try:
                 y, calls = ctx.probe(x)
-                try:
-                    yp = ctx.run(xp, m)[m]
-                except (Unsupported, TargetRaised):   # a mask the target rejects: padding's failure
-                    yp = None
-        except TargetRaised as e:
-            return row("path_agreement", "fail", None, "", f"path {p} raised {e}", "target_raised")
+            except TargetRaised as e:   # a path the target switches to raises on a valid input
+                return row(FAIL, None, "", f"path {p} raised {e.error}", "target_raised", limit=AGREE_REL,
+                           error=e.error, paths=textbook)
+            try:
+                yp = ctx.run(xp, m)[m]
+            except Unreachable as e:
+                yp, padded_why[p] = None, e.why
+            except Unsupported:   # no padding mask by nature: the plain batch alone
+                yp = None
+            except TargetRaised as e:   # padding's failure; between the paths, compared below
+                yp, padded_why[p] = None, f"the target raised: {e.error}"
+                raised.add(p)
         outs[p] = (y, yp)
         e = _reference_error(calls)
         compared += e is not None
-        parts.append(f"{p}: calls against the textbook attention {'n/a' if e is None else f'{e:.3g}'}")
+        textbook.append({"path": p, "textbook": e})
         worst = max(worst, e or 0.0)
-    first, cause = paths[0], "call_vs_textbook" if worst > AGREE_REL else ""
+    first = paths[0]
+    parts = [f"{t['path']}: calls against the textbook attention "
+             f"{'n/a' if t['textbook'] is None else format(t['textbook'], '.3g')}" for t in textbook]
+    cause = "call_vs_textbook" if worst > AGREE_REL else ""
+    against = []
     for p in paths[1:]:
-        d = rel(outs[p][0], outs[first][0])
+        d = _agree(outs[p][0], outs[first][0], f"both paths' outputs ({first}, {p})")
+        dp = None
         if outs[p][1] is not None and outs[first][1] is not None:
-            d = max(d, rel(outs[p][1], outs[first][1]))
-        parts.append(f"{p} against {first}: {d:.3g}")
+            dp = _agree(outs[p][1], outs[first][1], f"both paths' padded outputs ({first}, {p})")
+        against.append({"path": p, "plain": d, "padded": dp})
+        where = [b for b, v in (("plain", d), ("padded", dp)) if v == math.inf]
+        d = max(d, dp or 0.0)
+        parts.append(f"{p} against {first}: {d:.3g}" + (f" (the {' and '.join(where)} batch's outputs are not finite "
+                                                          "on one path only)" if where else ""))
         cause = cause or ("paths_differ" if d > AGREE_REL else "")
         worst = max(worst, d)
+    # the padded batch raises on some paths and runs on others: the paths differ
+    split = bool(raised) and any(outs[p][1] is not None for p in paths)
+    if padded_why:
+        parts.append("the padded batch: " + "; ".join(f"{p}: {w}" for p, w in padded_why.items()))
+    cause = cause or ("paths_differ" if split else "")
     detail = "; ".join(parts) + " (padded batch: real tokens only)"
-    if worst <= AGREE_REL and not compared:   # the paths agree; against the textbook, nothing was seen
-        return unseen("path_agreement", "the paths agree, but no attention call of theirs was seen to compare "
-                                        "against the textbook")
-    return row("path_agreement", "fail" if worst > AGREE_REL else "pass", worst, f"<= {AGREE_REL:g}",
-               detail, "" if worst <= AGREE_REL else cause)
-
-
-CHECKS = (
-    Check(path_agreement, does="each path the target switches between (transformers' eager/sdpa, this project's "
-                                "explicit/sdpa, MHA's need_weights): outputs, plain and padded (real tokens), and each "
-                                "call against the textbook attention on its q, k, v",
-          fails_when="paths differ or a call differs from the textbook",
-          tolerance="1e-5", applies="targets with switchable attention paths",
-          thread="huggingface/transformers #48769",
-          causes={"call_vs_textbook": "a path's attention call differs from the textbook attention on its own q, k, v",
-                  "paths_differ": "the paths' outputs differ"}),
-)
+    bad = worst > AGREE_REL or split
+    if not bad and not compared:   # the paths agree; against the textbook, nothing was seen
+        raise unseen("the paths agree, but no attention call of theirs was seen to compare against the textbook")
+    r = judged(bad, worst, f"<= {AGREE_REL:g}", detail, cause, limit=AGREE_REL, paths=textbook, against_first=against)
+    return held_in_part(r, {"the padded batch": "; ".join(f"{p}: {w}" for p, w in padded_why.items())}
+                        if padded_why else {})

@@ -4,36 +4,27 @@ from contextlib import nullcontext
 
 import torch
 
-from attention_doctor.adapters import Unsupported
-from attention_doctor.checks.amplified import _max_score, amplifier, not_amplified
-from attention_doctor.checks.cached_positions import bfloat16_half, long_positions_through_cache
-from attention_doctor.checks.common import (ABSOLUTE_POS, AMP_MODERATE, LONG_BF16_RATIO, LONG_OFFSET, LONG_REL,
-                                            LOW_PRECISION_RATIO, TargetRaised, inconclusive, na, not_repeatable, rel, row,
-                                            unsupported)
-from attention_doctor.checks.record import Check
+from attention_doctor.checks.amplified import _max_score, amplifier, not_amplified_cause
+from attention_doctor.checks.cached_positions import long_positions_through_cache, with_bfloat16
+from attention_doctor.checks.catalogue import BY_NAME
+from attention_doctor.checks.common import (
+    ABSOLUTE_POS,
+    AMP_MODERATE,
+    AMP_TARGET,
+    LONG_BF16_RATIO,
+    LONG_OFFSET,
+    LONG_REL,
+    LOW_PRECISION_RATIO,
+    inconclusive,
+    judged,
+    na,
+    rel,
+)
 from attention_doctor.checks.scale import unit_qk
+from attention_doctor.signals import NotPerformed, Signal, TargetRaised, Unreachable, Unsupported, said
 
 LOW = (torch.float16, torch.bfloat16)
-# low_precision's causes: which pattern broke (docs/doctor.md explains the first with numbers)
-CAUSES = {
-    "qk_before_scale": "q k^T formed in low precision before the scale: |q.k| passes the dtype's largest value "
-                       "(65504 in float16) while the scaled score would not; scale q first, or compute the "
-                       "scores in float32",
-    "mask_fill_overflow": "a finite mask fill (finfo.min) plus a negative score rounds to -inf in low precision: a "
-                          "row with no visible key turns all -inf, its softmax NaN, and the NaN reaches real tokens "
-                          "(0 * NaN); fill once, or combine boolean masks before filling",
-    "softmax_low_precision": "the softmax overflowed in low precision: finite scores, non-finite weights (exp "
-                             "without the row maximum subtracted, or in float16); compute it in float32",
-    "fully_masked_row": "a row with no visible key is all -inf and its softmax NaN (fully_masked_rows' failure)",
-    "scores_overflow": "the scaled scores themselves pass the dtype's range (the reference overflows as well)",
-    "output_overflow": "finite weights, non-finite weights @ v",
-    "outside_attention": "the overflow is outside attention's scores (q, k, v arrive non-finite, or every "
-                         "attention call is finite)",
-    "raised_in_low_precision": "the target raises in this precision on a plain batch",
-    "error_ratio": "finite, but an attention call's error against float64 exceeds twice the textbook's in the "
-                   "same dtype",
-    "unattributed": "non-finite, the calls could not be read to say why",
-}
+CAUSES = BY_NAME["low_precision"].causes   # which pattern broke (docs/doctor.md explains the first with numbers)
 
 
 def _name(dt):
@@ -42,27 +33,31 @@ def _name(dt):
 
 def _call_errors(ctx, lp, x):
     """Per attention call of the target in low precision: (its error, the reference attention's
-    error in the same dtype), both against float64 on the call's own q, k, v."""
+    error in the same dtype), both against float64 on the call's own q, k, v, over the rows that
+    see a key; and how many calls could not be compared (float64's reference not finite there)."""
     _, calls = ctx.probe(x, adapter=lp)
-    out = []
+    out, uncompared = [], 0
     for c in calls:
         if not c.complete:
             continue
         ref = c.reference(torch.float64)
-        live = torch.isfinite(ref).all(-1)   # rows with a visible key (the reference returns 0 otherwise)
-        if c.visible is not None:
-            live = live & c.visible.expand(ref.shape[:-1] + (c.k.shape[-2],)).any(-1)
-        e_t = rel(c.out[live], ref[live])
-        e_r = rel(c.reference(c.q.dtype)[live], ref[live])
-        out.append((e_t, e_r))
-    return out
+        live = torch.ones(ref.shape[:-1], dtype=torch.bool, device=ref.device)
+        if c.visible is not None:   # rows with a visible key (the reference returns 0 otherwise)
+            live = c.visible.expand(ref.shape[:-1] + (c.k.shape[-2],)).any(-1)
+        if not bool(torch.isfinite(ref[live]).all()):
+            uncompared += 1
+            continue
+        out.append((rel(c.out[live], ref[live]), rel(c.reference(c.q.dtype)[live], ref[live])))
+    return out, uncompared
 
 
 def _levels(amp):
-    """(label, amplifier or None) in rising order: at init, scores ~1e3 (finfo(float16).min + a score
-    below -16 overflows to -inf), ~3e4 (an unscaled q k^T passes 65504 in float16)."""
-    return [("", None)] + ([] if isinstance(amp, str) else
-                           [(" at scores ~1e3", amp.scaled_to(AMP_MODERATE)), (" at scores ~3e4", amp)])
+    """(label, the score aimed at (None: at init), amplifier or None) in rising order: at init, scores
+    ~1e3 (finfo(float16).min + a score below -16 overflows to -inf), ~3e4 (an unscaled q k^T passes
+    65504 in float16)."""
+    return [("", None, None)] + ([] if isinstance(amp, str) else
+                                 [(" at scores ~1e3", AMP_MODERATE, amp.scaled_to(AMP_MODERATE)),
+                                  (" at scores ~3e4", AMP_TARGET, amp)])
 
 
 def _run(ctx, a, lp, autocast_dt, xx, m, calls=False):
@@ -79,27 +74,36 @@ def _run(ctx, a, lp, autocast_dt, xx, m, calls=False):
     return (y, seen) if calls else y
 
 
-def _nonfinite(ctx, amp, lp, autocast_dt, x, padded):
+def _nonfinite(ctx, amp, lp, autocast_dt, x, padded, run):
     """Non-finite real outputs of `lp` on a plain and a left-padded batch at each of _levels(amp),
-    lowest first. Returns (what was found, the first failing run: (label, amplifier, batch) or
-    None); a plain batch that raises is found too ("raised")."""
-    found, first = [], None
-    for lvl, a in _levels(amp):
-        for label, (xx, m) in (("plain", (x, None)), ("left-padded", padded)):
+    lowest first. Returns (what was found, in words; the same as records, `run` ({dtype, mode})
+    and the batch and score added to each; the first failing run: (label, amplifier, batch) or
+    None; why the left-padded runs could not run, or None). A plain batch that raises is found
+    too ("raised"); a target that takes no padding mask has no left-padded runs (by nature)."""
+    found, records, first, not_run = [], [], None, None
+    for lvl, aim, a in _levels(amp):
+        for label, batch, (xx, m) in (("plain", "plain", (x, None)), ("left-padded", "left_padded", padded)):
             try:
                 y = _run(ctx, a, lp, autocast_dt, xx, m)
+            except Unreachable as e:
+                not_run = not_run or e.why
+                continue
             except Unsupported:
                 continue
             except TargetRaised as e:
                 if m is None:   # a plain batch the target cannot run in this precision
-                    found.append(f"{label}{lvl} raised {e}")
+                    found.append(f"{label}{lvl} raised {e.error}")
+                    records.append({**run, "batch": batch, "scores": aim, "raised": e.error})
                     first = first or ("raised", a, (xx, m))
-                continue        # a mask the target rejects is padding's failure
+                else:           # a mask the target rejects here: those runs did not run
+                    not_run = not_run or f"the target raised on them: {e.error}"
+                continue
             n = int((~torch.isfinite(y if m is None else y[m])).sum())
             if n:
                 found.append(f"{n} non-finite {label}{lvl}")
+                records.append({**run, "batch": batch, "scores": aim, "nonfinite": n})
                 first = first or (lvl, a, (xx, m))
-    return found, first
+    return found, records, first, not_run
 
 
 def _qk(c) -> float:
@@ -185,99 +189,121 @@ def _textbook_finite(calls, init, dt, g: float) -> bool:
     return True
 
 
-def _size(ctx, amp, lp, auto, dt, first) -> tuple[str, str]:
-    """(cause, the sizes in words) of the first failing low-precision run: the pattern, the
-    largest score at which lp stays finite on that run's batch, and the textbook reference's on
-    the same q, k, v (scores: the largest |visible score| of that batch in the target's own
-    precision)."""
+def _size(ctx, amp, lp, auto, dt, first) -> tuple[str, str, dict]:
+    """(cause, the sizes in words, the sizes as measurements) of the first failing low-precision
+    run: the pattern, the largest score at which lp stays finite on that run's batch, and the
+    textbook reference's on the same q, k, v (scores: the largest |visible score| of that batch in
+    the target's own precision)."""
     label, a, (xx, m) = first
+    sizes = {"finite_up_to": None, "reference_finite_up_to": None}
     if label == "raised":
-        return "raised_in_low_precision", "a plain batch raised"
+        return "raised_in_low_precision", "a plain batch raised", sizes
     try:
         _, calls = _run(ctx, a, lp, auto, xx, m, calls=True)
         _, calls32 = _run(ctx, a, ctx.adapter, None, xx, m, calls=True)
         cause, why = _cause(calls, calls32, dt)
-    except Exception as e:   # the verdict stands; only the attribution failed
-        return "unattributed", f"cause not found ({type(e).__name__}: {str(e)[:80]})"
-    if isinstance(amp, str):
-        return cause, why + f"; sizes not measured ({amp})"
-    init = ctx.probe(xx, m)[1]
-    ref_calls = amp.probe(ctx, xx, m)[1]
-    unit = _max_score(ref_calls, init) / amp.reached   # this batch's largest score per calibrated unit
+        if isinstance(amp, str):
+            return cause, why + f"; sizes not measured ({amp})", sizes
+        init = ctx.probe(xx, m)[1]
+        ref_calls = amp.probe(ctx, xx, m)[1]
+        unit = _max_score(ref_calls, init) / amp.reached   # this batch's largest score per calibrated unit
 
-    def finite(score):
-        y = _run(ctx, amp.scaled_to(score / unit), lp, auto, xx, m)
-        return bool(torch.isfinite(y if m is None else y[m]).all())
-    top = (a.reached if a is not None else amp.reached / amp.factor ** 2) * unit
-    if a is None:
-        mine = f"not finite even at init (largest score {top:.3g})"
-    else:
-        lo = AMP_MODERATE * unit if a.reached > AMP_MODERATE * 1.01 else amp.reached / amp.factor ** 2 * unit
-        mine = f"finite up to scores ~{_largest_finite(finite, lo, top):.3g}"
-    if not any(c.complete for c in ref_calls):
-        ref = "the textbook reference not measured (q, k, v of the calls not seen)"
-    else:
-        r = amp.reached * unit
-        test = lambda score: _textbook_finite(ref_calls, init, dt, score / r)
-        hi = r
-        while test(hi) and hi < 1e9:
-            hi *= 4
-        ref = ("not finite at these scores either" if not test(r) else
-               f"up to ~{_largest_finite(test, hi / 4, hi):.3g}" if not test(hi) else "beyond 1e9")
-        ref = f"the textbook reference (q scaled first, softmax in float32) on the same q, k, v {ref}"
-    return cause, f"{why}; {_name(dt)}: {mine}, {ref}"
+        def finite(score):
+            y = _run(ctx, amp.scaled_to(score / unit), lp, auto, xx, m)
+            return bool(torch.isfinite(y if m is None else y[m]).all())
+        top = (a.reached if a is not None else amp.reached / amp.factor ** 2) * unit
+        if a is None:
+            mine = f"not finite even at init (largest score {top:.3g})"
+        else:
+            lo = AMP_MODERATE * unit if a.reached > AMP_MODERATE * 1.01 else amp.reached / amp.factor ** 2 * unit
+            sizes["finite_up_to"] = _largest_finite(finite, lo, top)
+            mine = f"finite up to scores ~{sizes['finite_up_to']:.3g}"
+        if not any(c.complete for c in ref_calls):
+            ref = "the textbook reference not measured (q, k, v of the calls not seen)"
+        else:
+            r = amp.reached * unit
+            test = lambda score: _textbook_finite(ref_calls, init, dt, score / r)
+            hi = r
+            while test(hi) and hi < 1e9:
+                hi *= 4
+            if not test(r):
+                ref, sizes["reference_finite_up_to"] = "not finite at these scores either", None
+            elif not test(hi):
+                sizes["reference_finite_up_to"] = _largest_finite(test, hi / 4, hi)
+                ref = f"up to ~{sizes['reference_finite_up_to']:.3g}"
+            else:
+                ref, sizes["reference_finite_up_to"] = "beyond 1e9", math.inf
+            ref = f"the textbook reference (q scaled first, softmax in float32) on the same q, k, v {ref}"
+    except Signal as e:   # the fail stands; only its attribution could not be made
+        return "unattributed", f"cause not found ({e.why[:80]})", sizes
+    except Exception as e:  # noqa: BLE001 -- the attribution's own code raised: the fail stands, its cause `unattributed` says so (not a pass, not a doctor_error row)
+        return "unattributed", f"cause not found ({type(e).__name__}: {str(e)[:80]})", sizes
+    return cause, f"{why}; {_name(dt)}: {mine}, {ref}", sizes
 
 
 def low_precision(ctx):
-    if ctx.deterministic is False:
-        return not_repeatable("low_precision")
+    ctx.require_repeatable()
     amp = amplifier(ctx)
     x = ctx.sample(k=40)
     padded = ctx.left_padded(k=41)
-    parts, bad, worst_ratio, nonfinite_any, not_run = [], [], 0.0, False, []
-    ratios, cause, size = 0, "", ""
+    parts, bad, worst_ratio, nonfinite_any, not_run, runs = [], [], 0.0, False, {}, []
+    ratios, uncompared, cause, size, sizes = {}, 0, "", "", {"finite_up_to": None, "reference_finite_up_to": None}
     for dt in LOW:
         try:
             lp = ctx.adapter.converted(dtype=dt)
-        except Exception as e:   # a module that cannot be converted
+        except Exception as e:  # noqa: BLE001 -- a module torch cannot copy or cast: this dtype's runs not run (inconclusive unless another fails)
             parts.append(f"{_name(dt)}: cannot convert the target ({type(e).__name__})")
-            not_run.append(f"{_name(dt)} (the target could not be converted)")
+            not_run[_name(dt)] = f"the target could not be converted ({said(e, 120)})"
             continue
         for mode, target, auto in (("weights", lp, None), ("autocast", ctx.adapter, dt)):
-            found, first = _nonfinite(ctx, amp, target, auto, x, padded)
+            found, records, first, skipped = _nonfinite(ctx, amp, target, auto, x, padded,
+                                                        {"dtype": _name(dt), "mode": mode})
+            runs += records
             nonfinite_any |= bool(found)
             parts.append(f"{_name(dt)} {mode}: " + (", ".join(found) if found else "finite"))
+            if skipped:
+                parts[-1] += f" (left-padded: not run, {skipped})"
+                not_run[f"{_name(dt)} {mode} left-padded"] = skipped
             if found:
                 bad.append(f"{_name(dt)} {mode}")
                 if not cause:   # the first failing run says which pattern broke, and its size
-                    cause, size = _size(ctx, amp, target, auto, dt, first)
+                    cause, size, sizes = _size(ctx, amp, target, auto, dt, first)
                     size = f"{_name(dt)} {mode}: {size}"
         try:
-            errs = _call_errors(ctx, lp, x)
+            errs, n_uncompared = _call_errors(ctx, lp, x)
         except TargetRaised:   # reported above, as the plain batch raising
-            errs = []
+            errs, n_uncompared = [], 0
+        compared = [(e_t, e_r) for e_t, e_r in errs if math.isfinite(e_r)]   # the textbook in this dtype: finite
+        uncompared += n_uncompared + len(errs) - len(compared)
+        errs = compared
         ratio = max((e_t / max(e_r, torch.finfo(dt).eps) for e_t, e_r in errs), default=None)
+        ratios[_name(dt)] = ratio
         if ratio is not None:
-            ratios += 1
             worst_ratio = max(worst_ratio, ratio)
             if ratio > LOW_PRECISION_RATIO:
                 bad.append(f"{_name(dt)} error")
                 cause = cause or "error_ratio"
         parts.append(f"{_name(dt)} attention error / reference attention's, worst of {len(errs)} call(s): "
                      + (f"{ratio:.3g}" if ratio is not None else "n/a (q, k, v of the calls not seen)"))
-    missing = ([f"amplified q.k ({amp})"] if isinstance(amp, str) else []) + \
-        (["q, k, v of the calls for the error ratio"] if not ratios else []) + not_run
+    missing = {}   # part -> what it needed, in words
+    if isinstance(amp, str):
+        missing["amplified_scores"] = f"amplified q.k ({amp})"
+    if all(r is None for r in ratios.values()):
+        missing["error_ratio"] = "q, k, v of the calls for the error ratio"
+    if uncompared:
+        missing["error_ratio_references"] = (f"float64 references that are finite for the error ratio ({uncompared} "
+                                             "call(s) not compared)")
+    missing.update({part: f"{part} ({why})" for part, why in not_run.items()})
     tol = f"finite; error <= {LOW_PRECISION_RATIO:g}x ref"
+    meas = dict(nonfinite_runs=runs, error_ratio=ratios, **sizes)
     if not bad and missing:   # what ran passed, but not all of it could run: never a pass
-        why = "needs " + "; ".join(missing)
-        if isinstance(amp, str):
-            return not_amplified("low_precision", amp, why, detail="; ".join(parts))
-        return inconclusive("low_precision", why, "part_not_run", None, tol, "; ".join(parts))
+        why = "needs " + "; ".join(missing.values())
+        cause = not_amplified_cause(amp) if isinstance(amp, str) else "part_not_run"
+        return inconclusive(why, cause, None, tol, "; ".join(parts), **meas, not_run=sorted(missing))
     detail = "; ".join(parts)
     if bad:
-        detail = f"cause {cause}: {CAUSES.get(cause, '')}" + (f" ({size})" if size else "") + "; " + detail
-    return row("low_precision", "fail" if bad else "pass", math.inf if nonfinite_any else worst_ratio, tol,
-               detail, cause)
+        detail = f"cause {cause}: {CAUSES[cause].meaning}" + (f" ({size})" if size else "") + "; " + detail
+    return judged(bool(bad), math.inf if nonfinite_any else worst_ratio, tol, detail, cause, **meas)
 
 
 def _at(ctx, adapter, x, offset, autocast=False):
@@ -293,7 +319,8 @@ def _per_query_residual(ctx, adapter, x):
     """Scores at +LONG_OFFSET against those at +0, each query's row fitted by one factor (least
     squares over its visible keys): the largest residual relative to the call's largest score, or
     None where the calls' scores are not seen. A temperature that depends on the query's position
-    leaves 0; a rotary phase error, which differs from key to key, does not."""
+    leaves 0; a rotary phase error, which differs from key to key, does not. Scores at +4096 that
+    are not finite where those at +0 are visible leave inf; those at +0 not finite: NotPerformed."""
     calls = []
     for o in (0, LONG_OFFSET):
         pos = torch.arange(o, o + x.shape[1], device=adapter.device).expand(x.shape[0], -1)
@@ -305,9 +332,14 @@ def _per_query_residual(ctx, adapter, x):
     worst = 0.0
     for c0, c1 in pairs:
         s0, s1 = c0.seen_scores().double(), c1.seen_scores().double()
-        vis = torch.isfinite(s0) & torch.isfinite(s1)
-        if c0.visible is not None:
-            vis &= c0.visible.expand_as(s0)
+        if s0.shape != s1.shape:
+            return math.inf
+        vis = torch.ones_like(s0, dtype=torch.bool) if c0.visible is None else c0.visible.expand_as(s0)
+        vis1 = torch.ones_like(s1, dtype=torch.bool) if c1.visible is None else c1.visible.expand_as(s1)
+        if not bool(torch.isfinite(s0[vis]).all()):
+            raise NotPerformed("the scores at +0 are not finite where visible: no fit holds", "reference_nonfinite")
+        if not torch.equal(vis, vis1) or not bool(torch.isfinite(s1[vis]).all()):
+            return math.inf
         s0, s1 = s0.masked_fill(~vis, 0.0), s1.masked_fill(~vis, 0.0)
         f = (s0 * s1).sum(-1, keepdim=True) / (s0 * s0).sum(-1, keepdim=True).clamp_min(1e-300)
         worst = max(worst, float((s1 - f * s0).abs().max()) / max(float(s0.abs().max()), 1e-30))
@@ -317,24 +349,22 @@ def _per_query_residual(ctx, adapter, x):
 def long_positions(ctx):
     a = ctx.adapter
     if a.kind != "lm":
-        return na("long_positions", "needs positions (a layer takes none)")
-    if ctx.deterministic is False:
-        return not_repeatable("long_positions")
+        return na("needs positions (a layer takes none)", "no_positions")
+    ctx.require_repeatable()
     if a.max_len is not None and a.max_len < LONG_OFFSET + ctx.T:
-        return na("long_positions", f"needs positions up to {LONG_OFFSET + ctx.T} (takes {a.max_len})")
+        return na(f"needs positions up to {LONG_OFFSET + ctx.T} (takes {a.max_len})", "no_positions")
     x = ctx.sample(k=50)
     if a.positions_move_cache:
         return long_positions_through_cache(ctx, a, x)
     try:
         y0 = _at(ctx, a, x, 0)
-        d_small = rel(_at(ctx, a, x, 16), y0)
-    except Unsupported as e:
-        return unsupported("long_positions", e)
+        d_small = rel(_at(ctx, a, x, 16), y0, "the outputs at +0")
     except TargetRaised as e:   # it may have the failure; the doctor cannot shift it there
-        return inconclusive("long_positions", f"the target raised on positions 16.. ({e})", "unreachable")
-    parts, bad, measured, cause = [], False, 0.0, ""
-    if d_small <= ABSOLUTE_POS:   # relative positions: outputs must not move with a shift
-        d_long = rel(_at(ctx, a, x, LONG_OFFSET), y0)
+        return inconclusive(f"the target raised on positions 16.. ({e.error})", "unreachable", error=e.error)
+    parts, bad, measured, cause, d_long, r = [], False, 0.0, "", None, None
+    absolute = d_small > ABSOLUTE_POS
+    if not absolute:   # relative positions: outputs must not move with a shift
+        d_long = rel(_at(ctx, a, x, LONG_OFFSET), y0, "the outputs at +0")
         measured = d_long
         parts.append(f"{_name(a.dtype)}: outputs at +{LONG_OFFSET} against +0: {d_long:.3g} (at +16: {d_small:.3g})")
         if d_long > LONG_REL and d_long <= LONG_BF16_RATIO * d_small + LONG_REL:
@@ -355,38 +385,7 @@ def long_positions(ctx):
                                  f"(residual {r:.3g})")
     else:
         parts.append(f"absolute positions (outputs at +16 differ by {d_small:.3g}): no shift invariance to test")
-    return bfloat16_half(a, lambda lo, o, auto: _at(ctx, lo, x, o, auto), rel, "", bad, measured, cause, parts)
-
-
-CHECKS = (
-    Check(low_precision, does="float16 and bfloat16, weights cast and under autocast, at init and with scores ~1e3 "
-                              "and ~3e4, plain and left-padded; each call's error against float64 on its own q, k, v; "
-                              "on a fail, the first failing run's attention calls name the pattern, and bisection "
-                              "measures the largest score at which the target stays finite beside the textbook "
-                              "reference's on the same q, k, v",
-          fails_when="a real output is not finite, or a call's error exceeds twice that of the textbook attention in "
-                     "the same dtype",
-          tolerance="FlashAttention's rule (2x the reference's error); ~1e3 makes `finfo.min + score` overflow in "
-                    "float16, ~3e4 makes an unscaled `q k^T` pass 65504",
-          applies="targets whose scores the doctor sees and can amplify (at init: every target)",
-          thread="pytorch/pytorch #60939", targets=("qk_fp16_overflow", "mask_min_overflow"), causes=CAUSES),
-    Check(long_positions, does="outputs at positions +4096 against +0 (q, k made unit-variance so positions matter); "
-                               "bfloat16 (weights and autocast) error against float64 at +0 and +4096; where positions "
-                               "are a KV cache's write offset (start_pos, LitGPT's input_pos), the first attention "
-                               "call's scores among the new tokens instead of the outputs (they also read the "
-                               "cache's empty slots)",
-          fails_when="the shift moves the outputs (targets whose outputs do not move at +16), more than 2x + 1e-3 "
-                     "what +16 moves them (a change that does not grow with the distance is a start-of-sequence "
-                     "dependence by design: RecurrentGemma resets at position 0), and the scores at +4096 are not "
-                     "those at +0 times one factor per query (a temperature by position, Llama 4's or Beam's, is by "
-                     "design); or the bfloat16 error at +4096 exceeds 2x that at +0 + 0.005",
-          tolerance="1e-3 (also for the per-query fit's residual: float32 phases at 4096 are good to ~2.5e-4 rad; "
-                    "bfloat16 phases leave 0.8); measured on 27 healthy runs: shift 1.4e-7..7.1e-6, bf16 error ratio "
-                    "0.69..1.66",
-          applies="LMs that take position ids up to 4112 (a layer takes none)",
-          thread="huggingface/transformers #29496", targets=("rope_low_precision",),
-          causes={"shift_moves_outputs": "outputs move with a shift of every position (rotary phases that lose "
-                                         "precision as positions grow)",
-                  "bfloat16_error_grows": "the bfloat16 error at +4096 grows past 2x that at +0 (phases computed "
-                                          "in bfloat16, e.g. under autocast)"}),
-)
+    return with_bfloat16(ctx, a, lambda lo, o, auto: _at(ctx, lo, x, o, auto),
+                         lambda got, ref: rel(got, ref, "float64's outputs"), "", bad, measured, cause, parts,
+                         through_cache=False, absolute_positions=absolute, shift_16=d_small, shift=d_long,
+                         per_query_residual=r)

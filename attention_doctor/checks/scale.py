@@ -4,9 +4,9 @@ from contextlib import contextmanager
 
 import torch
 
-from attention_doctor.checks.common import SCALE_BAND, inconclusive, na, row, unseen, visible_scores
-from attention_doctor.checks.record import Check
+from attention_doctor.checks.common import SCALE_BAND, judged, na, unseen, visible_scores
 from attention_doctor.layouts import measured_sites, scaled_sites
+from attention_doctor.signals import NotPerformed
 
 
 def unit_factors(ctx):
@@ -42,10 +42,10 @@ def unit_qk(ctx, adapter=None):
 def score_scale(ctx):
     sites = ctx.sites()
     if not sites:
-        return inconclusive("score_scale", "needs the q and k projections (no known q/k layout)", "no_qk_layout")
+        raise NotPerformed("needs the q and k projections (no known q/k layout)", "no_qk_layout")
     f = unit_factors(ctx)
     if f is None:
-        return inconclusive("score_scale", "a q/k site was not called in the forward", "no_qk_layout")
+        raise NotPerformed("a q/k site was not called in the forward", "no_qk_layout")
     x = ctx.sample(k=60)
     after = {}
     with scaled_sites(sites, *f), measured_sites(sites, after):
@@ -56,35 +56,22 @@ def score_scale(ctx):
             other += 1
             continue
         s = visible_scores(c)
-        s = s[torch.isfinite(s)]
         if s.numel() < 2 or c.module not in after or not after[c.module]:
             continue
         rq, rk = after[c.module][0]
-        stds.append(float(s.std()) / max(rq * rk, 1e-30))
+        # a visible score that is not finite at unit-variance q and k: no std is small enough (never read as 0)
+        std = float(s.std()) / max(rq * rk, 1e-30) if bool(torch.isfinite(s).all()) else math.inf
+        stds.append(std)
     if not stds and other:   # every call's scores are something else than a scaled q . k
-        return na("score_scale", "scores are not a fixed multiple of q . k (additive or bilinear scores, a learned "
-                  "scale): no 1/sqrt(d_k) to miss")
+        return na("scores are not a fixed multiple of q . k (additive or bilinear scores, a learned scale): no "
+                  "1/sqrt(d_k) to miss", "not_dot_product")
     if not stds:
-        return unseen("score_scale", "needs dot-product scores of a known q/k site's calls (none seen)")
+        raise unseen("needs dot-product scores of a known q/k site's calls (none seen)")
     worst = max(stds, key=lambda v: abs(math.log(max(v, 1e-30))))
     lo, hi = SCALE_BAND
     ok = lo <= worst <= hi
     hint = "" if ok else (" (too large: a missing 1/sqrt(d_k)?)" if worst > hi else
                           " (too small: scores that cannot sharpen, e.g. cosine without a temperature)")
-    return row("score_scale", "pass" if ok else "fail", worst, f"in [{lo:g}, {hi:g}]",
-               f"score std per attention call with unit-variance q and k: "
-               + ", ".join(f"{v:.3g}" for v in stds) + hint,
-               "" if ok else "too_large" if worst > hi else "too_small")
-
-
-CHECKS = (
-    Check(score_scale, does="q and k made unit-variance at their projections; the std of the dot-product scores "
-                             "reaching the softmax",
-          fails_when="std outside [0.5, 2]",
-          tolerance="a missing 1/sqrt(d_k) gives sqrt(d_k) (detectable for d_k >= 5); cosine scores without a "
-                    "temperature give about 1/sqrt(d_k)",
-          applies="dot-product attention whose q/k layout the doctor knows (additive or bilinear scores: n/a)",
-          thread="mlc-ai/mlc-llm #3426", targets=("no_scaling", "cosine_no_temperature"),
-          causes={"too_large": "scores too large: a missing 1/sqrt(d_k)",
-                  "too_small": "scores that cannot sharpen: cosine scores without a temperature"}),
-)
+    return judged(not ok, worst, f"in [{lo:g}, {hi:g}]",
+                  "score std per attention call with unit-variance q and k: " + ", ".join(f"{v:.3g}" for v in stds) + hint,
+                  "too_large" if worst > hi else "too_small", stds=stds, band=[lo, hi])

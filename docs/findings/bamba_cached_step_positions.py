@@ -1,7 +1,7 @@
 """BambaForCausalLM: a forward through the cache without position_ids puts the new tokens at
 position 0. Exit 1 while it does (the bug), 0 when the cached step matches the full forward.
 
-transformers 5.23.0, torch (CPU); random weights from small configs, no download; seconds. Run as is:
+transformers 5.23.0 and 5.25.0, torch (CPU); random weights from small configs, no download; seconds. Run as is:
     python docs/findings/bamba_cached_step_positions.py
 BambaModel.forward fills absent position_ids with torch.arange(seq_len), not offset by the cache's
 length (Llama, Falcon-H1, Nemotron-H and GraniteMoeHybrid add past_key_values.get_seq_length()),
@@ -14,8 +14,8 @@ import torch
 from transformers import BambaConfig, BambaForCausalLM, LlamaConfig, LlamaForCausalLM
 
 TOL = 1e-5  # float32: a cached step and the full forward sum the same terms in another order
-small = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-             num_attention_heads=4, num_key_value_heads=2)
+small = dict(vocab_size=128, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+             num_attention_heads=2, num_key_value_heads=1)   # Bamba-9B's head size: 128 (4096 / 32 heads)
 
 
 def cached_step_error(m, x, **kw) -> float:

@@ -1,7 +1,7 @@
 """BltForCausalLM: left padding changes the real bytes' logits, and eager and SDPA disagree on
 them; right padding agrees. Exit 1 while left padding moves them (the bug), 0 when it does not.
 
-transformers 5.23.0, torch (CPU, float32); random weights from a small config, no download; seconds. Run as is:
+transformers 5.23.0 and 5.25.0, torch (CPU, float32); random weights from a small config, no download; seconds. Run as is:
     python docs/findings/blt_left_padding.py
 Two routes in BltModel.forward (modeling_blt.py, and modular_blt.py it is generated from), one
 problem: left pads reach the real bytes. (1) The global transformer's mask is built with
@@ -20,12 +20,13 @@ from transformers import BltConfig, BltForCausalLM
 
 TOL = 1e-5  # float32: pads masked out contribute exactly 0
 torch.manual_seed(0)
-sub = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
-           intermediate_size=128, vocab_size=128)
+# BLT-1B's head sizes: 64 in the local encoder, decoder and entropy model, 128 in the global transformer
+sub = dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=2, num_hidden_layers=2,
+           intermediate_size=256, vocab_size=128)
 cfg = BltConfig(vocab_size=128, encoder_hash_byte_group_vocab=128,
-                patcher_config=dict(sub), global_config=dict(sub),
-                encoder_config=dict(sub, hidden_size_global=64, num_hidden_layers=1),
-                decoder_config=dict(sub, hidden_size_global=64))
+                patcher_config=dict(sub), global_config=dict(sub, hidden_size=256, intermediate_size=512),
+                encoder_config=dict(sub, hidden_size_global=256, num_hidden_layers=1),
+                decoder_config=dict(sub, hidden_size_global=256))
 m = BltForCausalLM(cfg).eval()
 g = torch.Generator().manual_seed(1)
 x = torch.randint(3, 128, (1, 11), generator=g)  # 11 real bytes

@@ -2,7 +2,7 @@
 into a float32 buffer with index_add_, which autocast does not promote. Exit 1 while it raises (the
 bug), 0 when both autocast forwards run and give finite logits.
 
-transformers 5.23.0, torch (CPU); random weights from a small config, no download; seconds. Run as is:
+transformers 5.23.0 and 5.25.0, torch (CPU); random weights from a small config, no download; seconds. Run as is:
     python docs/findings/dbrx_autocast_index_add.py
 DbrxExperts.forward (modeling_dbrx.py, and modular_dbrx.py it is generated from): `next_states` is
 zeros_like(hidden_states), float32 under autocast (it comes from a LayerNorm), while each expert's
@@ -16,8 +16,8 @@ import torch
 from transformers import DbrxConfig, DbrxForCausalLM
 
 torch.manual_seed(0)
-cfg = DbrxConfig(d_model=64, n_heads=4, n_layers=2, vocab_size=128, max_seq_len=64,
-                 attn_config=dict(kv_n_heads=2, clip_qkv=8.0),
+cfg = DbrxConfig(d_model=256, n_heads=2, n_layers=2, vocab_size=128, max_seq_len=64,   # head size 128, DBRX's
+                 attn_config=dict(kv_n_heads=1, clip_qkv=8.0),
                  ffn_config=dict(ffn_hidden_size=128, moe_num_experts=4, moe_top_k=2))
 cfg.attn_config.rope_theta = 500000.0
 m = DbrxForCausalLM(cfg).eval()

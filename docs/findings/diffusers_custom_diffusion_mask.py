@@ -15,12 +15,16 @@ then hands the (batch * heads, 1, keys) mask to scaled_dot_product_attention wit
 import sys
 
 import torch
-from diffusers.models.attention_processor import (Attention, AttnProcessor2_0, CustomDiffusionAttnProcessor,
-                                                  CustomDiffusionAttnProcessor2_0)
+from diffusers.models.attention_processor import (
+    Attention,
+    AttnProcessor2_0,
+    CustomDiffusionAttnProcessor,
+    CustomDiffusionAttnProcessor2_0,
+)
 
 TOL = 1e-5
 torch.manual_seed(0)
-B, N, S, C = 2, 16, 6, 32   # image tokens, text tokens, width
+B, N, S, C = 2, 16, 6, 256   # image tokens, text tokens, width (heads of 64, as Stable Diffusion 2's)
 x, text = torch.randn(B, N, C), torch.randn(B, S, C)
 keep = torch.ones(B, S)
 keep[0, 4:] = 0   # row 0's last two text tokens are padding
@@ -28,7 +32,7 @@ bias = ((1 - keep) * -10000.0)[:, None, :]   # as UNet2DConditionModel passes en
 ok = True
 for cls in (CustomDiffusionAttnProcessor, CustomDiffusionAttnProcessor2_0):
     for context in (None, text):
-        attn = Attention(C, cross_attention_dim=None if context is None else C, heads=4, dim_head=8)
+        attn = Attention(C, cross_attention_dim=None if context is None else C, heads=4, dim_head=64)
         # train_kv=False, train_q_out=False: the processor uses attn's own projections, so the
         # reference is the same module with AttnProcessor2_0
         attn.set_processor(cls(train_kv=False, train_q_out=False, hidden_size=C, cross_attention_dim=C))

@@ -13,13 +13,12 @@ CogVideoXAttnProcessor2_0 takes hidden_states.shape after the concatenation.
 import sys
 
 import torch
-from diffusers.models.attention_processor import (Attention, CogVideoXAttnProcessor2_0,
-                                                  FusedCogVideoXAttnProcessor2_0)
+from diffusers.models.attention_processor import Attention, CogVideoXAttnProcessor2_0, FusedCogVideoXAttnProcessor2_0
 
 TOL = 1e-5
 torch.manual_seed(0)
-B, N, S, C = 2, 12, 4, 32   # video tokens, text tokens, width
-attn = Attention(C, heads=4, dim_head=8, qk_norm="layer_norm", processor=CogVideoXAttnProcessor2_0())
+B, N, S, C = 2, 12, 4, 256   # video tokens, text tokens, width (heads of 64, as CogVideoX's)
+attn = Attention(C, heads=4, dim_head=64, qk_norm="layer_norm", processor=CogVideoXAttnProcessor2_0())
 video, text = torch.randn(B, N, C), torch.randn(B, S, C)
 keep = torch.ones(B, S + N)
 keep[0, 2:S] = 0   # row 0: two padded text tokens (the mask covers text then video, as the keys are)

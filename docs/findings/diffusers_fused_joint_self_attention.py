@@ -21,8 +21,8 @@ TOL = 1e-4   # float32, fused against separate projections: rounding of the same
 ok = True
 for dual, qk_norm in (((), None), ((0,), None), ((), "rms_norm")):
     torch.manual_seed(0)
-    model = SD3Transformer2DModel(sample_size=8, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=8,
-                                  num_attention_heads=2, joint_attention_dim=16, caption_projection_dim=16,
+    model = SD3Transformer2DModel(sample_size=8, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=64,
+                                  num_attention_heads=2, joint_attention_dim=16, caption_projection_dim=128,
                                   pooled_projection_dim=8, out_channels=4, pos_embed_max_size=8,
                                   dual_attention_layers=dual, qk_norm=qk_norm).eval()
     g = torch.Generator().manual_seed(1)
@@ -34,7 +34,7 @@ for dual, qk_norm in (((), None), ((0,), None), ((), "rms_norm")):
         try:
             err = float((model(**inputs).sample - ref).abs().max() / ref.abs().max())
             actual, good = f"{err:.3g}", err <= TOL
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001  whatever the fused path raises is the actual result: printed, then BUG
             actual, good = f"{type(e).__name__}: {str(e).splitlines()[0][:80]}", False
     ok &= good
     print(f"dual_attention_layers={dual}, qk_norm={qk_norm}: fused against unfused expected <= {TOL:g}, actual {actual}")

@@ -2,7 +2,7 @@
 length, through the predict stream's relative-position embeddings. Exit 1 while they do (the bug),
 0 when the logits are causal and right padding leaves them unchanged.
 
-transformers 5.23.0, torch (CPU, float32 and float64); random weights from a small config, no
+transformers 5.23.0 and 5.25.0, torch (CPU, float32 and float64); random weights from a small config, no
 download; seconds. Run as is:
     python docs/findings/prophetnet_predict_relative_positions.py
 ProphetNetNgramSelfAttention.get_predict_relative_pos_embeddings (modeling_prophetnet.py) permutes
@@ -18,9 +18,9 @@ from transformers import ProphetNetConfig, ProphetNetForCausalLM
 
 TOL = 1e-6  # a causal model moves earlier logits by exactly 0 (masked keys weigh exp(-huge) = 0)
 torch.manual_seed(0)
-cfg = ProphetNetConfig(vocab_size=128, hidden_size=64, num_encoder_layers=2, num_decoder_layers=2,
-                       num_encoder_attention_heads=4, num_decoder_attention_heads=4,
-                       encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=512)
+cfg = ProphetNetConfig(vocab_size=128, hidden_size=128, num_encoder_layers=2, num_decoder_layers=2,   # head size 64,
+                       num_encoder_attention_heads=2, num_decoder_attention_heads=2,                # ProphetNet-large's
+                       encoder_ffn_dim=256, decoder_ffn_dim=256, max_position_embeddings=512)
 m = ProphetNetForCausalLM(cfg).eval()
 g = torch.Generator().manual_seed(1)
 x = torch.randint(3, 128, (2, 16), generator=g)

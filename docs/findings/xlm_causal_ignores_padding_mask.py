@@ -1,7 +1,7 @@
 """XLMWithLMHeadModel with causal=True ignores the padding in attention: real tokens attend to left
 pads. Exit 1 while they do (the bug), 0 when left padding leaves the real tokens' logits unchanged.
 
-transformers 5.23.0, torch (CPU); random weights from a small config, no download; seconds. Run as is:
+transformers 5.23.0 and 5.25.0, torch (CPU); random weights from a small config, no download; seconds. Run as is:
     python docs/findings/xlm_causal_ignores_padding_mask.py
 get_masks() (modeling_xlm.py) returns the padding mask for the hidden states but, when causal, only
 the causal triangle as the attention mask; the pads' hidden states are zeroed, yet as keys they
@@ -15,7 +15,8 @@ from transformers import XLMConfig, XLMWithLMHeadModel
 
 TOL = 1e-5  # float32: the same sums with masked keys at weight exactly 0
 torch.manual_seed(0)
-cfg = XLMConfig(vocab_size=128, emb_dim=64, n_layers=2, n_heads=4, causal=True, max_position_embeddings=64)
+cfg = XLMConfig(vocab_size=128, emb_dim=256, n_layers=2, n_heads=2, causal=True,   # head size 128, as xlm-clm-enfr-1024's
+                max_position_embeddings=64)
 m = XLMWithLMHeadModel(cfg).eval()
 x = torch.randint(5, 128, (1, 10), generator=torch.Generator().manual_seed(1))
 real = torch.ones(1, 10, dtype=torch.long)

@@ -2,7 +2,7 @@
 64 (hidden_size 64 with the default qk_dim_factor 0.5). Exit 1 while it raises (the bug), 0 when the
 prefill and a cached step run and match the full forward.
 
-transformers 5.23.0, torch (CPU, the native kernels); random weights from small configs, no
+transformers 5.23.0 and 5.25.0, torch (CPU, the native kernels); random weights from small configs, no
 download; seconds. Run as is:
     python docs/findings/xlstm_use_cache_qk_dim.py
 xLSTMLayer sizes q and k as int(hidden_size * qk_dim_factor); xLSTMCache.__init__ sizes the C and n

@@ -2,7 +2,7 @@
 half-precision outputs into a float32 tensor by boolean index, which autocast does not promote.
 Exit 1 while it raises (the bug), 0 when both autocast forwards run and give finite logits.
 
-transformers 5.23.0, torch (CPU); random weights from a small config, no download; seconds. Run as is:
+transformers 5.23.0 and 5.25.0, torch (CPU); random weights from a small config, no download; seconds. Run as is:
     python docs/findings/xmod_autocast_index_put.py
 XmodOutput.lang_adapter (modeling_xmod.py): `new_hidden_states` is zeros_like(hidden_states),
 float32 under autocast (it comes from a LayerNorm and a residual sum), while each adapter's output
@@ -14,8 +14,8 @@ import torch
 from transformers import XmodConfig, XmodForCausalLM
 
 torch.manual_seed(0)
-cfg = XmodConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                 intermediate_size=128, is_decoder=True, default_language="en_XX")
+cfg = XmodConfig(vocab_size=128, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,   # head size 64, X-MOD's
+                 intermediate_size=256, is_decoder=True, default_language="en_XX")
 m = XmodForCausalLM(cfg).eval()
 x = torch.randint(3, 128, (2, 8), generator=torch.Generator().manual_seed(1))
 with torch.no_grad():

@@ -23,7 +23,7 @@ TOL = 1e-5   # float32: the same sums in another order
 def cached_error(**opts):
     torch.manual_seed(0)
     model = TransformerWrapper(num_tokens=64, max_seq_len=64, attn_layers=Decoder(
-        dim=32, depth=2, heads=4, attn_dim_head=8, **opts)).eval()
+        dim=256, depth=2, heads=4, attn_dim_head=64, **opts)).eval()
     x = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         full = model(x)

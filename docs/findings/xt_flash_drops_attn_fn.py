@@ -30,7 +30,7 @@ def halve(s):   # a custom attention: softmax at half the temperature
 def build(flash, **opts):
     torch.manual_seed(0)
     model = TransformerWrapper(num_tokens=64, max_seq_len=64, attn_layers=Decoder(
-        dim=32, depth=2, heads=4, attn_dim_head=8, attn_flash=flash, **opts)).eval()
+        dim=256, depth=2, heads=4, attn_dim_head=64, attn_flash=flash, **opts)).eval()
     return model
 
 

@@ -20,7 +20,7 @@ ok = True
 for opts in ({}, {"mv_split_residual": True}):
     torch.manual_seed(0)
     model = TransformerWrapper(num_tokens=64, max_seq_len=64, attn_layers=Decoder(
-        dim=32, depth=2, heads=4, attn_dim_head=8, **opts)).eval()
+        dim=256, depth=2, heads=4, attn_dim_head=64, **opts)).eval()
     with torch.no_grad():
         a, b = model(x)[:, :8], model(later)[:, :8]
     err = float((a - b).abs().max() / a.abs().max())

@@ -25,7 +25,7 @@ def absent(e: Exception) -> bool:
 def build(**opts):
     torch.manual_seed(0)
     return TransformerWrapper(num_tokens=64, max_seq_len=64, attn_layers=Decoder(
-        dim=32, depth=2, heads=4, attn_dim_head=8, **opts)).eval()
+        dim=256, depth=2, heads=4, attn_dim_head=64, **opts)).eval()
 
 
 def measure(model):

@@ -21,14 +21,14 @@ for opts in ({"polar_pos_emb": True}, {"polar_pos_emb": True, "polar_bias_unifor
     torch.manual_seed(0)
     try:
         model = TransformerWrapper(num_tokens=64, max_seq_len=64, attn_layers=Decoder(
-            dim=32, depth=2, heads=4, attn_dim_head=8, **opts)).eval()
+            dim=256, depth=2, heads=4, attn_dim_head=64, **opts)).eval()
         with torch.no_grad():
             out = model(torch.randint(0, 64, (2, 16)))
         got = "builds and runs" if torch.isfinite(out).all() else "non-finite output"
         if opts.get("polar_bias_uniform_init"):   # the init it asks for: the bias in [-2 pi, 0], not all zeros
             bias = model.attn_layers.polar_pos_emb.learned_bias
             got += f", bias in [{bias.min():.2f}, {bias.max():.2f}]"
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001  an option the release lacks exits 2; any other error is the actual result (BUG)
         if absent(e):
             print(f"{opts}: not in this release")
             sys.exit(2)

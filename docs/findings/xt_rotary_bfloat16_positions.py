@@ -33,7 +33,7 @@ ok = err <= TOL and distinct == 16
 # the model: 16 tokens at positions 4096.. (pos= reaches the rotary embedding from x-transformers 2.11 on)
 torch.manual_seed(0)
 model = TransformerWrapper(num_tokens=64, max_seq_len=0, attn_layers=Decoder(
-    dim=32, depth=2, heads=4, attn_dim_head=8, rotary_pos_emb=True)).eval()
+    dim=256, depth=2, heads=4, attn_dim_head=64, rotary_pos_emb=True)).eval()
 x = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1))
 with torch.no_grad():
     ref = {s: model.double()(x, pos=torch.arange(16) + s) for s in (0, 4096)}

@@ -21,14 +21,14 @@ ok = True
 for wrapper in ({}, {"scaled_sinu_pos_emb": True}):
     torch.manual_seed(0)
     model = TransformerWrapper(num_tokens=64, max_seq_len=64, **wrapper, attn_layers=Decoder(
-        dim=32, depth=2, heads=4, attn_dim_head=8)).eval()
+        dim=256, depth=2, heads=4, attn_dim_head=64)).eval()
     try:
         with torch.no_grad():
             ref = model(real)
             got = model(padded, seq_start_pos=torch.tensor([P, P]))[:, P:]
         err = float((got - ref).abs().max() / ref.abs().max())
         actual, good = f"{err:.3g}", err <= TOL
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001  an error is the actual result, printed, and not good: BUG
         actual, good = f"{type(e).__name__}: {str(e).splitlines()[0][:100]}", False
     ok &= good
     print(f"{wrapper or 'absolute positions'}, left padding as seq_start_pos: real tokens against the unpadded "

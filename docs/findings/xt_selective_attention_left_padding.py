@@ -21,7 +21,7 @@ ok = True
 for opts in ({}, {"attn_selective": True}):
     torch.manual_seed(0)
     model = TransformerWrapper(num_tokens=64, max_seq_len=0, attn_layers=Decoder(
-        dim=32, depth=2, heads=4, attn_dim_head=8, rotary_pos_emb=True, **opts)).eval()
+        dim=256, depth=2, heads=4, attn_dim_head=64, rotary_pos_emb=True, **opts)).eval()
     with torch.no_grad():
         ref = model(real)
         got = model(padded, mask=mask)[:, P:]

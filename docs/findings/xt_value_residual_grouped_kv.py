@@ -17,7 +17,7 @@ from x_transformers import Decoder, TransformerWrapper
 def run(**opts) -> str:
     torch.manual_seed(0)
     model = TransformerWrapper(num_tokens=64, max_seq_len=64, attn_layers=Decoder(
-        dim=32, depth=2, heads=4, attn_dim_head=8, **opts)).eval()
+        dim=256, depth=2, heads=4, attn_dim_head=64, **opts)).eval()
     try:
         with torch.no_grad():
             out = model(torch.randint(0, 64, (2, 16)))

@@ -4,7 +4,7 @@
     python -m experiments.bench throughput    # our loop vs a bare loop, diagnostics off / default interval
     python -m experiments.bench cost          # FLOPs of projections vs attention, counted and timed
     python -m experiments.bench memory        # bytes saved for backward: explicit weights vs SDPA
-    python -m experiments.bench threads       # `python run.py` at 1 and 2 torch threads, idle and beside busy processes
+    python -m experiments.bench threads       # `python run.py` at 1, 2 and auto (the default) torch threads, idle and beside busy processes
 Each takes --tiny (a seconds-long smoke size, used by the tests). training.py holds the first two,
 attention_cost.py the next two, threads.py the last, nanogpt_reference.py nanoGPT's loop transcribed.
 """
@@ -28,15 +28,17 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m experiments.bench", description=__doc__.splitlines()[0])
     p.add_argument("name", choices=sorted(BENCHES))
     p.add_argument("--tiny", action="store_true", help="a seconds-long smoke size")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: a run's, train.threads=auto: the cores free at the start)")
     p.add_argument("--out", type=Path, default=None,
                    help="also write the figures as JSON (results/bench/NAME.json feeds the report)")
     p.add_argument("--reference", action="store_true",
                    help="shakespeare: also train nanoGPT's own loop (transcribed) from the same seed")
     p.add_argument("overrides", nargs="*", help="Hydra overrides (shakespeare, throughput, threads), e.g. device=cuda")
     a = p.parse_intermixed_args(argv)
-    if a.threads:
+    if a.threads:  # shakespeare sets its threads as a run does, from train.threads
         torch.set_num_threads(a.threads)
+        a.overrides = [*a.overrides, f"train.threads={a.threads}"] if a.name == "shakespeare" else a.overrides
     kwargs = {"tiny": a.tiny}
     if a.overrides:
         if a.name not in ("shakespeare", "throughput", "threads"):

@@ -25,6 +25,14 @@ def checked(cfg: dict) -> dict:
     return cfg
 
 
+def default_threads(cfg: dict) -> tuple[int, str]:
+    """(threads, why): torch's threads as a run of this config sets them (train.threads, auto by
+    default), or as `python -m experiments.bench --threads N` (train.threads=N) set them."""
+    from experiments.training.runner import use_threads
+    why = use_threads(cfg)
+    return torch.get_num_threads(), why
+
+
 def sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -39,6 +47,7 @@ def bench_shakespeare(tiny=False, overrides=(), reference=False) -> dict:
     from experiments.training.loop import Trainer
     over = NANOGPT + (TINY_MODEL + ["train.steps=20", "train.eval_batches=2"] if tiny else []) + list(overrides)
     cfg = checked(compose(over))
+    threads, why = default_threads(cfg)
     n_eval = cfg["train"]["eval_batches"]
     cfg["train"]["eval_batches"] = 0  # evaluated below, outside the timed loop
     with tempfile.TemporaryDirectory() as tmp:
@@ -61,17 +70,22 @@ def bench_shakespeare(tiny=False, overrides=(), reference=False) -> dict:
     tokens = res.steps_done * bs * task.input_len
     out = {"status": res.status, "steps": res.steps_done, "seed": cfg["seed"], "val_loss": val,
            "train_loss": train, "eval_batches": n_eval, "wall_s": wall, "tokens_per_s": tokens / wall,
+           "ms_per_iter": 1000 * wall / max(res.steps_done, 1), "threads_ran": threads, "threads_why": why,
            "val_loss_20": {"n": len(est20), "min": min(est20, default=val), "max": max(est20, default=val)}}
     print(f"val loss {val:.4f} (train {train:.4f}) on {n_eval} batches | {res.status} | "
           f"{wall:.1f}s training, {out['tokens_per_s']:,.0f} tokens/s")
     if est20:
         print(f"nanoGPT's 20-batch estimate (eval_iters=20) on {len(est20)} disjoint groups of these "
               f"batches: {min(est20):.4f} .. {max(est20):.4f}")
-    if reference:
+    if reference:  # at the same threads: nanoGPT's train.py takes torch's default, all cores, as auto does on a quiet machine
+        t0 = time.perf_counter()
         ref = nanogpt_reference.train(task.splits["train"], task.vocab_size, cfg, tr.device)
+        sync(tr.device)
+        out["reference_ms_per_iter"] = 1000 * (time.perf_counter() - t0) / max(cfg["train"]["steps"], 1)
         out["reference_val_loss"] = statistics.fmean(batch_losses(ref, task, bs, "val", range(n_eval), nullcontext))
         print(f"nanoGPT's own loop (experiments/nanogpt_reference.py), seed {cfg['seed']}, same val "
-              f"batches: val loss {out['reference_val_loss']:.4f}")
+              f"batches: val loss {out['reference_val_loss']:.4f}; {out['reference_ms_per_iter']:.1f} ms/iter "
+              f"against ours {out['ms_per_iter']:.1f} (ratio {out['ms_per_iter'] / out['reference_ms_per_iter']:.2f})")
     print(f"target (nanoGPT's published CPU figure): val loss <= 1.88: "
           f"{'met' if val <= 1.88 else 'NOT met'}")
     print("greedy sample:", repr(sample[:120]))

@@ -9,7 +9,10 @@ import operator
 # the names a check may use; judging.verdict's context gives their values for a run
 NAMES = ("ln_V", "V", "d_k", "steps", "steps_done", "log_every",
          "floor",    # the no-attention floor's final loss (exp.floor; text versions)
-         "control")  # the control's final loss (exp.loss_metric): `floor - control` is what attention gains
+         "control",  # the control's final loss (exp.loss_metric): `floor - control` is what attention gains it
+         "gain")     # attention's gain on this corpus and seed: floor - the healthy text model's final loss.
+                     # A text threshold on a loss is a multiple of it (or of floor, control), never nats:
+                     # a corpus with less to predict from context has a smaller gain, not another bug
 FUNCTIONS = {"log": math.log, "sqrt": math.sqrt, "min": min, "max": max}
 BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
           ast.Pow: operator.pow}
@@ -67,6 +70,12 @@ class Expression:
         if isinstance(node, ast.UnaryOp):
             return UNARY[type(node.op)](self._eval(node.operand, names))
         return FUNCTIONS[node.func.id](*(self._eval(a, names) for a in node.args))
+
+
+def names_used(x) -> set[str]:
+    """The names an expression (or a number: none) reads; ValueError as parse."""
+    e = parse(x) if x is not None else 0.0
+    return set() if isinstance(e, float) else {n.id for n in ast.walk(e.tree) if isinstance(n, ast.Name)} - set(FUNCTIONS)
 
 
 def parse(x) -> Expression | float:

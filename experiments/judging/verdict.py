@@ -66,6 +66,15 @@ class RunView:
         return self.context.get("steps_done", self.context.get("steps", 0))
 
 
+def with_gain(context: dict, floor: dict | None) -> dict:
+    """context with `gain`: the floor's final loss minus its text model's (summary.json's
+    floor.text_model), where both completed; unchanged otherwise (a check that reads it then says so)."""
+    model = (floor or {}).get("text_model") or {}
+    if (floor or {}).get("status") != "completed" or model.get("status") != "completed":
+        return context
+    return {**context, "gain": floor["final"]["loss/train"] - model["final"]["loss/train"]}
+
+
 def _measure(c: dict, run: RunView, ref: RunView):
     """The measured number (or status) of check c on `run`, compared with `ref` where needed."""
     kind, metric, at = c["kind"], c.get("metric"), c.get("at", "final")
@@ -118,6 +127,8 @@ def check(c: dict, run: RunView, ref: RunView) -> dict:
            "op": op, "threshold": target}
     if c["kind"] == "plateau":  # the level that defines the plateau is a threshold too
         out["level"] = expr(c["level"], run.context)
+    if isinstance(c.get("value"), str) and c["kind"] != "status":  # a threshold as written (`0.5 * gain`)
+        out["rule"] = c["value"]
     return out
 
 
@@ -200,8 +211,9 @@ def verdict_line(record, run_dir) -> str:
         checks = f"not judged: the control raised {v['control_error']}"
     else:
         checks = ", ".join(check_text(c) for c in v.get("checks", []))
-    refs = "".join(f"{role}: {provenance(ref)} | " for role, ref in (("control", record.control),
-                                                                      ("floor", record.floor)) if ref and "reused" in ref)
+    refs = "".join(f"{role}: {provenance(ref)} | " for role, ref in (
+        ("control", record.control), ("floor", record.floor), ("text model", (record.floor or {}).get("text_model")))
+        if ref and "reused" in ref)
     wall = f"{record.wall_s:.1f}s | " if record.wall_s is not None else ""
     return (f"[{record.exp}] reproduced: {str(bool(v.get('reproduced'))).lower()}{broken} | "
             f"status {record.status} | {checks} | {refs}{wall}{run_dir}")

@@ -2,9 +2,15 @@
 
 A block is written for REPORT.md, where its title heading stands at the top level (`## Catalogue`).
 Embedded in another page (README.md), the page already has a heading for it: the block's title
-is dropped and its other headings move below the page's.
+is dropped and its other headings move below the page's. A page's blocks are marked
+`<!-- BEGIN OWNER:NAME -->` ... `<!-- END OWNER:NAME -->`: each report fills the blocks of its own
+OWNER (the suite's `report`, the doctor's lab `lab`) and leaves the others as they are.
 """
+import os
 import re
+from pathlib import Path
+
+from experiments.io import write_text
 
 HEADING = re.compile(r"^(#{1,6})[ \t]+(.*?)[ \t]*#*[ \t]*$")
 FENCE = re.compile(r"^[ \t]*(```|~~~)")
@@ -39,3 +45,40 @@ def nest(block: str, level: int) -> str:
     if drop:
         lines = lines[first + 1:]
     return "\n".join(lines).strip("\n") + "\n"
+
+
+BLOCK = re.compile(r"<!-- BEGIN (\w+):(\S+) -->.*?<!-- END \1:\2 -->", re.S)
+
+
+def page_level(text: str, pos: int) -> int:
+    """Level of the page's own heading above `pos` (headings inside any report's blocks do not count)."""
+    hs = headings(BLOCK.sub("", text[:pos]))
+    return hs[-1][1] if hs else 0
+
+
+def update_readme(readme: Path, blocks: dict[str, str], out: Path, owner: str = "report",
+                  report: str = "REPORT.md", dirs: tuple = ("figures",)) -> list[str]:
+    """Replace each block of `owner` by its text from `blocks`, nested under the README's heading
+    above it (nest); links into `dirs` (figures) and to a section (`#anchor`) of the page `report`
+    in `out` are rewritten relative to the README. Returns the names of `owner`'s markers with no
+    block to fill (left as they were); other owners' blocks are not touched."""
+    text = readme.read_text()
+    prefix = os.path.relpath(Path(out).resolve(), Path(readme).resolve().parent).replace(os.sep, "/")
+    missing = []
+
+    def fill(m):
+        who, name = m.group(1), m.group(2)
+        if who != owner:
+            return m.group(0)
+        if name not in blocks:
+            missing.append(name)
+            return m.group(0)
+        body = nest(blocks[name], page_level(text, m.start()))
+        for d in dirs:
+            body = body.replace(f"]({d}/", f"]({prefix}/{d}/")
+        body = body.replace("](#", f"]({prefix}/{report}#")  # a section of the report, from the README
+        return f"<!-- BEGIN {owner}:{name} -->\n{body.strip()}\n<!-- END {owner}:{name} -->"
+    new = BLOCK.sub(fill, text)
+    if new != text:
+        write_text(readme, new)
+    return missing

@@ -26,7 +26,7 @@ def own_data(exp_name: str) -> str | None:
     """The data experiment exp_name is defined on (its conf/exp file's); None for no experiment."""
     try:
         return experiment_data(exp_name)
-    except Exception:  # no conf/exp file of that name (a control's own name): not an experiment
+    except Exception:  # noqa: BLE001  no conf/exp file of that name (a control's own name): not an experiment, None
         return None
 
 

@@ -82,7 +82,7 @@ class Unusable(Exception):
 def _torch_load(p: Path, device=None):
     try:
         return torch.load(p, map_location=device, weights_only=False)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001  whatever torch.load raises on a bad file: Unusable, naming the file
         raise Unusable(p, f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}") from None
 
 

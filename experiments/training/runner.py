@@ -20,7 +20,8 @@ import torch
 
 from experiments.io import dir_lock, save_attn_weights, save_torch, write_json, write_text
 from experiments.judging.checks import signature
-from experiments.judging.verdict import RunView, evaluate, expected_error
+from experiments.judging.expressions import names_used
+from experiments.judging.verdict import RunView, evaluate, expected_error, with_gain
 from experiments.layout import ATTN_WEIGHTS, SUMMARY, TRACEBACK, WEIGHTS, checkpoint_path, control_dir
 from experiments.records import RunRecord, config_hash, error_message
 from experiments.schema import validate
@@ -30,6 +31,7 @@ from experiments.training.logger import make_logger
 from experiments.training.loop import Trainer, write_metrics
 from experiments.training.measures import MEASURES
 from experiments.training.preemption import Preempted
+from experiments.training.threads import auto_threads
 
 
 def measure_fn(name: str):
@@ -78,12 +80,38 @@ def floor_config(cfg: dict) -> dict:
                           f"no-attention floor of {spec['name']}", [])
 
 
+# the override that makes a floor a floor; the rest of exp.floor.overrides restores the text model
+# where an experiment's control is not it (a high learning rate, another window)
+NO_ATTENTION = "model.attention.reach"
+
+
+def text_model_config(cfg: dict) -> dict:
+    """The healthy text model of experiment cfg's corpus and seed: its floor with attention on (every
+    floor override but NO_ATTENTION), so `floor - its loss` is what attention gains on this corpus:
+    `gain` in check expressions. Where the control is the text model it is the same config (the same
+    hash): the cached control, reused."""
+    spec = cfg["exp"]
+    base = control_config(cfg) if spec["control"] else cfg
+    overrides = {k: v for k, v in spec["floor"]["overrides"].items() if k != NO_ATTENTION}
+    return derived_config(base, "text_model", overrides, f"the text model of {spec['name']}", [])
+
+
+def needs_text_model(checks: list[dict]) -> bool:
+    """Whether some check's threshold is in units of `gain` (the text model is trained only then)."""
+    return any("gain" in names_used(c.get(f)) for c in checks if c["kind"] != "status"  # a status is a word
+               for f in ("value", "level", "tol"))
+
+
 def preflight(cfg: dict) -> None:
     """Everything a run and its control would reject, found before either trains: a bad config
     raises ValueError (one line) here and nothing is recorded. Builds no model."""
     spec = cfg["exp"]
-    signature(spec)  # every check and expression parsed
+    checks = signature(spec)  # every check and expression parsed
+    if needs_text_model(checks) and not spec["floor"]:
+        raise ValueError(f"exp.checks: `gain` (attention's gain on a corpus) needs a no-attention floor "
+                         f"(exp.floor: text versions); {spec['name']} has none")
     configs = [cfg] + ([control_config(cfg)] if spec["control"] else []) + ([floor_config(cfg)] if spec["floor"] else [])
+    configs += [text_model_config(cfg)] if spec["floor"] and needs_text_model(checks) else []
     for c in configs:
         validate(c)  # the schema: types, ranges, choices, cross-field rules
         reject_unbuildable(c)  # what building would reject: the block size, the corpus, ...
@@ -98,16 +126,22 @@ def _context(cfg: dict, trainer: Trainer, res) -> dict:
             "log_every": cfg["train"]["log_every"]}
 
 
-def use_threads(cfg: dict) -> None:
-    """train.threads: torch's CPU threads from the run's start (null: as torch or the launcher set
-    them); summary.json's env.threads records what ran."""
-    if cfg["train"]["threads"] is not None:
-        torch.set_num_threads(cfg["train"]["threads"])
+def use_threads(cfg: dict) -> str:
+    """train.threads: torch's CPU threads from the run's start (auto: the cores free now; null: as
+    torch or the launcher set them); returns why (summary.json's env.threads_why beside env.threads)."""
+    global _threads_why
+    threads, _threads_why = auto_threads(cfg["train"]["threads"])
+    if threads is not None:
+        torch.set_num_threads(threads)
+    return _threads_why
+
+
+_threads_why = None  # torch's threads are the process's: every run it trains (control, floor) ran with them
 
 
 def run_env(device) -> dict:
-    return {"torch": torch.__version__, "threads": torch.get_num_threads(), "python": platform.python_version(),
-            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
+    return {"torch": torch.__version__, "threads": torch.get_num_threads(), "threads_why": _threads_why,
+            "python": platform.python_version(), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
 
 
 def train_run(cfg: dict, run_dir: Path, role: str, progress_factory=None, keep_weights: bool = False):
@@ -142,7 +176,7 @@ def _train(cfg: dict, run_dir: Path, role: str, ckpt: Path, trainer: Trainer, pr
     except Preempted:
         write_metrics(run_dir, trainer.res)
         raise
-    except Exception as e:  # a crash is a recorded outcome (status error), not a lost run
+    except Exception as e:  # noqa: BLE001  a crash is a recorded outcome (status error, its traceback), not a lost run
         res = trainer.res
         res.status, error = "error", error_message(e)
         write_text(run_dir / TRACEBACK, traceback.format_exc())
@@ -191,7 +225,7 @@ def find_or_train_control(cfg: dict, progress_factory=None, make=control_config)
             cached.exp, cached.claim = ccfg["exp"]["name"], ccfg["exp"]["claim"]
             return cached, True
         record, logger = train_run(ccfg, cdir, role="control", progress_factory=progress_factory,
-                                   keep_weights=make is control_config)  # a floor measures nothing
+                                   keep_weights=make is not floor_config)  # a floor measures nothing
         record.trained_for = cfg["exp"]["name"]
         try:
             logger.summary({"status": record.status, **{f"final/{k}": v for k, v in record.final.items()}})
@@ -297,5 +331,11 @@ def judge(cfg: dict, record: RunRecord, progress_factory=None) -> None:
                 if r is not None:
                     r.context = {**r.context, "floor": floor.final["loss/train"]}
     checks = signature(spec)
+    if spec["floor"] and needs_text_model(checks):  # `gain`: the floor minus the text model's loss
+        model, reused = find_or_train_control(cfg, progress_factory, make=text_model_config)
+        record.floor = {**record.floor, "text_model": reference_entry(model, spec["name"], reused)}
+        for r in (record, control):
+            if r is not None:
+                r.context = with_gain(r.context, record.floor)
     record.verdict = evaluate(checks, RunView.of(record, rows), RunView.of(control, crows) if control else None)
     record.expected_error = expected_error(record.status, record.verdict)

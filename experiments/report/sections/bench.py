@@ -34,6 +34,12 @@ def _shakespeare(runs: list[dict]) -> str:
                  "the same seeds, scored on the same batches: "
                  + ", ".join(f"{r['reference_val_loss']:.4f}" for r in refs)
                  + f" (mean {sum(r['reference_val_loss'] for r in refs) / len(refs):.4f}).")
+    timed = [r for r in refs if r.get("reference_ms_per_iter")]
+    if timed:  # side by side in one process, at the threads the default chose (threads_ran)
+        text += (" Time per iteration, ours against nanoGPT's loop at the same threads: "
+                 + ", ".join(f"{r['ms_per_iter']:.1f} / {r['reference_ms_per_iter']:.1f} ms "
+                             f"({r['ms_per_iter'] / r['reference_ms_per_iter']:.2f}x, {r.get('threads_ran', '?')} "
+                             f"thread(s))" for r in timed) + ".")
     return text
 
 
@@ -49,22 +55,33 @@ def _throughput(t: dict) -> str:
             f"bare loop = {ratios} (targets 0.95 and 0.90){mfu}.")
 
 
+def _setting(n, rows: list) -> str:
+    """A threads setting as the line says it: `auto (ran 2)` for the default, which chose."""
+    if isinstance(n, int):
+        return f"{n} thread(s)"
+    ran = sorted({r.get("ran") for r in rows if r["threads"] == n and r.get("ran") is not None})
+    return f"{n} (ran {'/'.join(map(str, ran)) or '?'})"
+
+
 def _threads(t: dict) -> str:
-    """The default run at 1 and 2 torch threads (experiments/bench/threads.py): the figures behind
-    conf/train/cpu.yaml's train.threads."""
+    """The default run at 1 and 2 torch threads and at the default (auto; experiments/bench/threads.py):
+    the figures behind conf/train/cpu.yaml's train.threads."""
     busy = sorted({r["busy"] for r in t["rows"]})
-    threads = sorted({r["threads"] for r in t["rows"]})
+    threads = sorted({r["threads"] for r in t["rows"]}, key=lambda n: (not isinstance(n, int), str(n)))
+    vs_best = {int(b): v for b, v in (t.get("default_vs_best") or {}).items()}
     cells = []
     for b in busy:
         mine = [r for r in t["rows"] if r["busy"] == b]
         loads = [r["load_before"] for r in mine]
-        times = ", ".join(f"{n} thread(s) **{t['median_s'][f'{b} busy, {n} threads']:.1f} s** "
+        times = ", ".join(f"{_setting(n, mine)} **{t['median_s'][f'{b} busy, {n} threads']:.1f} s** "
                           f"({t['median_cpu_s'][f'{b} busy, {n} threads']:.1f} s CPU)" for n in threads)
+        best = f"; the default / the best fixed setting **{vs_best[b]:.2f}**" if b in vs_best else ""
         cells.append(f"{b} busy process(es) started beside it (the 1-minute load average before each run "
-                     f"{min(loads):.1f}-{max(loads):.1f}): {times}")
+                     f"{min(loads):.1f}-{max(loads):.1f}): {times}{best}")
     rounds = f"the median of {t['rounds']} rounds" if t["rounds"] > 1 else "one round"
+    settings = " and ".join(str(n) for n in threads)
     return (f"- **threads** (`{t['command']}` whole, start-up included: wall time and CPU time, {rounds} of "
-            f"1 and 2 threads in turn, {t['cores']} cores, {t.get('date', 'undated')}): "
+            f"{settings} threads in turn, {t['cores']} cores, {t.get('date', 'undated')}): "
             + "; ".join(cells)
             + f". The default: `train.threads={t['default_threads']}` (conf/train/cpu.yaml).")
 

@@ -14,8 +14,7 @@ from experiments.layout import CURVES, SUMMARY
 from experiments.records import RunRecord, flatten
 from experiments.report.figures import look_at, plot_experiment
 from experiments.report.runs import control_name
-from experiments.report.seeds import (MIN_SEEDS, RULE, SMALL_MARGIN, CheckOverSeeds, Rate, checks_over_seeds,
-                                      fmt_margin)
+from experiments.report.seeds import MIN_SEEDS, RULE, SMALL_MARGIN, CheckOverSeeds, Rate, checks_over_seeds, fmt_margin
 
 NAME = "catalogue"
 MAX_VARIANTS = 3  # more configs than this under one exp name is a sweep: one row, its own section

@@ -11,8 +11,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from experiments.records import RunRecord  # noqa: E402
-from experiments.report.runs import sweep_runs  # noqa: E402
 from experiments.report.figures import save
+from experiments.report.runs import sweep_runs  # noqa: E402
 
 NAME = "logit_fixes"
 EXP = "logit_fixes"

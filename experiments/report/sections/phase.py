@@ -21,10 +21,11 @@ from experiments.config import exp_check  # noqa: E402
 from experiments.judging.expressions import evaluate as expr  # noqa: E402
 from experiments.judging.verdict import RunView  # noqa: E402
 from experiments.records import RunRecord  # noqa: E402
-from experiments.report.runs import sweep_runs  # noqa: E402
 from experiments.report.figures import save
+from experiments.report.runs import sweep_runs  # noqa: E402
 
 NAME = "phase"
+TITLE = "## When does a missing sqrt(d_k) flatline training? (phase_no_scaling)"  # refresh() places a new section before it
 EXP = "phase_no_scaling"
 # no_scaling's plateau check, applied to every cell: steps before its metric first drops below its
 # level, and the ratio to the scaled twin at which the flatline holds
@@ -235,7 +236,7 @@ def render(runs: list[RunRecord], fig_dir: Path) -> str | None:
     summary = "; ".join(f"{sc}: {n} of {m} cells flat for the whole budget" for sc, (n, m) in sorted(flat.items()))
     flat_std = [c["pred_std"] for c in cells if c["flat"]]
     moving_std = [c["pred_std"] for c in cells if not c["flat"]]
-    lines = ["## When does a missing sqrt(d_k) flatline training? (phase_no_scaling)", "",
+    lines = [TITLE, "",
              f"{len(runs)} runs, {len(cells)} cells, budget {budget} steps. {summary}."]
     if flat_std and moving_std:
         lines.append(f"Smallest predicted score std among flat cells: {min(flat_std):.3g}; largest among "

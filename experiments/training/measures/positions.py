@@ -173,27 +173,37 @@ def window_eviction(trainer, cfg) -> dict:
     loss minus the whole prefix's after the cache fills. Two caches of one size compare on the
     same positions."""
     import dataclasses
+
     from experiments.training.loop import token_losses
     model = trainer.model
     served = model.attentions[0].cfg
     size = served.kv_window + served.kv_sinks
+    # the served cache, the same cache twice as large (as many sinks, the rest recent: the setting a
+    # seed's weights may need for a clear signature, conf/exp/attention_sink.yaml), and no cache;
+    # each windowed loss against the whole prefix's after that cache fills
+    caches = {"window": (served, size), "window_x2": (dataclasses.replace(served, kv_window=served.kv_window + size), 2 * size),
+              "whole": (dataclasses.replace(served, kv_window=None), None)}
     sums = {}
     with _eval(model):
-        for name, attn_cfg in (("window", served), ("whole", dataclasses.replace(served, kv_window=None))):
+        for name, (attn_cfg, _) in caches.items():
             for a in model.attentions:
                 a.cfg = attn_cfg
             for i in range(cfg["train"]["eval_batches"]):
                 b = trainer.task.batch(i, cfg["train"]["batch_size"], "val").to(trainer.device)
                 loss = token_losses(model(b.x, key_padding_mask=b.key_padding_mask), b)       # (B, T)
                 scored = b.y != IGNORE
-                full = torch.arange(loss.shape[1], device=loss.device) >= size                 # (T,)
-                for part, sel in (("before", scored & ~full), ("after", scored & full)):
-                    s, n = sums.get((name, part), (0.0, 0))
-                    sums[(name, part)] = (s + float(loss[sel].sum()), n + int(sel.sum()))
+                for cache, (_, fills) in caches.items():
+                    if fills is None or name not in (cache, "whole"):
+                        continue
+                    full = torch.arange(loss.shape[1], device=loss.device) >= fills          # (T,)
+                    for part, sel in (("before", scored & ~full), ("after", scored & full)):
+                        s, n = sums.get((name, cache, part), (0.0, 0))
+                        sums[(name, cache, part)] = (s + float(loss[sel].sum()), n + int(sel.sum()))
         for a in model.attentions:
             a.cfg = served
     mean = {k: s / max(n, 1) for k, (s, n) in sums.items()}
-    return {"window/loss_after_full": mean[("window", "after")],
-            "window/whole_prefix_after_full": mean[("whole", "after")],
-            "window/agreement_before_full": abs(mean[("window", "before")] - mean[("whole", "before")]),
-            "window/eviction_cost": mean[("window", "after")] - mean[("whole", "after")]}
+    return {"window/loss_after_full": mean[("window", "window", "after")],
+            "window/whole_prefix_after_full": mean[("whole", "window", "after")],
+            "window/agreement_before_full": abs(mean[("window", "window", "before")] - mean[("whole", "window", "before")]),
+            "window/eviction_cost": mean[("window", "window", "after")] - mean[("whole", "window", "after")],
+            "window/eviction_cost_x2": mean[("window_x2", "window_x2", "after")] - mean[("whole", "window_x2", "after")]}

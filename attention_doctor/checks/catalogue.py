@@ -1,0 +1,231 @@
+"""The checks' records, in the order they run (eval_dropout first: dropout left on in eval must not
+read as a leak). A new check: its record here, its function in the module the record names, its
+docs (`python -m attention_doctor.docs docs/doctor.md` writes the tables), its test
+(tests/test_doctor_registry.py fails while a check module's function has no record). Torch-free."""
+from attention_doctor.checks.record import Check, fails, not_applicable, warns
+
+REGISTRY: tuple[Check, ...] = (
+    Check("eval_dropout", "causality", "dropout",
+          does="two eval calls on the same input (the target's description, decided before the checks run)",
+          fails_when="they differ at all",
+          tolerance="bit-identical: nothing random may run in eval",
+          applies="every target", thread="meta-pytorch/torchtune #1791",
+          causes={"sdpa_dropout_p": fails("scaled_dot_product_attention got dropout_p > 0 in eval"),
+                  "random_in_eval": fails("something else random ran in eval")},
+          measures={"max_diff": "the largest |difference| between the two calls' outputs (inf where they are not "
+                                "finite at the same places)",
+                    "dropout_p": "the largest dropout_p scaled_dot_product_attention got in eval (0: none seen)"}),
+    Check("future_leak", "causality", "leak",
+          does="replaces the tokens from t on (t = 1, T/2, T-1); the gradient of outputs before t w.r.t. inputs from "
+               "t on (a backward the target refuses in eval mode leaves that half not run: inconclusive; a forward "
+               "under inference mode has no gradient to leak: that half n/a)",
+          fails_when="an earlier output moves, or the gradient is not exactly 0",
+          tolerance="1e-6: masked keys contribute exp(-huge) = 0 exactly, so a healthy model moves by 0; runs "
+                    "after eval_dropout (dropout left on is not a leak)",
+          applies="causal targets (LMs; a layer said or found causal)",
+          thread="jsbaan/transformer-from-scratch #6", targets=("head_merge_no_transpose",),
+          causes={"outputs_move": fails("an earlier output moves when later tokens change"),
+                  "gradient_nonzero": fails("outputs do not move measurably, but an earlier output's gradient reaches "
+                                            "a later input")},
+          measures={"outputs": "per t: {t, change}: the outputs before t, relative change with the tokens from t on "
+                               "replaced",
+                    "gradient_max": "the largest finite |d earlier outputs / d later inputs| over the t's (None: not "
+                                    "measured)",
+                    "gradient_nonfinite": "how many of those gradients are not finite (None: not measured)"}),
+    Check("self_visibility", "causality", "self",
+          does="whether each query's own key is masked (the call's mask, or a fill in the scores its softmax got; the "
+               "weights where no mask is known)",
+          fails_when="a query that sees some key has its own key masked",
+          tolerance="0 such queries: a causal mask keeps the diagonal (a weight that underflows to 0 beside much "
+                    "larger scores is not a mask)",
+          applies="targets whose attention calls the doctor sees", thread="RVC-Boss/GPT-SoVITS #965",
+          targets=("causal_off_by_one",), causes={"own_key_masked": fails("a query's own key is masked")},
+          measures={"own_key_masked": "queries that see some key and have their own key masked",
+                    "queries": "queries that see some key", "calls": "attention calls read",
+                    "smallest_own_weight": "the smallest weight on an own key that is visible (None: none)"}),
+    Check("kv_cache", "causality", "cache",
+          does="prefill T-1 (T-3) tokens, then 1 (3) new ones (T_q != T_k), against the full forward",
+          fails_when="logits differ",
+          tolerance="1e-5: the same sums in another order",
+          applies="LMs with a KV cache (transformers' past_key_values, this project's KVCache, an Adapter's "
+                  "prefill/step)",
+          thread="pytorch/pytorch #108108", targets=("causal_kv_cache",),
+          causes={"prefill_differs": fails("the prefill's outputs differ from the full forward's"),
+                  "new_tokens_differ": fails("the new tokens' outputs after the cache differ (a causal mask aligned "
+                                             "top-left when T_q != T_k)")},
+          measures={"trials": "per trial: {prefill_tokens, new_tokens, prefill, new}: the prefill's and the new "
+                              "tokens' outputs, relative difference from the full forward",
+                    "raised_in": "where the target raised: {prefill_tokens, new_tokens, call: prefill or step}"}),
+    Check("batch_independence", "batching", "batch",
+          does="row 0 alone against row 0 in a batch of B = T = 16 rows, unpadded and with the others padded",
+          fails_when="row 0 changes",
+          tolerance="1e-5: the same sums; B == T because an unexpanded (B, T) mask broadcasts onto the queries "
+                    "exactly then",
+          applies="every target (the padded half where it takes a padding mask)",
+          thread="hyunwoongko/transformer #40", targets=("mask_broadcast",),
+          causes={"rows_mix": fails("row 0 changes with the other rows, unpadded"),
+                  "padding_mask_broadcast": fails("row 0 changes only when the others are padded (a (B, T) mask "
+                                                  "broadcast onto the queries)")},
+          measures={"batch": "B (= T)", "plain": "row 0 in the batch against alone, unpadded: relative difference",
+                    "padded": "the same with the other rows padded (None: the target takes no padding mask)"}),
+    Check("padding", "batching", "pad",
+          does="real tokens right-padded and left-padded against the unpadded row (padded positions hold the model's "
+               "pad token where it has one: RoBERTa counts positions by it); left padding again with position ids "
+               "from the mask",
+          fails_when="right or left padding moves the real tokens' outputs",
+          tolerance="1e-5; left padding that passes only with position ids from the mask is a `warn` (positions count "
+                    "from the padding unless the caller gives them)",
+          applies="targets that take a padding mask", thread="huggingface/transformers #21080",
+          targets=("left_padding_positions", "mask_broadcast_shape_error"),
+          causes={"right_padding": fails("right padding moves the real tokens' outputs"),
+                  "left_padding": fails("left padding moves them, with position ids from the mask too"),
+                  "positions_from_padding": warns("left padding moves them unless the caller passes position ids "
+                                                  "from the mask")},
+          measures={"right": "the real tokens' outputs right-padded against unpadded: relative difference",
+                    "left": "the same, left-padded",
+                    "left_with_positions": "the same, left-padded with position ids from the mask (None: the target "
+                                           "takes no position ids)"}),
+    Check("fully_masked_rows", "batching", "masked rows",
+          does="left padding under a causal mask (rows with no visible key; in a bidirectional target a row that is "
+               "padding only), backward from the real positions",
+          fails_when="a real output or any parameter gradient is not finite",
+          tolerance="0 non-finite; what the padded rows return is reported, with autograd and under no_grad",
+          applies="targets that take a padding mask", thread="pytorch/pytorch #41508",
+          targets=("fully_masked_rows",),
+          causes={"nonfinite_outputs": fails("a real token's output is NaN or inf (a -inf fill's NaN row reaching it)"),
+                  "nonfinite_gradients": fails("outputs finite, parameter gradients not (0 * NaN in the backward)")},
+          measures={"layout": "the rows with no visible key: left_padding (a causal target) or padding_only_row (a "
+                              "bidirectional one)",
+                    "nonfinite_outputs": "real tokens' outputs that are not finite",
+                    "nonfinite_gradients": "parameter gradients that are not finite (None: not measured)",
+                    "padded_rows": "what rows with no visible key return: none, NaN, infinite, zeros or finite values",
+                    "padded_rows_no_grad": "the same under no_grad (inference may take another path)"}),
+    Check("amplified_logits", "amplified", "amplified",
+          does="q and k scaled until the largest score reaches 1e4..1e5 (3e4 aimed for, the factor verified)",
+          fails_when="outputs not finite; a masked key gets weight in a row that sees some key (a row that sees "
+                     "none is fully_masked_rows'); earlier outputs move when later tokens change; rows do not sum "
+                     "to 1; an output leaves its values' range (also at init)",
+          tolerance="1e-6 (weights, leak), 1e-5 of the values' range (hull), 1e-3 (row sums)",
+          applies="targets whose scores the doctor sees and can amplify", thread="karpathy/minGPT #75",
+          targets=("finite_mask_leak", "naive_softmax", "sum_normalize"),
+          causes={"nonfinite": fails("outputs not finite at large scores (a softmax without the max subtracted)"),
+                  "masked_key_weight": fails("a masked key gets weight: a finite fill (-1e4) the scores passed"),
+                  "future_leak": fails("earlier outputs move with later tokens at large scores"),
+                  "row_sum": fails("a row's weights do not sum to 1 (a softmax over the wrong dim)"),
+                  "outside_hull": fails("an output leaves the range of the values it mixes: weights that are not "
+                                        "convex (s / sum(s) sums to 1 with negative weights)")},
+          measures={"largest_score": "the largest |score| reached", "factor": "what q and k were multiplied by",
+                    "finite": "the amplified outputs are finite",
+                    "masked_key_weight": "the largest weight on a masked key (in rows that see some key)",
+                    "leak": "earlier outputs' relative change with later tokens replaced, amplified (None: not causal, "
+                            "or outputs not finite)",
+                    "row_sum_error": "the worst |sum of a row's weights - 1|",
+                    "outside_hull": "the largest excursion of an output outside its values' range, relative to it "
+                                    "(at init or amplified)",
+                    "softmax_dims": "the dims a softmax was taken over other than the keys' (-1)"}),
+    Check("low_precision", "precision", "low prec.",
+          does="float16 and bfloat16, weights cast and under autocast, at init and with scores ~1e3 and ~3e4, plain "
+               "and left-padded; each call's error against float64 on its own q, k, v; on a fail, the first failing "
+               "run's attention calls name the pattern, and bisection measures the largest score at which the "
+               "target stays finite beside the textbook reference's on the same q, k, v",
+          fails_when="a real output is not finite, or a call's error exceeds twice that of the textbook attention in "
+                     "the same dtype",
+          tolerance="FlashAttention's rule (2x the reference's error); ~1e3 makes `finfo.min + score` overflow in "
+                    "float16, ~3e4 makes an unscaled `q k^T` pass 65504",
+          applies="targets whose scores the doctor sees and can amplify (at init: every target)",
+          thread="pytorch/pytorch #60939", targets=("qk_fp16_overflow", "mask_min_overflow"),
+          causes={
+              "qk_before_scale": fails("q k^T formed in low precision before the scale: |q.k| passes the dtype's "
+                                       "largest value (65504 in float16) while the scaled score would not; scale q "
+                                       "first, or compute the scores in float32"),
+              "mask_fill_overflow": fails("a finite mask fill (finfo.min) plus a negative score rounds to -inf in low "
+                                          "precision: a row with no visible key turns all -inf, its softmax NaN, and "
+                                          "the NaN reaches real tokens (0 * NaN); fill once, or combine boolean masks "
+                                          "before filling"),
+              "softmax_low_precision": fails("the softmax overflowed in low precision: finite scores, non-finite "
+                                             "weights (exp without the row maximum subtracted, or in float16); "
+                                             "compute it in float32"),
+              "fully_masked_row": fails("a row with no visible key is all -inf and its softmax NaN "
+                                        "(fully_masked_rows' failure)"),
+              "scores_overflow": fails("the scaled scores themselves pass the dtype's range (the reference overflows "
+                                       "as well)"),
+              "output_overflow": fails("finite weights, non-finite weights @ v"),
+              "outside_attention": fails("the overflow is outside attention's scores (q, k, v arrive non-finite, or "
+                                         "every attention call is finite)"),
+              "raised_in_low_precision": fails("the target raises in this precision on a plain batch"),
+              "error_ratio": fails("finite, but an attention call's error against float64 exceeds twice the "
+                                   "textbook's in the same dtype"),
+              "unattributed": fails("non-finite, the calls could not be read to say why")},
+          measures={"nonfinite_runs": "per run not finite or that raised: {dtype, mode (weights or autocast), batch "
+                                      "(plain or left_padded), scores (None: at init, or the score aimed at), "
+                                      "nonfinite (a count) or raised (its error)}",
+                    "error_ratio": "per dtype: the worst attention call's error against float64 over the textbook "
+                                   "attention's in that dtype (None: q, k, v of the calls not seen)",
+                    "finite_up_to": "the largest score at which the first failing run stays finite (a fail; None: "
+                                    "not measured)",
+                    "reference_finite_up_to": "the same for the textbook reference on the same q, k, v (None: not "
+                                              "measured; inf: beyond 1e9)"}),
+    Check("long_positions", "precision", "long pos.",
+          does="outputs at positions +4096 against +0 (q, k made unit-variance so positions matter); bfloat16 "
+               "(weights and autocast) error against float64 at +0 and +4096; where positions are a KV cache's write "
+               "offset (start_pos, LitGPT's input_pos), the first attention call's scores among the new tokens "
+               "instead of the outputs (they also read the cache's empty slots)",
+          fails_when="the shift moves the outputs (targets whose outputs do not move at +16), more than 2x + 1e-3 "
+                     "what +16 moves them (a change that does not grow with the distance is a start-of-sequence "
+                     "dependence by design: RecurrentGemma resets at position 0), and the scores at +4096 are not "
+                     "those at +0 times one factor per query (a temperature by position, Llama 4's or Beam's, is by "
+                     "design); or the bfloat16 error at +4096 exceeds 2x that at +0 + 0.005",
+          tolerance="1e-3 (also for the per-query fit's residual: float32 phases at 4096 are good to ~2.5e-4 rad; "
+                    "bfloat16 phases leave 0.8); measured on 27 healthy runs: shift 1.4e-7..7.1e-6, bf16 error ratio "
+                    "0.69..1.66",
+          applies="LMs that take position ids up to 4112 (a layer takes none)",
+          thread="huggingface/transformers #29496", targets=("rope_low_precision",),
+          causes={"shift_moves_outputs": fails("outputs move with a shift of every position (rotary phases that lose "
+                                               "precision as positions grow)"),
+                  "bfloat16_error_grows": fails("the bfloat16 error at +4096 grows past 2x that at +0 (phases "
+                                                "computed in bfloat16, e.g. under autocast)"),
+                  "bfloat16_nonfinite": fails("in bfloat16 the outputs (scores) are not finite at +0 or +4096 where "
+                                              "float64's are"),
+                  "shift_moves_mask": fails("positions through a KV cache: at +4096 the new tokens' mask among "
+                                            "themselves differs from +0's (a causal mask aligned to the cache's "
+                                            "start: kv_cache's failure, seen at long positions)")},
+          measures={"through_cache": "positions are a KV cache's write offset: scores among the new tokens compared",
+                    "absolute_positions": "the outputs move at +16 already (absolute positions): no shift invariance "
+                                          "to test, the bfloat16 half alone",
+                    "shift_16": "outputs at +16 against +0: relative change (None: through the cache)",
+                    "shift": "outputs (scores) at +4096 against +0: relative change (None: absolute positions)",
+                    "per_query_residual": "the scores at +4096 fitted as those at +0 times one factor per query: the "
+                                          "largest residual (None: not needed or not seen)",
+                    "bfloat16": "per mode (weights, autocast): {mode, error_0, error_4096, limit}: the error against "
+                                "float64 at +0 and +4096"}),
+    Check("score_scale", "scale", "scale",
+          does="q and k made unit-variance at their projections; the std of the dot-product scores reaching the "
+               "softmax",
+          fails_when="std outside [0.5, 2]",
+          tolerance="a missing 1/sqrt(d_k) gives sqrt(d_k) (detectable for d_k >= 5); cosine scores without a "
+                    "temperature give about 1/sqrt(d_k)",
+          applies="dot-product attention whose q/k layout the doctor knows (additive or bilinear scores: n/a)",
+          thread="mlc-ai/mlc-llm #3426", targets=("no_scaling", "cosine_no_temperature"),
+          causes={"too_large": fails("scores too large: a missing 1/sqrt(d_k)"),
+                  "too_small": fails("scores that cannot sharpen: cosine scores without a temperature"),
+                  "not_dot_product": not_applicable("scores are not a fixed multiple of q . k (additive or bilinear "
+                                                    "scores, a learned scale): no 1/sqrt(d_k) to miss")},
+          measures={"stds": "per attention call: the score std over rms q x rms k (inf: a visible score not finite)",
+                    "band": "[low, high]: where the std must lie"}),
+    Check("path_agreement", "paths", "paths",
+          does="each path the target switches between (transformers' eager/sdpa, this project's explicit/sdpa, MHA's "
+               "need_weights): outputs, plain and padded (real tokens), and each call against the textbook attention "
+               "on its q, k, v",
+          fails_when="paths differ or a call differs from the textbook",
+          tolerance="1e-5", applies="targets with switchable attention paths",
+          thread="huggingface/transformers #48769",
+          causes={"call_vs_textbook": fails("a path's attention call differs from the textbook attention on its own "
+                                            "q, k, v"),
+                  "paths_differ": fails("the paths' outputs differ (or the padded batch raises on some paths only)")},
+          measures={"paths": "per path: {path, textbook}: its calls' largest error against the textbook attention on "
+                             "their own q, k, v (None: no call seen)",
+                    "against_first": "per other path: {path, plain, padded}: its real outputs' relative difference "
+                                     "from the first path's (padded None: not compared)"}),
+)
+ORDER: tuple[str, ...] = tuple(c.name for c in REGISTRY)
+BY_NAME: dict[str, Check] = {c.name: c for c in REGISTRY}

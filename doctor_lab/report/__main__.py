@@ -1,0 +1,5 @@
+import sys
+
+from doctor_lab.report.build import main
+
+sys.exit(main())

@@ -1,0 +1,175 @@
+"""The zoo: every causal-LM architecture of transformers, shrunk to random weights, examined by
+the attention doctor with each attention implementation; one table per transformers release.
+
+    python -m doctor_lab.zoo                                # all of MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    python -m doctor_lab.zoo --arch llama gpt2 --impl sdpa  # a few
+    python -m doctor_lab.zoo --release 5.17.0 --pinned DIR  # another release, installed in DIR/tf-5.17.0
+    python -m doctor_lab.zoo --transformers DIR             # the release installed in DIR (pip --target)
+    python -m doctor_lab.zoo --checks none                  # build, forward and a cache step only
+    python -m doctor_lab.zoo --table                        # rewrite the tables from the results
+
+Writes <out>/runs/<arch>__<impl>.json (one per result, atomically; a rerun skips those done with
+the same shrink, the same doctor and the same release), then reruns every fail and warn that is
+not a known behaviour under the conditions of conditions.py (<out>/confirm/), then <out>/zoo.csv +
+zoo.json, <out>/logs/ and <out>/cost.json (the run's wall and CPU time, all sessions). <out> is
+results/zoo for the installed transformers, results/zoo/releases/<version> for another release;
+results/zoo/releases.csv is then the table over releases.
+"""
+from doctor_lab.zoo import cost  # noqa: I001  first: the run's clock starts here
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+# before transformers is imported anywhere: never reach for the hub
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+# flex_attention also runs on CPU, but torch.compile builds it anew for every input shape (seconds
+# of CPU each, and the doctor uses dozens of shapes): `--impl flex_attention` for a few architectures
+IMPLS = ("eager", "sdpa")
+ROOT = Path("results/zoo")  # the installed release's table; other releases under ROOT/releases/
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(prog="python -m doctor_lab.zoo", description=__doc__.split("\n\n")[0])
+    p.add_argument("--arch", nargs="+", help="model types (default: all of the mapping); commas work too")
+    p.add_argument("--impl", default=",".join(IMPLS), help="attention implementations, comma-separated")
+    p.add_argument("--transformers", type=Path, metavar="DIR",
+                   help="a transformers release installed in DIR (pip install --no-deps --target DIR "
+                        "transformers==X and the huggingface-hub/tokenizers it needs), used instead of the installed one")
+    p.add_argument("--release", metavar="VERSION", help="the release in --pinned DIR/tf-VERSION")
+    p.add_argument("--pinned", type=Path, metavar="DIR", help="where --release looks (DIR/tf-VERSION)")
+    p.add_argument("--out", type=Path,
+                   help=f"default: {ROOT} (installed transformers), {ROOT}/releases/VERSION (--release, --transformers)")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--timeout", type=int, default=600, help="wall-clock seconds per architecture")
+    p.add_argument("--cpu", type=int, default=300, help="CPU seconds per architecture (SIGXCPU past it)")
+    p.add_argument("--mem-gb", type=float, default=4.0, help="address-space cap per architecture")
+    p.add_argument("--checks", default="all", help="doctor checks, comma-separated; 'none': build and forward only")
+    p.add_argument("--no-confirm", action="store_true", help="skip the reruns of new fails and warns under other conditions")
+    p.add_argument("--redo", action="store_true", help="rerun results that exist")
+    p.add_argument("--table", action="store_true", help="only rewrite zoo.csv, zoo.json (and the table over releases)")
+    return p.parse_args(argv)
+
+
+def fail(msg):
+    print(f"zoo: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def use_release(a) -> str | None:
+    """Put the release of --transformers / --release first on sys.path (before anything imports
+    transformers) and check that it is the one imported; its version, or None for the installed one."""
+    if a.release and a.transformers:
+        fail("give --release (with --pinned) or --transformers, not both")
+    if a.release:
+        if not a.pinned:
+            fail("--release VERSION needs --pinned DIR (the release is read from DIR/tf-VERSION)")
+        a.transformers = a.pinned / f"tf-{a.release}"
+    if not a.transformers:
+        return None
+    d = Path(os.path.abspath(a.transformers))  # not resolved: the package may be a tree of links
+    if not (d / "transformers" / "__init__.py").is_file():
+        fail(f"{a.transformers} holds no transformers package; install a release there with pip install --no-deps "
+             f"--target {a.transformers} transformers==VERSION (and the huggingface-hub, tokenizers it needs)")
+    if "transformers" in sys.modules:
+        fail("transformers was imported before --transformers could take effect")
+    sys.path.insert(0, str(d))
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(d), *filter(None, [os.environ.get("PYTHONPATH")])])
+    try:
+        import transformers
+    except Exception as e:  # noqa: BLE001  a release that needs another huggingface-hub or tokenizers: one line, exit 2
+        fail(f"transformers from {a.transformers} does not import: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+    if not Path(os.path.abspath(transformers.__file__)).is_relative_to(d):
+        fail(f"transformers was imported from {transformers.__file__}, not from {a.transformers}")
+    if a.release and transformers.__version__ != a.release:
+        fail(f"{a.transformers} holds transformers {transformers.__version__}, not {a.release}")
+    return transformers.__version__
+
+
+def confirm(out: Path, archs: list[str], a, shrink: dict, run_key: str, session) -> None:
+    """Rerun every fail and warn that the triage does not call a known behaviour (a new finding,
+    a doctor false alarm, an untriaged row) under each condition; done ones are not redone."""
+    from doctor_lab.report import triage
+    from doctor_lab.zoo import runner, table
+    from doctor_lab.zoo.confirm import confirm_path, run_confirm
+    entries = triage.load()
+    wanted: dict[str, dict[str, list[str]]] = {}
+    for f in triage.flags([r for r in table.load(out) if r["arch"] in set(archs)]):
+        e = triage.assign(f, entries)
+        if e is None or e["kind"] != "known":
+            wanted.setdefault(f["arch"], {}).setdefault(f["impl"], []).append(f["check"])
+    if not wanted:
+        return
+    keys = {x: f"{run_key}:" + ";".join(f"{i}={','.join(c)}" for i, c in sorted(w.items())) for x, w in wanted.items()}
+    tasks = {x: [i for i in w if a.redo or not runner.done(out, x, i, keys[x], confirm_path)] for x, w in wanted.items()}
+    tasks = {x: i for x, i in tasks.items() if i}
+    if not tasks:
+        return
+    print(f"zoo: {sum(map(len, tasks.values()))} fail/warn row set(s) to rerun under other conditions "
+          f"({', '.join(sorted(tasks))})", flush=True)
+
+    def progress(line):
+        print(line, flush=True)
+        session.record("confirmed")
+    runner.run(tasks, out, checks=wanted, table=shrink, hashes=keys, workers=a.workers, timeout_s=a.timeout,
+               cpu_s=a.cpu, mem_bytes=int(a.mem_gb * 2 ** 30), body=run_confirm, path=confirm_path, progress=progress)
+
+
+def main(argv=None):
+    a = parse(argv)
+    version = use_release(a)
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from doctor_lab.zoo import runner, table
+    from doctor_lab.zoo.shrink import entry_hash, load_table
+    out = a.out or (ROOT / "releases" / version if version else ROOT)
+    every = list(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    archs = [x for s in a.arch for x in s.split(",") if x] if a.arch else every
+    unknown = [x for x in archs if x not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES]
+    if unknown:
+        fail(f"not in transformers {transformers.__version__}'s MODEL_FOR_CAUSAL_LM_MAPPING_NAMES: {', '.join(unknown)}")
+    impls = [i for i in a.impl.split(",") if i]
+    if not impls or any(not i.replace("_", "").isalnum() for i in impls):
+        fail(f"--impl {a.impl!r}: give names like eager,sdpa")
+    checks = None if a.checks == "all" else [] if a.checks == "none" else a.checks.split(",")
+    if checks:
+        from attention_doctor.checks import ORDER
+        bad = [c for c in checks if c not in ORDER]
+        if bad:
+            fail(f"unknown check(s) {', '.join(bad)}; known: {', '.join(ORDER)}")
+    try:
+        shrink = load_table()
+    except (OSError, ValueError) as e:
+        fail(str(e))
+    # one table, one doctor, one release: a result of another is stale
+    run_key = f"{runner.doctor_hash()}-tf{transformers.__version__}" + ("" if checks is None else "-" + ",".join(checks or ["none"]))
+    hashes = {x: f"{entry_hash(x, shrink)}-{run_key}" for x in archs}
+    tasks = runner.pending(archs, impls, out, hashes, a.redo)
+    session = cost.Session(out, run_key, a.workers, reset=a.redo and not a.arch)
+    if not a.table and tasks:
+        print(f"zoo: transformers {transformers.__version__}: {len(tasks)} architecture(s) to run, "
+              f"{len(archs) - len(tasks)} already done; {a.workers} worker(s), logs in {out}/logs", flush=True)
+
+        def progress(line):
+            print(line, flush=True)
+            session.record("archs_run")
+        runner.run(tasks, out, checks=checks, table=shrink, hashes=hashes, workers=a.workers,
+                   timeout_s=a.timeout, cpu_s=a.cpu, mem_bytes=int(a.mem_gb * 2 ** 30), progress=progress)
+    if not a.table and checks is None and not a.no_confirm:
+        confirm(out, archs, a, shrink, run_key, session)
+    s = table.write(out, every, run_key)
+    over = table.write_releases(out)
+    c = s.get("cost") or {}
+    print(f"zoo: transformers {s.get('transformers', transformers.__version__)}: {s['examined']} of {s['archs']} "
+          f"architectures examined; {out}/zoo.csv" + (f" ({c['wall_s']:.0f} s wall, {c['cpu_s']:.0f} s CPU in all)" if c else "")
+          + (f"; the table over releases: {over}" if over else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""A small config for each architecture: the generic shrink and the per-architecture table of
+shrink.yaml (beside this file) applied to transformers' default config. No download."""
+import hashlib
+import json
+from pathlib import Path
+
+import yaml
+
+TABLE = Path(__file__).with_name("shrink.yaml")
+
+
+class NotExamined(Exception):
+    """The shrink table says this architecture is not examined (the message says why)."""
+
+
+def load_table(path=TABLE) -> dict:
+    t = yaml.safe_load(Path(path).read_text())
+    t.setdefault("archs", {})
+    for arch, e in t["archs"].items():
+        if not isinstance(e, dict) or not (e.get("why") or e.get("skip")):
+            raise ValueError(f"{path}: entry {arch!r} needs a `why` (or a `skip` reason)")
+    return t
+
+
+def entry_hash(arch: str, table: dict) -> str:
+    """Changes when the shrink that builds `arch` changes: its result is then stale."""
+    blob = json.dumps([table["generic"], table["archs"].get(arch)], sort_keys=True)
+    return hashlib.sha1(blob.encode()).hexdigest()[:12]
+
+
+def _known(cfg) -> set:
+    """The names a config answers to: its own keys and its attribute_map's aliases."""
+    return set(cfg.to_dict()) | set(getattr(cfg, "attribute_map", {}) or {})
+
+
+def _per_layer(d: dict) -> set:
+    """Keys a config derives from its depth (lists with one entry per layer, per-layer configs):
+    left out of a sub-config's dict so the shrunk config derives them again for its own depth."""
+    n = d.get("num_hidden_layers")
+    return {k for k, v in d.items() if k == "per_layer_config" or (isinstance(v, list) and len(v) == n and n)}
+
+
+def _shrunk_kwargs(cfg, generic: dict, extra: dict) -> dict:
+    kw = {k: v for k, v in generic.items() if k in _known(cfg)}
+    for sub in getattr(cfg, "sub_configs", {}) or {}:
+        s = getattr(cfg, sub, None)
+        if s is not None and hasattr(s, "to_dict"):
+            d = s.to_dict()
+            d = {k: v for k, v in d.items() if k not in _per_layer(d)}
+            kw[sub] = {**d, **_shrunk_kwargs(s, generic, extra.get(sub, {}))}
+    kw.update({k: v for k, v in extra.items() if not isinstance(v, dict) or k not in kw})
+    return kw
+
+
+def _fix_derived(cfg, generic: dict, kw: dict):
+    """head_dim from the shrunk width; special-token ids inside the shrunk vocabulary."""
+    d = cfg.to_dict()
+    if "head_dim" in d and "head_dim" not in kw and isinstance(d.get("num_attention_heads"), int):
+        cfg.head_dim = d["hidden_size"] // d["num_attention_heads"]
+    if "query_pre_attn_scalar" in d and "query_pre_attn_scalar" not in kw:
+        # Gemma 2/3 scale scores by query_pre_attn_scalar ** -0.5, 256 by default: their default
+        # head_dim. Left at 256 beside a 16-wide head, scores would be 4x too small.
+        cfg.query_pre_attn_scalar = getattr(cfg, "head_dim", None) or d["hidden_size"] // d["num_attention_heads"]
+    vocab = d.get("vocab_size")
+    for k in ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id"):
+        v = d.get(k)
+        if isinstance(vocab, int) and isinstance(v, int) and v >= vocab:
+            setattr(cfg, k, vocab - 1)
+        elif isinstance(vocab, int) and isinstance(v, list):
+            setattr(cfg, k, [min(i, vocab - 1) for i in v])
+    for sub in getattr(cfg, "sub_configs", {}) or {}:
+        s = getattr(cfg, sub, None)
+        if s is not None and hasattr(s, "to_dict"):
+            _fix_derived(s, generic, kw.get(sub, {}) if isinstance(kw.get(sub), dict) else {})
+
+
+def _set(cfg, dotted: str, value):
+    *path, name = dotted.split(".")
+    for p in path:
+        cfg = getattr(cfg, p)
+    setattr(cfg, name, value)
+
+
+def make_config(arch: str, table: dict | None = None):
+    """The shrunk config of `arch`; NotExamined when the table skips it."""
+    from transformers import AutoConfig
+    table = table or load_table()
+    entry = table["archs"].get(arch) or {}
+    if entry.get("skip"):
+        raise NotExamined(entry["skip"])
+    init = entry.get("init", {})
+    try:
+        default = AutoConfig.for_model(arch)
+    except Exception:  # noqa: BLE001  a default that fails its own validator: the entry's init repairs it (else raises)
+        default = AutoConfig.for_model(arch, **init)
+    kw = _shrunk_kwargs(default, table["generic"], init)
+    cfg = AutoConfig.for_model(arch, **kw)
+    _fix_derived(cfg, table["generic"], {**init, **entry.get("set", {})})
+    for k, v in entry.get("set", {}).items():
+        _set(cfg, k, v)
+    return getattr(cfg, entry["use"]) if entry.get("use") else cfg

@@ -1,0 +1,169 @@
+"""The zoo's table: the result files of every architecture x implementation gathered into
+zoo.csv (one row per check, or one row saying why there are none; a row rerun under the
+conditions of conditions.py says how each went and what it needs) and zoo.json (the results
+whole, the reruns, the versions and the run's cost). Sorted, no timestamps: the same result
+files give the same bytes."""
+import csv
+import json
+from pathlib import Path
+
+from doctor_lab.report.triage import outcome
+from doctor_lab.zoo import cost
+from doctor_lab.zoo.conditions import CONDITIONS, needs
+from doctor_lab.zoo.worker import EXAMINED
+from experiments.io import atomic_write
+
+COLUMNS = ["arch", "impl", "class", "status", "checks_run", "check", "verdict", "cause", "measured", "tolerance",
+           "reruns", "needs", "detail"]
+
+
+def load(out: Path, sub: str = "runs") -> list[dict]:
+    rows = []
+    for p in sorted((Path(out) / sub).glob("*.json")):
+        try:
+            rows.append(json.loads(p.read_text()))
+        except ValueError:
+            continue  # written atomically, so only a foreign file can be half-written
+    return sorted(rows, key=lambda r: (r["arch"], r["impl"]))
+
+
+def _short(text, n=160) -> str:
+    return " ".join(str(text or "").split())[:n]
+
+
+def reruns(results: list[dict], reran: list[dict]) -> list[dict]:
+    """One entry per rerun row (arch, impl, check): its verdict, each condition's outcome and
+    number, and what it needs (the conditions under which it passes)."""
+    verdicts = {(r["arch"], r["impl"], c["name"]): c["verdict"]
+                for r in results if r["status"] == EXAMINED for c in r["checks"]}
+    out = []
+    for rec in reran:
+        for check in rec.get("checks", []):
+            row = verdicts.get((rec["arch"], rec["impl"], check))
+            if row is None:
+                continue
+            conds = {}
+            for c in CONDITIONS:
+                got = (rec.get("conditions") or {}).get(c.name) or {}
+                mine = got.get(check) or {}
+                why = got.get("error") or rec.get("reason") or "not rerun"
+                conds[c.name] = {"verdict": mine.get("verdict") or f"inconclusive: {why}"[:200],
+                                 "measured": mine.get("measured"), "changed": got.get("changed", "")}
+            out.append({"arch": rec["arch"], "impl": rec["impl"], "check": check, "verdict": row,
+                        "conditions": conds, "needs": needs(row, conds)})
+    return sorted(out, key=lambda e: (e["arch"], e["impl"], e["check"]))
+
+
+def flat(results: list[dict], reran: list[dict] = ()) -> list[dict]:
+    """architecture x implementation x check."""
+    by = {(e["arch"], e["impl"], e["check"]): e for e in reran}
+    out = []
+    for r in results:
+        info = r.get("info") or {}
+        ran = (f"{info['checks_run']}/{info['checks_total']}" if "checks_total" in info
+               else str(sum(outcome(c["verdict"]) in ("pass", "fail", "warn") for c in r.get("checks", []))))
+        base = {"arch": r["arch"], "impl": r["impl"], "class": r.get("class") or "", "status": r["status"],
+                "checks_run": ran if r["status"] == EXAMINED else ""}
+        if r["status"] == EXAMINED:
+            for c in r["checks"]:
+                m = c.get("measured")
+                e = by.get((r["arch"], r["impl"], c["name"]))
+                out.append({**base, "check": c["name"], "verdict": c["verdict"], "cause": c.get("cause") or "",
+                            "measured": "" if m is None else (f"{m:.3g}" if isinstance(m, float) else m),
+                            "tolerance": c.get("tolerance") or "",
+                            "reruns": " ".join(f"{k}:{outcome(v['verdict'])}" for k, v in e["conditions"].items()) if e else "",
+                            "needs": "; ".join(e["needs"]) if e else "",
+                            "detail": _short(c.get("detail"))})
+        else:
+            out.append({**base, "check": "", "verdict": "", "cause": "", "measured": "", "tolerance": "", "reruns": "",
+                        "needs": "",
+                        "detail": _short(r.get("reason"), 300)})
+    return out
+
+
+def examined_archs(results: list[dict]) -> set[str]:
+    return {r["arch"] for r in results if r["status"] == EXAMINED}
+
+
+def _why_not(results: list[dict], arch: str) -> list[str]:
+    """'eager+sdpa: timeout: killed after ...': one line per distinct (status, reason)."""
+    by: dict[tuple, list[str]] = {}
+    for r in results:
+        if r["arch"] == arch:
+            by.setdefault((r["status"], _short(r.get("reason"), 400)), []).append(r["impl"])
+    return [f"{'+'.join(sorted(i))}: {s}: {why}" for (s, why), i in sorted(by.items())]
+
+
+def write(out: Path, archs: list[str], key: str = "") -> dict:
+    """zoo.csv and zoo.json for the architectures `archs` (results of others are left out); the
+    cost of the sessions of `key` (cost.py)."""
+    import torch
+    import transformers
+    wanted = set(archs)
+    results = [r for r in load(out) if r["arch"] in wanted]
+    if not results:  # a clean clone has the committed table but no result files: keep the table
+        return json.loads((Path(out) / "zoo.json").read_text()) if (Path(out) / "zoo.json").exists() else {
+            "archs": len(archs), "examined": 0}
+    reran = reruns(results, [r for r in load(out, "confirm") if r["arch"] in wanted])
+    rows = flat(results, reran)
+
+    def w(f):
+        wr = csv.DictWriter(f, fieldnames=COLUMNS, lineterminator="\n")
+        wr.writeheader()
+        wr.writerows(rows)
+    atomic_write(Path(out) / "zoo.csv", w)
+    seen, ran = examined_archs(results), {r["arch"] for r in results}
+    summary = {"transformers": transformers.__version__, "torch": torch.__version__, "with": _beside(),
+               "archs": len(archs), "examined": len(seen),
+               "impls": sorted({r["impl"] for r in results}),
+               "cpu_s": round(sum(r.get("cpu_s", 0) for r in results), 1),
+               "cost": cost.total(out, key) if key else {},
+               "confirm": reran,
+               "not_examined": {a: _why_not(results, a) for a in sorted(wanted - seen) if a in ran},
+               "not_run": sorted(wanted - ran),
+               "results": [_slim(r) for r in results]}
+    text = json.dumps(summary, sort_keys=True, separators=(",", ":"), default=str)
+    atomic_write(Path(out) / "zoo.json", lambda f: f.write(text.replace(',{"arch"', ',\n{"arch"')))
+    return summary
+
+
+def _beside() -> dict:
+    """The versions of the packages a transformers release brings its own of (its --target dir)."""
+    out = {}
+    try:
+        import huggingface_hub
+        out["huggingface_hub"] = huggingface_hub.__version__
+    except ImportError:
+        out["huggingface_hub"] = None
+    try:
+        import tokenizers
+        out["tokenizers"] = tokenizers.__version__
+    except ImportError:
+        out["tokenizers"] = None
+    return out
+
+
+def _slim(r: dict) -> dict:
+    """A result as zoo.json keeps it: no traceback, no per-check timings, details cut at 400 chars."""
+    r = {k: v for k, v in r.items() if k != "trace"}
+    if "info" in r:
+        r["info"] = {k: v for k, v in r["info"].items() if k != "seconds"}
+    if "checks" in r:
+        r["checks"] = [{**c, "detail": _short(c.get("detail"), 400)} for c in r["checks"]]
+    return r
+
+
+def write_releases(out: Path) -> Path | None:
+    """The table over releases (releases.csv, beside the installed release's table) when `out` is
+    a release's dir under <root>/releases/ or a root with releases/ in it; None otherwise."""
+    from doctor_lab.report.releases import load_tables, over_releases, to_csv
+    out = Path(out)
+    root = out.parent.parent if out.parent.name == "releases" else out if (out / "releases").is_dir() else None
+    if root is None:
+        return None
+    tables = load_tables(root)
+    if not tables:
+        return None
+    text = to_csv(over_releases(tables))
+    atomic_write(root / "releases.csv", lambda f: f.write(text))
+    return root / "releases.csv"
