@@ -13,10 +13,11 @@ from attention_doctor.result import EXIT_UNUSABLE
 EPILOG = """targets:
   pkg.module:obj            a torch module or an attention_doctor.Adapter: an instance, a class or a
                             zero-argument factory (pkg.module is imported from the working directory)
+  path/to/file.py:obj       the same from a file
   hf:NAME                   a transformers causal LM of model type NAME (llama, gpt2, ...) from a small
                             config, random weights, no download; needs transformers:
-                            pip install 'attention-failure-suite[validation]'
-                            (in a clone: pip install -r requirements-validation.txt)
+                            pip install -r requirements-validation.txt
+                            (in the clone: the transformers release the zoo pins)
   self:                     this project's LM from conf/ (run from inside the clone; needs Hydra)
   'self:KEY=VAL KEY=VAL'    the same with Hydra overrides, e.g. self:model.attention.merge=no_transpose
   xt:OPTION=VALUE,...       an x-transformers TransformerWrapper + Decoder with these options, small, random

@@ -10,7 +10,7 @@ import torch
 from attention_doctor.adapters import CACHE_ARGS, Adapter, TargetError, Unreachable, Unsupported, _params
 
 # how to get transformers, in every message that needs it (README and --help say the same)
-INSTALL = "pip install 'attention-failure-suite[validation]' (in a clone: pip install -r requirements-validation.txt)"
+INSTALL = "pip install -r requirements-validation.txt (in the clone: the transformers release the zoo pins)"
 
 # A small model: these attribute names are the common ones of transformers' configs (each
 # config maps its own names onto them through attribute_map, e.g. GPT-2's n_embd).

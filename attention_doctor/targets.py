@@ -1,9 +1,10 @@
-"""TARGET strings -> torch modules or Adapters: `pkg.mod:obj` (a module instance, an Adapter, a
-class or a zero-argument factory of either), `hf:NAME` (a transformers causal LM of model type
+"""TARGET strings -> torch modules or Adapters: `pkg.mod:obj` or `path/to/file.py:obj` (a module
+instance, an Adapter, a class or a zero-argument factory of either), `hf:NAME` (a transformers causal LM of model type
 NAME from a small config), `self:` and `self:KEY=VAL ...` (this project's LM from conf/ with Hydra
 overrides, from inside a clone); and adapters built by another library's module here:
 `xt:OPTION=VALUE,...` (x-transformers), `diffusers:PROCESSOR[,cross]`."""
 import importlib
+import importlib.util
 import shlex
 import sys
 from pathlib import Path
@@ -43,7 +44,9 @@ def resolve(target: str, attn_impl: str | None = None):
     if str(Path.cwd()) not in sys.path:   # a user's own module beside them, as `python -m` would
         sys.path.insert(0, str(Path.cwd()))
     try:
-        mod = importlib.import_module(mod_name)
+        mod = _from_file(target, mod_name) if _is_path(mod_name) else importlib.import_module(mod_name)
+    except TargetError:
+        raise
     except Exception as e:  # noqa: BLE001 -- the user's module does not import: TargetError (exit 2, one line naming it), no traceback
         fix = ""
         if isinstance(e, ModuleNotFoundError) and e.name == "transformers":
@@ -66,6 +69,30 @@ def resolve(target: str, attn_impl: str | None = None):
         raise TargetError(f"{target}: {attr} is a {type(obj).__name__}, not a torch.nn.Module or an "
                           "attention_doctor.Adapter (nor a class or zero-argument factory of one)")
     return obj
+
+
+def _is_path(mod_name: str) -> bool:
+    return mod_name.endswith(".py") or "/" in mod_name or "\\" in mod_name
+
+
+def _from_file(target: str, path: str):
+    """The module of a file path (`cases/bmm_lm.py:healthy`), imported as `python cases/bmm_lm.py`
+    would run it: its folder first on sys.path, so that its own sibling imports resolve."""
+    file = Path(path if path.endswith(".py") else path + ".py").resolve()
+    if not file.is_file():
+        dotted = path.removesuffix(".py").replace("/", ".").replace("\\", ".")
+        raise TargetError(f"{target}: no file {path} (a target is a file path or the dotted form, {dotted}:...)")
+    if str(file.parent) not in sys.path:
+        sys.path.insert(0, str(file.parent))
+    spec = importlib.util.spec_from_file_location(file.stem, file)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[file.stem] = mod   # dataclasses and pickling look their module up by name
+    try:
+        spec.loader.exec_module(mod)
+    except BaseException:
+        sys.modules.pop(file.stem, None)
+        raise
+    return mod
 
 
 def _library(prefix: str, spec: str):

@@ -80,6 +80,27 @@ def test_exit_2_one_line_nothing_written(args, says, tmp_path, capsys):
     assert not f.exists() and out == ""
 
 
+def test_a_file_path_names_a_target(tmp_path, capsys, monkeypatch):
+    """`cases/lm.py:factory`, as a user types a file they wrote: imported from the file (its own
+    folder first on sys.path, for its sibling imports); a missing file answers with the dotted form."""
+    (tmp_path / "cases").mkdir()
+    (tmp_path / "cases" / "helper_mod.py").write_text("WIDTH = 16\n")
+    (tmp_path / "cases" / "file_lm.py").write_text(
+        "from helper_mod import WIDTH\n"
+        "from experiments.bench.nanogpt_reference import CausalSelfAttention\n"
+        "def healthy():\n    return CausalSelfAttention(WIDTH, 2)\n"
+        "NOT_A_MODULE = 7\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(ROOT))
+    code, out, err = run(["cases/file_lm.py:healthy", "--checks", "future_leak"], capsys)
+    assert code == 0 and "future_leak" in out and "pass" in out, out + err
+    code, _, err = run(["cases/file_lm.py:NOT_A_MODULE"], capsys)
+    assert code == 2 and "not a torch.nn.Module" in err
+    code, _, err = run(["cases/nowhere.py:healthy"], capsys)
+    assert code == 2 and "no file cases/nowhere.py" in err and "cases.nowhere:" in err
+    assert len(err.strip().splitlines()) == 1
+
+
 def test_the_real_command_line(tmp_path):
     """`python -m attention_doctor` in a process of its own: exit 2 with one line, no traceback."""
     p = subprocess.run([sys.executable, "-m", "attention_doctor", "no_such_pkg:thing"], cwd=ROOT,

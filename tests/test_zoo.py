@@ -358,3 +358,31 @@ def test_a_tower_this_machine_cannot_build_stands_in():
     with pytest.raises(RuntimeError, match="stand-in"):
         stand(torch.zeros(1, 2))
     assert type(AutoModel.from_config(tower)).__name__ == "GPT2Model"
+
+
+def test_a_rerun_that_changes_no_verdict_rewrites_nothing(tmp_path):
+    """The committed table keeps its numbers where no verdict or cause changed (a rerun's noise, 9.03e-08 ->
+    1.81e-07, leaves a clone clean); a changed verdict rewrites its row and keeps the others as they were."""
+    from doctor_lab.zoo import table
+
+    def result(arch, measured, verdict="pass"):
+        return {"arch": arch, "impl": "eager", "status": "examined", "cpu_s": measured * 1e9,
+                "checks": [{"name": "future_leak", "verdict": verdict, "cause": "" if verdict == "pass" else "outputs_move",
+                            "measured": measured, "tolerance": "<= 1e-06", "detail": f"max {measured}"}]}
+
+    def runs(*results):
+        (tmp_path / "runs").mkdir(exist_ok=True)
+        for r in results:
+            (tmp_path / "runs" / f"{r['arch']}__eager.json").write_text(json.dumps(r))
+
+    runs(result("gpt2", 9.03e-08), result("llama", 1e-08))
+    table.write(tmp_path, ["gpt2", "llama"])
+    before = {f: (tmp_path / f).read_bytes() for f in ("zoo.csv", "zoo.json")}
+    runs(result("gpt2", 1.81e-07), result("llama", 2e-08))
+    table.write(tmp_path, ["gpt2", "llama"])
+    assert {f: (tmp_path / f).read_bytes() for f in before} == before
+    runs(result("gpt2", 0.5, "fail"))
+    table.write(tmp_path, ["gpt2", "llama"])
+    rows = {r["arch"]: r for r in csv.DictReader(open(tmp_path / "zoo.csv"))}
+    assert rows["gpt2"]["verdict"] == "fail" and rows["gpt2"]["measured"] == "0.5"
+    assert rows["llama"]["measured"] == "1e-08"   # unchanged verdict: the committed number, not the rerun's 2e-08

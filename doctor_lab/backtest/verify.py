@@ -17,9 +17,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.version import Version
+
 from doctor_lab.backtest import record as rec
 from doctor_lab.backtest import releases
-from packaging.version import Version
 
 TIMEOUT_S = 900  # a repro takes seconds; flex_attention and a loaded machine can take minutes
 

@@ -115,6 +115,9 @@ def write(out: Path, names: list[str], meta: dict) -> dict:
     if not results:
         p = Path(out) / "zoo.json"
         return json.loads(p.read_text()) if p.exists() else {**meta, "targets": len(names), "examined": 0}
+    results, old = table.committed(out, results, meta)
+    if results is None:
+        return old
     rows = [{COLUMNS.get(k, k): v for k, v in r.items()} for r in table.flat(results)]
 
     def w(f):

@@ -94,6 +94,34 @@ def _why_not(results: list[dict], arch: str) -> list[str]:
     return [f"{'+'.join(sorted(i))}: {s}: {why}" for (s, why), i in sorted(by.items())]
 
 
+def _verdicts(r: dict) -> tuple:
+    return r["status"], tuple((c["name"], c.get("verdict"), c.get("cause") or "") for c in r.get("checks", ()))
+
+
+def committed(out: Path, results: list[dict], versions: dict) -> tuple[list[dict] | None, dict | None]:
+    """The results to write, each (arch, impl) whose status and every check's verdict and cause are
+    as the table already there holds them taken as it holds them (a rerun's noise-level numbers,
+    9.03e-08 -> 1.81e-07, rewrite nothing: a clone stays clean), with the table's summary; (None,
+    the summary) where nothing changed at all: the files are left as they are. Other `versions`
+    (torch, the library's release) than the table's: every result is new."""
+    p = Path(out) / "zoo.json"
+    try:
+        old = json.loads(p.read_text()) if p.exists() else None
+    except ValueError:   # a table that does not parse is rewritten whole
+        old = None
+    if not old or not isinstance(old.get("results"), list) or any(old.get(k) != v for k, v in versions.items()):
+        return results, None
+    before = {(r["arch"], r["impl"]): r for r in old["results"]}
+    kept = [before[k] if k in before and _verdicts(before[k]) == _verdicts(r) else r
+            for k, r in (((r["arch"], r["impl"]), r) for r in results)]
+    unchanged = len(before) == len(results) and all(a is b for a, b in zip(
+        kept, (before.get((r["arch"], r["impl"])) for r in results)))
+    if unchanged:
+        print(f"{out}: no verdict changed; zoo.csv and zoo.json left as they are")
+        return None, old
+    return kept, old
+
+
 def write(out: Path, archs: list[str], key: str = "") -> dict:
     """zoo.csv and zoo.json for the architectures `archs` (results of others are left out); the
     cost of the sessions of `key` (cost.py)."""
@@ -104,6 +132,10 @@ def write(out: Path, archs: list[str], key: str = "") -> dict:
     if not results:  # a clean clone has the committed table but no result files: keep the table
         return json.loads((Path(out) / "zoo.json").read_text()) if (Path(out) / "zoo.json").exists() else {
             "archs": len(archs), "examined": 0}
+    versions = {"transformers": transformers.__version__, "torch": torch.__version__, "with": _beside()}
+    results, old = committed(out, results, versions)
+    if results is None:
+        return old
     reran = reruns(results, [r for r in load(out, "confirm") if r["arch"] in wanted])
     rows = flat(results, reran)
 
@@ -113,8 +145,7 @@ def write(out: Path, archs: list[str], key: str = "") -> dict:
         wr.writerows(rows)
     atomic_write(Path(out) / "zoo.csv", w)
     seen, ran = examined_archs(results), {r["arch"] for r in results}
-    summary = {"transformers": transformers.__version__, "torch": torch.__version__, "with": _beside(),
-               "archs": len(archs), "examined": len(seen),
+    summary = {**versions, "archs": len(archs), "examined": len(seen),
                "impls": sorted({r["impl"] for r in results}),
                "cpu_s": round(sum(r.get("cpu_s", 0) for r in results), 1),
                "cost": cost.total(out, key) if key else {},

@@ -8,6 +8,7 @@ Exit 1: the bug is present; 0: it is not; 2: the repro could not run."""
 import sys
 
 import torch
+
 try:
     import transformers
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -44,6 +45,6 @@ def main() -> int:
 if __name__ == "__main__":
     try:
         sys.exit(main())
-    except Exception as e:  # could not run: neither present nor absent
+    except Exception as e:  # noqa: BLE001 -- anything raised means the repro could not run: exit 2, neither present nor absent
         print(f"could not run: {type(e).__name__}: {e}")
         sys.exit(2)

@@ -12,6 +12,7 @@ import sys
 
 os.environ["TORCHDYNAMO_DISABLE"] = "1"  # flex_attention runs eagerly: seconds on CPU, not a compile per shape
 import torch  # noqa: E402
+
 try:
     import transformers
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -56,6 +57,6 @@ def main() -> int:
 if __name__ == "__main__":
     try:
         sys.exit(main())
-    except Exception as e:  # could not run: neither present nor absent
+    except Exception as e:  # noqa: BLE001 -- anything raised means the repro could not run: exit 2, neither present nor absent
         print(f"could not run: {type(e).__name__}: {e}")
         sys.exit(2)
