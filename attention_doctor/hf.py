@@ -106,6 +106,11 @@ def _takes(fn, name) -> bool:
     return any(p.name == name or p.kind is p.VAR_KEYWORD for p in ps)
 
 
+# the keyword a causal LM takes its cache under, and the output field it returns it in: transformers
+# 5.25 renamed some models' past_key_values to cache (Mamba, FalconMamba, Mamba2)
+STATE_NAMES = ("past_key_values", "cache")
+
+
 class HFCausalLM(Adapter):
     """Any transformers causal LM: logits from forward(input_ids, attention_mask, position_ids);
     the cache through past_key_values / use_cache; paths through set_attn_implementation."""
@@ -135,23 +140,28 @@ class HFCausalLM(Adapter):
             kw["position_ids"] = positions
         return self.module(input_ids=x, **kw).logits
 
-    def prefill(self, x):
+    def _state_name(self) -> str:
         takes = _params(self.module.forward)
+        return next((n for n in STATE_NAMES if n in takes), STATE_NAMES[0])
+
+    def prefill(self, x):
+        takes, name = _params(self.module.forward), self._state_name()
         if not _takes(self.module.forward, "use_cache") and not takes & CACHE_ARGS:
             raise Unsupported("no KV cache (its forward takes no use_cache or cache argument)", "no_kv_cache")
         out = self.module(input_ids=x, use_cache=True)
-        if getattr(out, "past_key_values", None) is None:
-            own = sorted(takes & (CACHE_ARGS - {"use_cache", "past_key_values"}))
-            if own or "past_key_values" in takes:   # a cache of its own kind (Mamba's cache_params, RWKV's state)
-                raise Unreachable(f"use_cache=True returned no past_key_values; its forward takes "
-                                  f"{', '.join(own or ['past_key_values'])}, a cache the doctor does not drive")
-            raise Unsupported("no KV cache (use_cache=True returned no past_key_values and its forward takes no "
+        if getattr(out, name, None) is None:
+            own = sorted(takes & (CACHE_ARGS - {"use_cache", name}))
+            if own or name in takes:   # a cache of its own kind (Mamba's cache_params, RWKV's state)
+                raise Unreachable(f"use_cache=True returned no {name}; its forward takes "
+                                  f"{', '.join(own or [name])}, a cache the doctor does not drive")
+            raise Unsupported(f"no KV cache (use_cache=True returned no {name} and its forward takes no "
                               "cache argument)", "no_kv_cache")
-        return out.past_key_values, out.logits
+        return getattr(out, name), out.logits
 
     def step(self, state, x):
-        out = self.module(input_ids=x, past_key_values=state, use_cache=True)
-        return out.past_key_values, out.logits
+        name = self._state_name()
+        out = self.module(input_ids=x, **{name: state}, use_cache=True)
+        return getattr(out, name), out.logits
 
     def embedding(self):
         return self.module.get_input_embeddings()

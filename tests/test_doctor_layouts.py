@@ -366,3 +366,42 @@ def test_an_own_weight_that_underflows_is_not_a_masked_diagonal():
     r = examine(HotAttention(), causal=True, checks=["eval_dropout", "self_visibility"], strict=True)
     assert r["self_visibility"].verdict == "pass", r["self_visibility"].detail
     assert "visible: 0" in r["self_visibility"].detail   # the weights alone would have failed it
+
+
+class RenamedCacheLM(nn.Module):
+    """A transformers-style causal LM whose forward takes its cache as `cache` and returns it under
+    that name (transformers 5.25's Mamba renamed past_key_values so). off_by_one: the step reads the
+    cache one key short (a shipped cache bug's pattern)."""
+    def __init__(self, off_by_one=False):
+        super().__init__()
+        self.config = _Config(vocab_size=16)
+        self.emb, self.qkv, self.head = nn.Embedding(16, 8), nn.Linear(8, 24), nn.Linear(8, 16)
+        self.off_by_one = off_by_one
+
+    def get_input_embeddings(self):
+        return self.emb
+
+    def forward(self, input_ids, cache=None, use_cache=False, attention_mask=None):
+        h = self.emb(input_ids)
+        q, k, v = self.qkv(h).chunk(3, -1)
+        if cache is not None:
+            past_k, past_v = cache
+            if self.off_by_one:
+                past_k, past_v = past_k[:, :-1], past_v[:, :-1]
+            k, v = torch.cat([past_k, k], 1), torch.cat([past_v, v], 1)
+        T_q, T_k = q.shape[1], k.shape[1]
+        keep = torch.ones(T_q, T_k, dtype=torch.bool).tril(T_k - T_q)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+        return _Config(logits=self.head(h + y), cache=(k, v) if use_cache else None)
+
+
+def test_a_cache_taken_under_another_name_is_driven_by_that_name():
+    """kv_cache drives the cache under the name the forward takes (`cache`), reads it back from the
+    output's field of that name: the healthy model passes, a step that reads one key short fails;
+    neither is read as a model without a cache (n/a) or as the target raising."""
+    from attention_doctor.hf import HFCausalLM
+    torch.manual_seed(0)
+    good = examine(HFCausalLM(RenamedCacheLM()), checks=["eval_dropout", "kv_cache"], strict=True)
+    assert good["kv_cache"].verdict == "pass", good["kv_cache"].detail
+    bad = examine(HFCausalLM(RenamedCacheLM(off_by_one=True)), checks=["eval_dropout", "kv_cache"], strict=True)
+    assert bad["kv_cache"].verdict == "fail" and bad["kv_cache"].cause == "new_tokens_differ", bad["kv_cache"].detail
