@@ -4,17 +4,19 @@ into PINNED/tf-VERSION.tmp and renamed into place when whole, so a directory tha
 the huggingface-hub, tokenizers, safetensors (and any other package transformers checks the version
 of at import) that its own pins want and the system's do not satisfy go into the same directory."""
 import ast
-import importlib.metadata
 import shutil
 import subprocess
 import sys
 import time
+from importlib import metadata
 from pathlib import Path
 
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-DEFAULT_PINNED = Path("/work/pinned")
+# one cache of releases for the lab: PINNED_RELEASES, else ../pinned beside the clone
+from doctor_lab.zoo.findings import PINNED as DEFAULT_PINNED
+
 KNOWN = Path(__file__).with_name("transformers_releases.txt")  # the releases on the package index, 4.36 on
 OLDEST = Version("4.36.0")
 WAIT_S = 600  # how long to wait for another process's install of the same release (PINNED/tf-X.tmp)
@@ -63,8 +65,8 @@ def _pip(target: Path, *specs: str) -> None:
 
 def _system_version(dist: str) -> str | None:
     try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
         return None
 
 
