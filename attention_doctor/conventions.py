@@ -73,6 +73,7 @@ class CallableLM(Adapter):
         self.pos_name = next((n for n in POSITION_NAMES if n in self.accepts), None)
         self.targets = False          # the forward returns the last position only unless given targets
         self.mask_encoding = FIRST.get(self.mask_name)
+        self.mask_ignored = False     # it takes a mask, and no encoding changes any output: it ignores it
         self.pos_table = None         # the name of a learned position table fed 0..T-1
         self._paths = []              # "flash=False", "flash=True" where the module has both
         self._broken = {}             # a path whose forward raised when found: its error
@@ -203,7 +204,7 @@ class CallableLM(Adapter):
         keep = torch.ones_like(one, dtype=torch.bool)
         plain = first_output(self._call(one)).double()
         order = [FIRST[self.mask_name]] + [e for e in ENCODINGS if e != FIRST[self.mask_name]]
-        self.mask_encoding, raised = None, []
+        self.mask_encoding, raised, inert = None, [], 0
         for enc in order:
             keep[:, :P] = True
             try:
@@ -218,6 +219,14 @@ class CallableLM(Adapter):
                 self.mask_encoding = enc
                 self.conventions["mask"] = f"{self.mask_name} as {enc} (found by measurement)"
                 return
+            inert += same <= EFFECT and moved <= EFFECT
+        if inert and inert + len(raised) == len(order):
+            # every encoding it ran under left every output as it is: the forward takes a mask and
+            # ignores it (a bug, padding's fail, never n/a); the doctor passes it as the first one
+            self.mask_ignored, self.mask_encoding = True, order[0]
+            self.conventions["mask"] = (f"{self.mask_name}: ignored (under {inert} encoding(s) tried, left padding "
+                                        "masked leaves the real tokens' outputs as they are without a mask)")
+            return
         if len(raised) == len(order):
             self.conventions["mask"] = (f"{self.mask_name}: its forward raised under every encoding tried "
                                         f"({'; '.join(raised)})")

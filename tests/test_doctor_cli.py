@@ -43,7 +43,7 @@ def test_exit_1_on_a_failed_check_with_json(tmp_path, capsys):
     assert code == 1 and "future_leak" in out and "fail" in out
     j = json.loads(f.read_text())
     assert j["target"] == "self:model.attention.merge=no_transpose"
-    assert [c["name"] for c in j["checks"]][:2] == ["eval_dropout", "future_leak"]
+    assert [c["name"] for c in j["checks"]][:3] == ["finite_output", "eval_dropout", "future_leak"]
     row = next(c for c in j["checks"] if c["name"] == "future_leak")
     assert set(row) == {"name", "outcome", "reason", "cause", "measured", "tolerance", "measurements", "experiment",
                         "thread", "detail", "verdict"}

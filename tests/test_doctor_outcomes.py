@@ -246,3 +246,58 @@ def test_the_cause_of_a_low_precision_run_from_its_calls():
     w = s.exp() / s.exp().sum(-1, keepdim=True)            # a softmax without the max subtracted: exp(12) > 65504
     assert _cause([Call("softmax", "attn", scores=s[None, None], weights=w[None, None])], None, f16)[0] == \
         "softmax_low_precision"
+
+
+class _MaskLM(nn.Module):
+    """A small causal LM whose forward takes attention_mask (0/1, (B, T)); `ignore`: it takes the
+    mask and never applies it; `nan`: its outputs are NaN everywhere; `forward_only`: it refuses
+    autograd as FlexAttention does on CPU ("does not support backward on CPU")."""
+    def __init__(self, ignore=False, nan=False, forward_only=False):
+        super().__init__()
+        self.emb, self.qkv, self.head = nn.Embedding(32, 16), nn.Linear(16, 48), nn.Linear(16, 32)
+        self.ignore, self.nan, self.forward_only = ignore, nan, forward_only
+
+    def forward(self, idx, attention_mask=None):
+        h = self.emb(idx)
+        if self.forward_only and h.requires_grad:
+            raise NotImplementedError("this attention does not support backward on CPU")
+        B, T, C = h.shape
+        q, k, v = self.qkv(h).view(B, T, 3, 2, C // 2).permute(2, 0, 3, 1, 4)
+        keep = torch.ones(T, T, dtype=torch.bool).tril()
+        if attention_mask is not None and not self.ignore:   # padding keys hidden; each query keeps its own: no empty row
+            keep = keep & attention_mask.bool()[:, None, None, :] | torch.eye(T, dtype=torch.bool)
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+        out = self.head(h + y.transpose(1, 2).reshape(B, T, C))
+        return out * float("nan") if self.nan else out
+
+
+def test_an_ignored_mask_fails_padding_and_nan_is_never_agreement():
+    """issue 44: a forward that takes attention_mask and ignores it fails padding (cause mask_ignored;
+    fully_masked_rows cannot look: inconclusive), never n/a; the same forward honouring it passes; a
+    forward that is NaN everywhere fails finite_output, and no comparison against it passes."""
+    torch.manual_seed(0)
+    checks = ["finite_output", "eval_dropout", "padding", "fully_masked_rows", "batch_independence", "future_leak"]
+    good = examine(_MaskLM(), checks=checks, strict=True)
+    assert good["finite_output"].verdict == "pass" and good["padding"].verdict == "pass", good["padding"].detail
+    bad = examine(_MaskLM(ignore=True), checks=checks, strict=True)
+    assert bad["padding"].outcome == "fail" and bad["padding"].cause == "mask_ignored", bad["padding"].detail
+    assert bad["fully_masked_rows"].outcome == "inconclusive" and bad["fully_masked_rows"].cause == "mask_ignored"
+    nan = examine(_MaskLM(nan=True), checks=checks)
+    assert nan["finite_output"].outcome == "fail" and nan["finite_output"].cause == "nonfinite_output"
+    assert nan["finite_output"].measurements["nonfinite"] == nan["finite_output"].measurements["values"] > 0
+    assert not any(r.outcome == "pass" for r in nan.checks if r.name in ("padding", "batch_independence", "future_leak"))
+    assert nan.exit_code == 1
+
+
+def test_a_forward_only_target_runs_every_check_it_can_and_names_the_gradient_halves():
+    """issue 44: a forward that refuses autograd (FlexAttention on CPU) is run forward-only: nothing
+    fails for it (never target_raised), the gradient halves are inconclusive naming the refusal."""
+    torch.manual_seed(0)
+    r = examine(_MaskLM(forward_only=True), checks=["finite_output", "eval_dropout", "future_leak", "padding",
+                                                     "fully_masked_rows"])
+    assert not r.failed, r.table()
+    assert r["finite_output"].outcome == r["padding"].outcome == "pass"
+    for name in ("future_leak", "fully_masked_rows"):
+        assert r[name].outcome == "inconclusive" and r[name].cause == "part_not_run", r[name].detail
+        assert "refuses autograd" in r[name].reason and "gradient" in r[name].reason, r[name].reason
+    assert r.exit_code == 3

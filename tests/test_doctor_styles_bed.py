@@ -126,6 +126,7 @@ EFFECT = {   # (check, cause) a record expects -> the measurement that shows the
     ("amplified_logits", "nonfinite"): amplified_nonfinite,
     ("amplified_logits", "masked_key_weight"): amplified_leak,
     ("padding", "left_padding"): padding_moves,
+    ("padding", "mask_ignored"): padding_moves,
     ("fully_masked_rows", "nonfinite_outputs"): padded_nonfinite,
     ("kv_cache", "new_tokens_differ"): cache_gap,
     ("kv_cache", "prefill_differs"): cache_gap,

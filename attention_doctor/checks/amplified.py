@@ -222,9 +222,12 @@ def amplified_logits(ctx):
              ("earlier outputs' change with later tokens replaced", leak is None or leak <= EXACT_REL, leak),
              ("rows' weights sum to 1 (worst |sum - 1|)", row_err <= ROW_SUM_TOL and not wrong_dim, row_err),
              ("outputs outside their values' hull (at init or amplified)", hull <= HULL_REL, hull)]
-    causes = ("nonfinite", "masked_key_weight", "future_leak", "row_sum", "outside_hull")
+    held = dict(zip(("nonfinite", "masked_key_weight", "future_leak", "row_sum", "outside_hull"), (p[1] for p in parts)))
     bad = [p for p in parts if not p[1]]
-    cause = next((c for c, p in zip(causes, parts) if not p[1]), "")
+    # the cause named is the first that broke in the formula's order: weights that do not sum to 1 over
+    # the keys (a softmax over the queries) make the leak, not the other way round
+    cause = next((c for c in ("nonfinite", "masked_key_weight", "row_sum", "future_leak", "outside_hull")
+                  if not held[c]), "")
     detail = (f"largest score {amp.reached:.3g} (q and k scaled by {amp.factor:.3g} {amp.where()}); " +
               "; ".join(f"{n}: " + ("n/a" if v is None and i == 2 else ('yes' if ok else 'no') if v is None else f"{v:.3g}")
                         for i, (n, ok, v) in enumerate(parts))

@@ -1,10 +1,12 @@
 """Batch independence, padding (right and left), and rows with no visible key."""
+import math
+
 import torch
 
-from attention_doctor.checks.causality import _GradientHalf
+from attention_doctor.checks.causality import _GradientHalf, refused_autograd
 from attention_doctor.checks.common import AGREE_REL, held_in_part, inconclusive, judged, rel, row
 from attention_doctor.result import FAIL, PASS, WARN
-from attention_doctor.signals import Unreachable, Unsupported
+from attention_doctor.signals import NotPerformed, Unreachable, Unsupported
 
 
 def batch_independence(ctx):
@@ -67,8 +69,12 @@ def padding(ctx):
     detail = (f"real tokens' outputs against the unpadded row: right padding {d_right:.3g}, left padding "
               f"{d_left:.3g}" + ("" if d_left_pos is None else f", left padding with position ids from the mask {d_left_pos:.3g}"))
     meas = dict(limit=AGREE_REL, right=d_right, left=d_left, left_with_positions=d_left_pos)
-    if d_right > AGREE_REL:
-        return row(FAIL, d_right, tol, detail, "right_padding", **meas)
+    if getattr(ctx.adapter, "mask_ignored", False) and max(d_right, d_left) > AGREE_REL:
+        # measured when the target was read: no encoding of its mask changed any output
+        return row(FAIL, max(d_right, d_left), tol, detail + ". Its forward takes a padding mask and ignores it "
+                   "(no encoding tried changes any output)", "mask_ignored", **meas)
+    if d_right > AGREE_REL:   # inf: padding made a real output NaN or inf (a -inf fill's NaN row reaching it)
+        return row(FAIL, d_right, tol, detail, "nonfinite_outputs" if d_right == math.inf else "right_padding", **meas)
     if d_left <= AGREE_REL:
         return row(PASS, max(d_right, d_left), tol, detail, **meas)
     if positions_not_run is not None:   # a warn or a fail: which one, only the positions could say
@@ -79,7 +85,7 @@ def padding(ctx):
         return row(WARN, d_left, tol, detail + ". Left padding changes the outputs unless the caller passes position "
                    "ids from the mask: positions count from the padding (huggingface/transformers #21080)",
                    "positions_from_padding", **meas)
-    return row(FAIL, d_left, tol, detail, "left_padding", **meas)
+    return row(FAIL, d_left, tol, detail, "nonfinite_outputs" if d_left == math.inf else "left_padding", **meas)
 
 
 def _describe(t: torch.Tensor) -> str:
@@ -111,6 +117,9 @@ def fully_masked_rows(ctx):
     """Rows whose query sees no key: left padding under a causal mask (the padding tokens'
     queries), or, in a bidirectional target, a row that is padding only."""
     a = ctx.adapter
+    if getattr(a, "mask_ignored", False):   # no row is ever fully masked: nothing to look at (padding fails)
+        raise NotPerformed("the target ignores its padding mask (padding fails): no row has every key masked",
+                           "mask_ignored")
     if ctx.require_causal():
         x, mask = ctx.left_padded(k=6)
         layout = "left_padding"
@@ -125,7 +134,8 @@ def fully_masked_rows(ctx):
         y = ctx.run(x, mask, grad=True)
         w = torch.randn(y.shape, generator=ctx.gen(8)).to(y.device, y.dtype)
         loss = (y * w)[mask].sum()   # the padded positions' outputs are not in the loss
-        grads = _param_grads(loss, [p for p in a.module.parameters() if p.requires_grad])
+        grads = (_GradientHalf(refused_autograd(ctx)) if ctx.description.autograd_refused
+                 else _param_grads(loss, [p for p in a.module.parameters() if p.requires_grad]))
     with torch.no_grad():   # inference may take another path (nn.MultiheadAttention's fast path)
         padded_ng = _describe(ctx.run(x.detach(), mask)[~mask])
     bad_out = int((~torch.isfinite(y[mask])).sum())

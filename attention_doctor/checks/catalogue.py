@@ -1,10 +1,18 @@
-"""The checks' records, in the order they run (eval_dropout first: dropout left on in eval must not
-read as a leak). A new check: its record here, its function in the module the record names, its
+"""The checks' records, in the order they run (finite_output, the smoke test, first; then
+eval_dropout: dropout left on in eval must not read as a leak). A new check: its record here, its function in the module the record names, its
 docs (`python -m attention_doctor.docs docs/doctor.md` writes the tables), its test
 (tests/test_doctor_registry.py fails while a check module's function has no record). Torch-free."""
-from attention_doctor.checks.record import Check, fails, not_applicable, warns
+from attention_doctor.checks.record import Check, cannot, fails, not_applicable, warns
 
 REGISTRY: tuple[Check, ...] = (
+    Check("finite_output", "causality", "finite",
+          does="one plain forward on the sample input (the smoke test, before any check)",
+          fails_when="any output value is NaN or infinite",
+          tolerance="0 non-finite values: every comparison after it needs a finite reference (NaN is never agreement)",
+          applies="every target", thread="pytorch/pytorch #41508",
+          causes={"nonfinite_output": fails("the plain forward returns NaN or infinite values")},
+          measures={"nonfinite": "how many output values are NaN or infinite",
+                    "values": "how many output values the plain forward returns"}),
     Check("eval_dropout", "causality", "dropout",
           does="two eval calls on the same input (the target's description, decided before the checks run)",
           fails_when="they differ at all",
@@ -82,7 +90,11 @@ REGISTRY: tuple[Check, ...] = (
                     "from the padding unless the caller gives them)",
           applies="targets that take a padding mask", thread="huggingface/transformers #21080",
           targets=("left_padding_positions", "mask_broadcast_shape_error"),
-          causes={"right_padding": fails("right padding moves the real tokens' outputs"),
+          causes={"mask_ignored": fails("its forward takes a padding mask and ignores it: no encoding changes any output, "
+                                        "and padding moves the real tokens' outputs"),
+                  "nonfinite_outputs": fails("padding makes a real token's output NaN or inf (a -inf fill's NaN row "
+                                             "reaching it: pytorch/pytorch #41508)"),
+                  "right_padding": fails("right padding moves the real tokens' outputs"),
                   "left_padding": fails("left padding moves them, with position ids from the mask too"),
                   "positions_from_padding": warns("left padding moves them unless the caller passes position ids "
                                                   "from the mask")},
@@ -98,7 +110,9 @@ REGISTRY: tuple[Check, ...] = (
           applies="targets that take a padding mask", thread="pytorch/pytorch #41508",
           targets=("fully_masked_rows",),
           causes={"nonfinite_outputs": fails("a real token's output is NaN or inf (a -inf fill's NaN row reaching it)"),
-                  "nonfinite_gradients": fails("outputs finite, parameter gradients not (0 * NaN in the backward)")},
+                  "nonfinite_gradients": fails("outputs finite, parameter gradients not (0 * NaN in the backward)"),
+                  "mask_ignored": cannot("the target ignores its padding mask (padding fails): no row is ever fully "
+                                         "masked")},
           measures={"layout": "the rows with no visible key: left_padding (a causal target) or padding_only_row (a "
                               "bidirectional one)",
                     "nonfinite_outputs": "real tokens' outputs that are not finite",

@@ -80,7 +80,15 @@ def describe(ctx, x, y) -> Description:
     except Signal as s:
         ctx.undecided["repeatable"] = s
     # the repeatability is needed to find causality by the outputs
-    ctx.description = Description(a.kind, None, "", repeatable, max_diff)
+    nonfinite, values = int((~torch.isfinite(y)).sum()), y.numel()
+    refused = ""
+    try:   # the checks probe with autograd on, as training runs: a forward that refuses it is forward-only
+        ctx.run(x, grad=True)
+    except TargetRaised as e:
+        refused = e.error[:200]
+    except Signal:   # the adapter's own code: the checks that run it say so
+        pass
+    ctx.description = Description(a.kind, None, "", repeatable, max_diff, nonfinite, values, refused)
     if a.kind == "lm":
         causal, how = True, "causal (an LM)"
     elif a.causal is not None:
@@ -91,10 +99,23 @@ def describe(ctx, x, y) -> Description:
         except Signal as s:
             ctx.undecided["causal"] = s
             causal, how = None, f"undecided ({s.why})"
-    return Description(a.kind, causal, how, repeatable, max_diff)
+    return Description(a.kind, causal, how, repeatable, max_diff, nonfinite, values, refused)
 
 
 # -- the checks ----------------------------------------------------------------------------------
+
+def finite_output(ctx):
+    """The smoke test's own row: the plain forward (float32 or the target's dtype, eval) is finite.
+    A forward that is NaN somewhere fails here, whatever the comparisons make of it (they are
+    inconclusive where their reference is not finite: NaN is never agreement)."""
+    d = ctx.description
+    n, total = d.nonfinite, d.values
+    if n == 0:
+        return row(PASS, 0.0, "0 non-finite values", f"the plain forward's {total} output values are finite",
+                   nonfinite=0, values=total)
+    return row(FAIL, float(n), "0 non-finite values", f"the plain forward returns {n} of {total} output values NaN "
+               "or infinite", "nonfinite_output", nonfinite=n, values=total)
+
 
 def eval_dropout(ctx):
     d = ctx.description
@@ -109,6 +130,10 @@ def eval_dropout(ctx):
                "sdpa_dropout_p" if p else "random_in_eval", max_diff=d.eval_max_diff, dropout_p=p)
 
 
+def refused_autograd(ctx) -> str:
+    return f"its forward refuses autograd ({ctx.description.autograd_refused[:100]}): run forward-only"
+
+
 class _GradientHalf:
     """Why the gradient half gave no number: `na` (the forward computes no gradient: nothing to
     leak) or not (the doctor could not run it)."""
@@ -120,6 +145,8 @@ def _input_grads(ctx, x, t):
     """d (weighted outputs before t) / d (inputs at and after t): (the largest finite |.|, how many
     are not finite), or a _GradientHalf saying why there is none."""
     a = ctx.adapter
+    if ctx.description.autograd_refused:
+        return _GradientHalf(refused_autograd(ctx))
     w = torch.randn(x.shape[0], t, 1, generator=ctx.gen(5)).to(a.device)
     if a.kind == "layer":
         xi = x.clone().requires_grad_(True)

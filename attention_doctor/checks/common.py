@@ -66,12 +66,19 @@ class Description:
     kind: "lm" or "layer"; causal: True / False (None: it could not be decided, causal_from says
     why); causal_from: how it was decided (an LM, the adapter said, or found and how);
     repeatable: two eval calls on one input are bit-identical (eval_dropout reports it); eval_max_diff:
-    the largest |difference| between them (inf where they are not finite at the same places)."""
+    the largest |difference| between them (inf where they are not finite at the same places);
+    nonfinite / values: how many of the plain forward's output values are NaN or infinite, of how
+    many (finite_output reports it); autograd_refused: what the forward raised with autograd on
+    where it runs without ("": it runs; FlexAttention on CPU has no backward and refuses): the
+    doctor then runs it forward-only, and the gradient halves are inconclusive, naming it."""
     kind: str
     causal: bool | None
     causal_from: str
     repeatable: bool | None
     eval_max_diff: float | None
+    nonfinite: int = 0
+    values: int = 0
+    autograd_refused: str = ""
 
 
 @dataclass
@@ -181,6 +188,8 @@ class Context:
             x = x.to(a.dtype)
         if mask is not None and a.kind == "lm" and a.pad_id is not None:   # padded as a tokenizer pads
             x = x.masked_fill(~mask, a.pad_id)
+        if grad and self.description is not None and self.description.autograd_refused:
+            grad = False   # a forward-only target: run as it can run (the gradient halves say so)
         if grad:
             forget_history(a.module)
         with (nullcontext() if grad else torch.no_grad()):

@@ -52,7 +52,7 @@ BUGS = {b.name: b for b in (
         "causal_off_by_one"),
     Bug("sees_next", "the diagonal one too far: a token sees the next one", (("future_leak", "outputs_move"),),
         "causal_off_by_one (the other way)"),
-    Bug("mask_ignored", "the forward takes a padding mask and ignores it", (("padding", "left_padding"),),
+    Bug("mask_ignored", "the forward takes a padding mask and ignores it", (("padding", "mask_ignored"),),
         "issue 44 (an ignored mask is never n/a)"),
     Bug("softmax_over_queries", "softmax over the wrong dim (the queries, -2)",
         (("future_leak", "outputs_move"), ("amplified_logits", "row_sum")), "issue 44; the classic bed"),

@@ -25,6 +25,9 @@ CANNOT = {
     "cache_top_left": "no KV cache in nn.TransformerDecoder", "cache_off_by_one": "no KV cache in nn.TransformerDecoder",
     "cache_positions_from_zero": "no KV cache in nn.TransformerDecoder",
 }
+# the mask still sets the positions (first_real): honoured there, ignored by the attention, so no
+# encoding is inert and the doctor names the side that moves
+EXPECTS = {"mask_ignored": (("padding", "left_padding"),)}
 
 
 def square_subsequent_mask(T, bug, device):

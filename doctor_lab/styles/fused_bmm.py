@@ -37,6 +37,9 @@ PLANTED = {
 }
 NO_CACHE = "no KV cache: a training-time module (forward(idx, mask) only)"
 CANNOT = {"cache_top_left": NO_CACHE, "cache_off_by_one": NO_CACHE, "cache_positions_from_zero": NO_CACHE}
+# the mask still sets the positions (first_real): honoured there, ignored by the attention, so no
+# encoding is inert and the doctor names the side that moves
+EXPECTS = {"mask_ignored": (("padding", "left_padding"),)}
 
 
 class Attention(nn.Module):
