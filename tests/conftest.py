@@ -14,6 +14,13 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 if "PYTEST_XDIST_WORKER" in os.environ:   # pytest.ini runs one worker per core: one torch thread each,
     os.environ.setdefault("OMP_NUM_THREADS", "1")   # oversubscribed OpenMP threads spin (before torch loads)
 
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (pytest.ini): a worker per core and one more, since the SLURM and submitit tests
+    spend most of their time waiting on their jobs (--maxprocesses caps it)."""
+    return (os.cpu_count() or 1) + 1
+
+
 # The tiny Shakespeare corpus is not in the repository (users download it once; CI has ../shared).
 # Without it the corpus tests skip, saying so; under ATTN_REQUIRE_CORPUS=1 (.ci/run) they fail.
 SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
