@@ -170,6 +170,10 @@ def test_triage_checks_the_row_against_its_reason():
     assert triage.padding_sides(PAD.format(r="1e-07", l="0.97") + ", left padding with position ids from the mask 1e-07",
                                 "<= 1e-05") == {"left"}
     assert triage.padding_sides("something else", "<= 1e-05") is None
+    # a row of the doctor's schema is read from its measurements, whatever its detail says
+    assert triage.padding_sides("reworded", "", {"right": 1e-07, "left": 0.97, "limit": 1e-05}) == {"left"}
+    assert triage.padding_sides(PAD.format(r="0.00317", l="0.97"), "<= 1e-05",
+                                {"right": 1e-07, "left": 1e-07, "limit": 1e-05}) == set()
     entries = triage.load()
     row = lambda arch, detail, verdict="fail", **kw: {"arch": arch, "impl": "eager", "check": "padding",  # noqa: E731
                                                       "verdict": verdict, "detail": detail, "tolerance": "<= 1e-05",

@@ -89,17 +89,22 @@ def flags(results: list[dict], release: str = "", kinds=("fail", "warn"), absent
                 out.append({"arch": r["arch"], "impl": r["impl"], "check": c["name"], "verdict": kind,
                             "measured": c.get("measured"), "tolerance": c.get("tolerance") or "",
                             "detail": "; ".join(x for x in (why, c.get("detail") or "") if x),  # an inconclusive's why first
-                            "cause": c.get("cause") or "", "release": release})
+                            "cause": c.get("cause") or "", "measurements": c.get("measurements") or {},
+                            "release": release})
     return out
 
 
 _NUM = r"([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[-+]?\d+)?|nan|inf)"
 
 
-def padding_sides(detail: str, tolerance: str) -> set[str] | None:
+def padding_sides(detail: str, tolerance: str, measurements: dict | None = None) -> set[str] | None:
     """Which sides of the padding check moved the real tokens past its tolerance ({'right',
-    'left'}), read from its detail; None when the detail does not say (the row then matches no
-    rule that names sides: a reason that cannot be checked against the row is not a triage)."""
+    'left'}): from the row's measurements (right, left, limit: the doctor's schema); in a table
+    written before rows carried them, read from its detail; None when neither says (the row then
+    matches no rule that names sides: a reason that cannot be checked against the row is not a triage)."""
+    m = measurements or {}
+    if all(isinstance(m.get(k), (int, float)) for k in ("right", "left", "limit")):
+        return {side for side in ("right", "left") if not m[side] <= m["limit"]}
     right = re.search(r"right padding " + _NUM, detail)
     left = re.search(r"left padding " + _NUM + r"(?! with)", detail)
     tol = re.search(r"<=\s*" + _NUM, tolerance or "")
@@ -122,7 +127,7 @@ def _rule_matches(rule: dict, f: dict) -> bool:
     if "detail" in rule and not re.search(rule["detail"], f["detail"]):
         return False  # the row does not show what this reason is about
     if "sides" in rule:  # the thread explains only these sides: a row failing another is not its
-        sides = padding_sides(f["detail"], f["tolerance"]) if f["check"] == "padding" else None
+        sides = padding_sides(f["detail"], f["tolerance"], f.get("measurements")) if f["check"] == "padding" else None
         if not sides or not sides <= set(rule["sides"]):
             return False
     return True
