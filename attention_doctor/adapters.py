@@ -129,6 +129,9 @@ def deep_copy(module: nn.Module) -> nn.Module:
     that close over the module's own parts (minGPT's `mlpf` lambda) are rebound to the copy's."""
     memo = {id(v): v.detach().clone() for m in module.modules() for v in vars(m).values()
             if isinstance(v, torch.Tensor) and not isinstance(v, nn.Parameter)}
+    # and buffers written in place under autograd (gpt-fast's KVCache: index_copy_ of k into its buffer)
+    memo.update({id(v): v.detach().clone() for m in module.modules() for v in m._buffers.values()
+                 if v is not None and (v.grad_fn is not None or v.is_inference())})
     with _bare_new(module):
         new = copy.deepcopy(module, memo)
     for old_m, new_m in zip(module.modules(), new.modules()):

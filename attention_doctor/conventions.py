@@ -6,11 +6,12 @@ names and by measurement, as people write them:
 - a padding mask named `attention_mask` or `mask`, in the encoding that measurably masks: 0/1
   integers, bool keep-masks, or additive floats ((B, T) or (B, 1, 1, T));
 - positions named `position_ids`, `pos`, `positions` ((B, T) ids), `input_pos` ((T,) after a
-  cache set up by `set_kv_cache`, LitGPT; else (B, T) ids, torchtune) or `start_pos` (an int
+  cache set up by `set_kv_cache` or `setup_caches`, LitGPT, gpt-fast; else (B, T) ids, torchtune) or `start_pos` (an int
   offset, Meta's Llama); without any, an nn.Embedding a plain forward feeds 0..T-1 (a learned
   position table) is fed the ids;
 - a KV cache driven by `start_pos` (a cache kept inside, written at that offset), by `input_pos`
-  after `set_kv_cache(batch_size)`, or passed back in (`cache=` with `return_intermediates=True`:
+  after `set_kv_cache(batch_size)` (LitGPT) or `setup_caches(max_batch_size, max_seq_length)`
+  (gpt-fast: buffers written in place at a 1-D `input_pos`), or passed back in (`cache=` with `return_intermediates=True`:
   the whole sequence in, the last `cache_age` tokens computed, as x-transformers does);
 - attention paths switched by a boolean `flash` on its modules (nanoGPT, x-transformers), where
   both settings run.
@@ -84,11 +85,27 @@ class CallableLM(Adapter):
     def _cache_kind(self):
         if self.pos_name == "start_pos":
             return "start_pos"
-        if self.pos_name == "input_pos" and hasattr(self.module, "set_kv_cache"):
+        if self.pos_name == "input_pos" and self._cache_setup() is not None:
             return "input_pos"
         if "cache" in self.accepts and "return_intermediates" in self.accepts:
             return "cache"
         return None
+
+    def _cache_setup(self):
+        """How an input_pos cache is set up: LitGPT's set_kv_cache(batch_size, device, dtype), or
+        gpt-fast's setup_caches(max_batch_size, max_seq_length) (None: neither is there)."""
+        if hasattr(self.module, "set_kv_cache"):
+            return "set_kv_cache"
+        setup = getattr(self.module, "setup_caches", None)
+        if setup is not None and {"max_batch_size", "max_seq_length"} <= _params(setup):
+            return "setup_caches"
+        return None
+
+    def _set_up_cache(self, batch, length):
+        if self._cache_setup() == "set_kv_cache":
+            self.module.set_kv_cache(batch_size=batch, device=self.device, dtype=self.dtype)
+        else:   # gpt-fast keeps a larger cache it has; its stale slots lie beyond the positions read
+            self.module.setup_caches(max_batch_size=batch, max_seq_length=length)
 
     @property
     def positions_move_cache(self) -> bool:
@@ -115,7 +132,9 @@ class CallableLM(Adapter):
             self.conventions["positions"] = self.pos_name
         if self.cache:
             self.conventions["cache"] = {"start_pos": "kept inside, written at start_pos",
-                                         "input_pos": "set_kv_cache(batch_size), then input_pos",
+                                         "input_pos": {"set_kv_cache": "set_kv_cache(batch_size)",
+                                                       "setup_caches": "setup_caches(max_batch_size, max_seq_length)"}
+                                         .get(self._cache_setup(), "") + ", then a 1-D input_pos",
                                          "cache": "cache= with return_intermediates=True"}[self.cache]
 
     def _find_position_table(self, x):
@@ -261,7 +280,7 @@ class CallableLM(Adapter):
             start = uniform_offset(positions)
             if self.pos_name == "start_pos":
                 return first_output(self._call(x, **kw, start_pos=start))
-            with self._input_pos_cache(x.shape[0]):
+            with self._input_pos_cache(x.shape[0], start + x.shape[1]):
                 ids = torch.arange(start, start + x.shape[1], device=x.device)
                 return first_output(self._call(x, **kw, input_pos=ids))
         if self.pos_table is not None:
@@ -280,9 +299,10 @@ class CallableLM(Adapter):
             h.remove()
 
     @contextmanager
-    def _input_pos_cache(self, batch):
-        """LitGPT: input_pos needs a cache set up first (a fresh one: its slots start empty)."""
-        self.module.set_kv_cache(batch_size=batch, device=self.device, dtype=self.dtype)
+    def _input_pos_cache(self, batch, length):
+        """LitGPT, gpt-fast: input_pos needs a cache set up first (LitGPT's a fresh one: its slots
+        start empty), holding `length` positions."""
+        self._set_up_cache(batch, length)
         try:
             yield
         finally:
@@ -294,7 +314,7 @@ class CallableLM(Adapter):
         if self.cache == "start_pos":
             return T, first_output(self._call(x, start_pos=0))
         if self.cache == "input_pos":
-            self.module.set_kv_cache(batch_size=x.shape[0], device=self.device, dtype=self.dtype)
+            self._set_up_cache(x.shape[0], 2 * T)   # room for the steps after the prefill
             return T, first_output(self._call(x, input_pos=torch.arange(T, device=x.device)))
         if self.cache == "cache":
             out, inter = self._call(x, return_intermediates=True)
@@ -303,7 +323,7 @@ class CallableLM(Adapter):
         if other:   # a cache the doctor cannot drive without knowing its protocol
             raise Unreachable(f"forward takes {other[0]}: a cache the doctor cannot drive (an Adapter with "
                               "prefill and step can)")
-        raise Unsupported("no KV cache (forward takes none of start_pos, input_pos with set_kv_cache, "
+        raise Unsupported("no KV cache (forward takes none of start_pos, input_pos with set_kv_cache or setup_caches, "
                           "cache with return_intermediates; an Adapter with prefill and step enables kv_cache)",
                           "no_kv_cache")
 

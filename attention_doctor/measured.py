@@ -107,9 +107,13 @@ def _frontier(t, outs):
             todo.extend(fn for fn, _ in node.next_functions)
     if not found:
         return []
-    found = [outs[i] for i in sorted(found)]
+    found = [outs[i] for i in sorted(found) if outs[i][2].requires_grad]
     r = torch.randn(t.shape, generator=torch.Generator().manual_seed(7)).to(t.device, t.dtype)
-    grads = torch.autograd.grad((t * r).sum(), [o for _, _, o, _ in found], allow_unused=True, retain_graph=True)
+    with torch.enable_grad():   # the walk runs after the forward, whatever grad mode its caller is in
+        loss = (t * r).sum()
+    if not found or not loss.requires_grad:
+        return []
+    grads = torch.autograd.grad(loss, [o for _, _, o, _ in found], allow_unused=True, retain_graph=True)
     parts = []
     for (n, m, o, _), g in zip(found, grads):
         if g is not None:

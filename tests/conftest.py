@@ -15,6 +15,7 @@ if "PYTEST_XDIST_WORKER" in os.environ:   # pytest.ini runs one worker per core:
     os.environ.setdefault("OMP_NUM_THREADS", "1")   # oversubscribed OpenMP threads spin (before torch loads)
 
 
+@pytest.hookimpl(optionalhook=True)   # xdist's hook: `-p no:xdist` runs without it
 def pytest_xdist_auto_num_workers(config):
     """`-n auto` (pytest.ini): a worker per core and one more, since the SLURM and submitit tests
     spend most of their time waiting on their jobs (--maxprocesses caps it)."""

@@ -159,7 +159,7 @@ class InputPosLM(S.FunctionalLM):
 def test_input_pos_with_a_cache_set_up_first(bug):
     torch.manual_seed(0)
     r = examine(InputPosLM(bug).eval(), checks=["eval_dropout", "kv_cache", "long_positions"], strict=True)
-    assert r.info["conventions"]["cache"] == "set_kv_cache(batch_size), then input_pos"
+    assert r.info["conventions"]["cache"] == "set_kv_cache(batch_size), then a 1-D input_pos"
     # a causal mask aligned top-left against the cache also hides the new keys from the new queries at
     # +4096: long_positions, through the cache, sees that mask move with the shift
     want = {None: {}, "cache_top_left": {"kv_cache": "fail", "long_positions": "fail"},

@@ -211,3 +211,15 @@ def test_a_planted_bug_is_really_there(case):
     for expected in case.expects:
         probe = EFFECT[expected]
         assert probe(case.style, S.build(case.style, case.bug)) > TOL, (case.id, expected, probe.__name__)
+
+
+def test_a_gpt_fast_cache_is_driven_by_setup_caches_and_a_1d_input_pos():
+    """issue 44 item 5: gpt-fast's cache (setup_caches(max_batch_size, max_seq_length), a KVCache
+    written in place at a 1-D input_pos) is driven bare, from the target string: the healthy model's
+    kv_cache passes, a cache mask aligned top-left fails it (it was n/a: no KV cache)."""
+    from attention_doctor import examine
+    good = examine(resolve("doctor_lab.styles.gpt_fast:healthy"), checks=["eval_dropout", "kv_cache"], strict=True)
+    assert good["kv_cache"].outcome == "pass", good["kv_cache"].detail
+    assert good.info["conventions"]["cache"] == "setup_caches(max_batch_size, max_seq_length), then a 1-D input_pos"
+    bad = examine(resolve("doctor_lab.styles.gpt_fast:cache_top_left"), checks=["eval_dropout", "kv_cache"], strict=True)
+    assert bad["kv_cache"].outcome == "fail" and bad["kv_cache"].cause == "new_tokens_differ", bad["kv_cache"].detail
