@@ -78,6 +78,7 @@ class CallableLM(Adapter):
         self.pos_table = None         # the name of a learned position table fed 0..T-1
         self._paths = []              # "flash=False", "flash=True" where the module has both
         self._broken = {}             # a path whose forward raised when found: its error
+        self.cache_setup = self._find_cache_setup()   # how an input_pos cache is set up (None: no way)
         self.cache = self._cache_kind()
         self.conventions = {}
 
@@ -85,13 +86,13 @@ class CallableLM(Adapter):
     def _cache_kind(self):
         if self.pos_name == "start_pos":
             return "start_pos"
-        if self.pos_name == "input_pos" and self._cache_setup() is not None:
+        if self.pos_name == "input_pos" and self.cache_setup is not None:
             return "input_pos"
         if "cache" in self.accepts and "return_intermediates" in self.accepts:
             return "cache"
         return None
 
-    def _cache_setup(self):
+    def _find_cache_setup(self):
         """How an input_pos cache is set up: LitGPT's set_kv_cache(batch_size, device, dtype), or
         gpt-fast's setup_caches(max_batch_size, max_seq_length) (None: neither is there)."""
         if hasattr(self.module, "set_kv_cache"):
@@ -102,7 +103,7 @@ class CallableLM(Adapter):
         return None
 
     def _set_up_cache(self, batch, length):
-        if self._cache_setup() == "set_kv_cache":
+        if self.cache_setup == "set_kv_cache":
             self.module.set_kv_cache(batch_size=batch, device=self.device, dtype=self.dtype)
         else:   # gpt-fast keeps a larger cache it has; its stale slots lie beyond the positions read
             self.module.setup_caches(max_batch_size=batch, max_seq_length=length)
@@ -134,7 +135,7 @@ class CallableLM(Adapter):
             self.conventions["cache"] = {"start_pos": "kept inside, written at start_pos",
                                          "input_pos": {"set_kv_cache": "set_kv_cache(batch_size)",
                                                        "setup_caches": "setup_caches(max_batch_size, max_seq_length)"}
-                                         .get(self._cache_setup(), "") + ", then a 1-D input_pos",
+                                         .get(self.cache_setup, "") + ", then a 1-D input_pos",
                                          "cache": "cache= with return_intermediates=True"}[self.cache]
 
     def _find_position_table(self, x):

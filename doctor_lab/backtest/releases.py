@@ -108,7 +108,7 @@ def install(version: str, pinned: Path = DEFAULT_PINNED, log=print) -> Path:
         if pins:
             _pip(tmp, *pins)
         tmp.rename(d)
-    except BaseException:
+    except BaseException:  # noqa: BLE001 -- any failure, interrupts too: the half-installed .tmp is removed, then re-raised
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     log(f"installed transformers {version} in {d} ({time.monotonic() - t0:.0f} s"

@@ -35,7 +35,7 @@ def smoke(adapter) -> dict:
             out["cache_step_rel_err"] = float(err)
         except Unsupported as e:
             out["cache"] = str(e)
-        except Exception as e:  # for the doctor's kv_cache check to judge
+        except Exception as e:  # noqa: BLE001 -- the smoke's cache step raised: recorded in smoke, the doctor's kv_cache check judges it
             if _is_memory(e):
                 raise
             out["cache"] = f"raised {_line(e)}"
@@ -54,7 +54,7 @@ def examine_target(build, name: str, impl: str, checks) -> dict:
         return {**res, "status": SKIPPED, "reason": str(e)}
     except Unsupported as e:
         return {**res, "status": UNSUPPORTED, "stage": "build", "reason": str(e)[:300]}
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 -- the target's build raised: status not_built, never a verdict
         if _is_memory(e):
             raise
         why = str(e) if isinstance(e, TargetError) else _line(e)
@@ -63,7 +63,7 @@ def examine_target(build, name: str, impl: str, checks) -> dict:
     res["params"] = sum(p.numel() for p in adapter.module.parameters())
     try:
         res["smoke"] = smoke(adapter)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 -- the plain forward raised before the doctor: status no_forward, with its trace
         if _is_memory(e):
             raise
         return {**res, "status": NO_FORWARD, "stage": "forward", "reason": _line(e),

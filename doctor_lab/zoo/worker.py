@@ -69,7 +69,7 @@ def smoke(model, vocab: int) -> dict:
                 err = (step - full[:, 6:]).abs().max() / full[:, 6:].abs().max().clamp_min(1e-30)
                 out["cache"] = "ran"
                 out["cache_step_rel_err"] = float(err)
-        except Exception as e:  # a cache step the model cannot take is for the doctor to say
+        except Exception as e:  # noqa: BLE001 -- the smoke's cache step raised: recorded in smoke, the doctor's kv_cache check judges it
             if _is_memory(e):
                 raise
             out["cache"] = f"raised {_line(e)}"
@@ -141,7 +141,7 @@ def build(arch: str, impl: str, table: dict, seed: int = 0):
         cfg = make_config(arch, table)
     except NotExamined as e:
         raise NotBuilt({**res, "status": SKIPPED, "reason": str(e)}) from None
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 -- transformers' config raised: status not_built (stage config), never a verdict
         if _is_memory(e):
             raise
         raise NotBuilt({**res, "status": NOT_BUILT, "stage": "config", "reason": _line(e)}) from None
@@ -154,7 +154,7 @@ def build(arch: str, impl: str, table: dict, seed: int = 0):
                 model = cls._from_config(cfg, attn_implementation=impl).eval()
             else:
                 model = AutoModelForCausalLM.from_config(cfg, attn_implementation=impl).eval()
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 -- the model's build raised: status unsupported or not_built, never a verdict
         if _is_memory(e):
             raise
         unsupported = "does not support an attention implementation" in str(e) or (
@@ -174,7 +174,7 @@ def examine_one(arch: str, impl: str, table: dict, checks) -> dict:
     res["impl_used"] = getattr(model.config, "_attn_implementation", None)
     try:
         res["smoke"] = smoke(model, _vocab(model, cfg))
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 -- the plain forward raised before the doctor: status no_forward, with its trace
         if _is_memory(e):
             raise
         return {**res, "status": NO_FORWARD, "stage": "forward", "reason": _line(e),
@@ -191,7 +191,7 @@ def run_doctor(res: dict, target, name: str, checks) -> dict:
         r = examine(target, name=name, checks=checks, seed=0)
     except TargetError as e:
         return {**res, "status": TARGET_ERROR, "stage": "doctor", "reason": str(e)[:300]}
-    except Exception as e:  # the doctor's own exception: a doctor_error row, triaged as a false alarm
+    except Exception as e:  # noqa: BLE001 -- the doctor's own exception: a doctor_error row, triaged as a false alarm
         if _is_memory(e):
             raise
         return {**res, "status": DOCTOR_ERROR, "stage": "doctor", "reason": _line(e),
