@@ -174,13 +174,30 @@ def _beside() -> dict:
     return out
 
 
+DERIVED = ("thread", "experiment")   # a row's, from its check's record (attention_doctor.checks.BY_NAME)
+
+
+def _rounded(v):
+    """Measurements at 6 significant digits (a table, not a checkpoint: the row's verdict is the doctor's)."""
+    if isinstance(v, float):
+        return float(f"{v:.6g}")
+    if isinstance(v, dict):
+        return {k: _rounded(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_rounded(x) for x in v]
+    return v
+
+
 def _slim(r: dict) -> dict:
-    """A result as zoo.json keeps it: no traceback, no per-check timings, details cut at 400 chars."""
+    """A result as zoo.json keeps it: no traceback, no per-check timings, details cut at 400 chars,
+    measurements rounded, nothing a check's record says."""
     r = {k: v for k, v in r.items() if k != "trace"}
     if "info" in r:
         r["info"] = {k: v for k, v in r["info"].items() if k != "seconds"}
     if "checks" in r:
-        r["checks"] = [{**c, "detail": _short(c.get("detail"), 400)} for c in r["checks"]]
+        r["checks"] = [{**{k: v for k, v in c.items() if k not in DERIVED}, "detail": _short(c.get("detail"), 400),
+                        **({"measurements": _rounded(c["measurements"])} if "measurements" in c else {})}
+                       for c in r["checks"]]
     return r
 
 
