@@ -251,11 +251,15 @@ def test_the_cause_of_a_low_precision_run_from_its_calls():
 class _MaskLM(nn.Module):
     """A small causal LM whose forward takes attention_mask (0/1, (B, T)); `ignore`: it takes the
     mask and never applies it; `nan`: its outputs are NaN everywhere; `forward_only`: it refuses
-    autograd as FlexAttention does on CPU ("does not support backward on CPU")."""
-    def __init__(self, ignore=False, nan=False, forward_only=False):
+    autograd as FlexAttention does on CPU ("does not support backward on CPU"); `promote`: with a
+    mask, its padded outputs are zeroed by a float32 mask, so a half model's stream turns float32 and
+    its next Linear raises (x-transformers' masked output with einx >= 0.4); `rejects`: it raises on
+    any mask."""
+    def __init__(self, ignore=False, nan=False, forward_only=False, promote=False, rejects=False):
         super().__init__()
         self.emb, self.qkv, self.head = nn.Embedding(32, 16), nn.Linear(16, 48), nn.Linear(16, 32)
         self.ignore, self.nan, self.forward_only = ignore, nan, forward_only
+        self.promote, self.rejects = promote, rejects
 
     def forward(self, idx, attention_mask=None):
         h = self.emb(idx)
@@ -266,8 +270,12 @@ class _MaskLM(nn.Module):
         keep = torch.ones(T, T, dtype=torch.bool).tril()
         if attention_mask is not None and not self.ignore:   # padding keys hidden; each query keeps its own: no empty row
             keep = keep & attention_mask.bool()[:, None, None, :] | torch.eye(T, dtype=torch.bool)
-        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep)
-        out = self.head(h + y.transpose(1, 2).reshape(B, T, C))
+        if attention_mask is not None and self.rejects:
+            raise ValueError("this target takes no mask of that kind")
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep).transpose(1, 2).reshape(B, T, C)
+        if attention_mask is not None and self.promote:
+            y = y * attention_mask[..., None].float()
+        out = self.head(h + y)
         return out * float("nan") if self.nan else out
 
 
@@ -301,3 +309,20 @@ def test_a_forward_only_target_runs_every_check_it_can_and_names_the_gradient_ha
         assert r[name].outcome == "inconclusive" and r[name].cause == "part_not_run", r[name].detail
         assert "refuses autograd" in r[name].reason and "gradient" in r[name].reason, r[name].reason
     assert r.exit_code == 3
+
+
+def test_a_target_that_raises_left_padded_in_low_precision_only_fails_low_precision():
+    """A left-padded batch the target runs in its own precision and raises on in float16 or
+    bfloat16 weights is the target's failure (raised_in_low_precision, the batch in its
+    measurements), never a part not run; a mask it rejects in any precision is not its failure."""
+    torch.manual_seed(0)
+    checks = ["eval_dropout", "low_precision"]
+    row = examine(_MaskLM(promote=True), checks=checks, strict=True)["low_precision"]
+    assert row.outcome == "fail" and row.cause == "raised_in_low_precision", row.detail
+    raised = [r for r in row.measurements["nonfinite_runs"] if "raised" in r]
+    assert raised and {r["batch"] for r in raised} == {"left_padded"}
+    assert {r["dtype"] for r in raised} == {"float16", "bfloat16"} and {r["mode"] for r in raised} == {"weights"}
+    assert "same dtype" in raised[0]["raised"]
+    assert examine(_MaskLM(), checks=checks, strict=True)["low_precision"].outcome == "pass"
+    row = examine(_MaskLM(rejects=True), checks=checks, strict=True)["low_precision"]
+    assert row.outcome != "fail" and row.cause != "raised_in_low_precision", row.detail

@@ -174,7 +174,8 @@ REGISTRY: tuple[Check, ...] = (
               "output_overflow": fails("finite weights, non-finite weights @ v"),
               "outside_attention": fails("the overflow is outside attention's scores (q, k, v arrive non-finite, or "
                                          "every attention call is finite)"),
-              "raised_in_low_precision": fails("the target raises in this precision on a plain batch"),
+              "raised_in_low_precision": fails("the target raises in this precision on a batch it runs in its own "
+                                               "precision (plain, or left-padded)"),
               "error_ratio": fails("finite, but an attention call's error against float64 exceeds twice the "
                                    "textbook's in the same dtype"),
               "unattributed": fails("non-finite, the calls could not be read to say why")},

@@ -80,9 +80,21 @@ def _nonfinite(ctx, amp, lp, autocast_dt, x, padded, run):
     """Non-finite real outputs of `lp` on a plain and a left-padded batch at each of _levels(amp),
     lowest first. Returns (what was found, in words; the same as records, `run` ({dtype, mode})
     and the batch and score added to each; the first failing run: (label, amplifier, batch) or
-    None; why the left-padded runs could not run, or None). A plain batch that raises is found
-    too ("raised"); a target that takes no padding mask has no left-padded runs (by nature)."""
+    None; why the left-padded runs could not run, or None). A batch that raises is found too
+    ("raised": the plain one, or the left-padded one where the target runs it in its own precision);
+    a target that takes no padding mask has no left-padded runs (by nature)."""
     found, records, first, not_run = [], [], None, None
+    own = {}   # does the target run the left-padded batch in its own precision (asked once)
+
+    def runs_own(xx, m) -> bool:
+        if "ok" not in own:
+            try:
+                ctx.run(xx, m)
+                own["ok"] = True
+            except (TargetRaised, Unsupported):
+                own["ok"] = False
+        return own["ok"]
+
     for lvl, aim, a in _levels(amp):
         for label, batch, (xx, m) in (("plain", "plain", (x, None)), ("left-padded", "left_padded", padded)):
             try:
@@ -93,11 +105,11 @@ def _nonfinite(ctx, amp, lp, autocast_dt, x, padded, run):
             except Unsupported:
                 continue
             except TargetRaised as e:
-                if m is None:   # a plain batch the target cannot run in this precision
+                if m is None or runs_own(xx, m):   # a batch it runs in its own precision raises in this one
                     found.append(f"{label}{lvl} raised {e.error}")
                     records.append({**run, "batch": batch, "scores": aim, "raised": e.error})
                     first = first or ("raised", a, (xx, m))
-                else:           # a mask the target rejects here: those runs did not run
+                else:           # a mask the target rejects in any precision: those runs did not run
                     not_run = not_run or f"the target raised on them: {e.error}"
                 continue
             n = int((~torch.isfinite(y if m is None else y[m])).sum())
@@ -199,7 +211,8 @@ def _size(ctx, amp, lp, auto, dt, first) -> tuple[str, str, dict]:
     label, a, (xx, m) = first
     sizes = {"finite_up_to": None, "reference_finite_up_to": None}
     if label == "raised":
-        return "raised_in_low_precision", "a plain batch raised", sizes
+        batch = "a plain batch" if m is None else "a left-padded batch it runs in its own precision"
+        return "raised_in_low_precision", f"{batch} raised", sizes
     try:
         _, calls = _run(ctx, a, lp, auto, xx, m, calls=True)
         _, calls32 = _run(ctx, a, ctx.adapter, None, xx, m, calls=True)
