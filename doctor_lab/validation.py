@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from attention_doctor.result import PASS, Row
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "doctor"
 
@@ -167,10 +169,11 @@ def specificity(out: Path):
     rows = []
     for lib, variant, m in targets:
         r = examine(m, name=f"{lib}: {variant}")
-        findings = [{"check": c.name, "verdict": c.verdict, "cause": c.cause, "explained": FINDINGS.get((lib, c.name))}
+        findings = [{"check": c.name, "outcome": c.outcome.value, "reason": c.reason, "cause": c.cause,
+                     "explained": FINDINGS.get((lib, c.name))}
                     for c in r.checks if c.outcome not in ("pass", "n/a")]
         rows.append({"library": lib, "variant": variant, "result": _rows(r), "findings": findings})
-        print(f"  {lib} {variant}: " + (", ".join(f"{f['check']}={f['verdict']}{'' if f['explained'] else ' UNEXPLAINED'}"
+        print(f"  {lib} {variant}: " + (", ".join(f"{f['check']}={f['outcome']}{'' if f['explained'] else ' UNEXPLAINED'}"
                                               for f in findings) or "nothing failed"))
     _write(out, "specificity", {"env": {**_env(), "transformers": transformers.__version__}, "rows": rows})
 
@@ -316,7 +319,7 @@ def _verdict(row, which, check):
     r = row.get(which + "_result", {})
     if "error" in r:
         return "error: " + r["error"]
-    return next((c["verdict"] for c in r["checks"] if c["name"] == check), "?")
+    return next((Row.from_dict(c).verdict for c in r["checks"] if c["name"] == check), "?")
 
 
 def _installed_version(package):
@@ -374,8 +377,8 @@ def references(out: Path, pinned: Path, sources: dict):
         rows.append(row)
         r = row.get("result")
         print(f"  {ref['name']}: " + (row.get("error") or f"{r['info']['checks_run']} of {r['info']['checks_total']} "
-                                      "checks run; " + ", ".join(f"{c['name']}={c['verdict'][:30]}" for c in r["checks"]
-                                                                 if c["verdict"] != "pass")))
+                                      "checks run; " + ", ".join(f"{c.name}={c.verdict[:30]}" for c in map(Row.from_dict, r["checks"])
+                                                                 if c.outcome is not PASS)))
     _write(out, "references", {"env": _env(), "rows": rows, "pinned": REF_PINNED, "clones": CLONES})
 
 

@@ -112,11 +112,15 @@ def test_bad_input_is_one_line_and_exit_2(args, names, capsys, tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
-PAD = "real tokens' outputs against the unpadded row: right padding {r}, left padding {l}"
+def pad(right, left, with_positions=None, limit=1e-05) -> dict:
+    """A padding row's measurements, as the doctor's schema names them."""
+    m = {"right": right, "left": left, "limit": limit}
+    return m if with_positions is None else {**m, "left_with_positions": with_positions}
 
 
-def _check(name, verdict, detail="", tolerance="<= 1e-05", **kw):
-    return {"name": name, "verdict": verdict, "measured": 0.5, "tolerance": tolerance, "detail": detail, **kw}
+def _check(name, verdict, detail="", tolerance="<= 1e-05", m=None, **kw):
+    return {"name": name, "verdict": verdict, "measured": 0.5, "tolerance": tolerance, "detail": detail,
+            "measurements": m or {}, **kw}
 
 
 def _table(results, version="5.23.0", **extra):
@@ -129,9 +133,9 @@ def test_report_section_counts_problems_and_rows(tmp_path):
     from doctor_lab.report.sections import zoo as section
     results = [
         {"arch": "gpt2", "impl": "eager", "status": "examined", "cpu_s": 1.0,
-         "checks": [_check("padding", "warn", PAD.format(r="1e-07", l="0.7")), _check("low_precision", "fail")]},
+         "checks": [_check("padding", "warn", m=pad(1e-07, 0.7)), _check("low_precision", "fail")]},
         {"arch": "gpt2", "impl": "sdpa", "status": "examined", "cpu_s": 1.0,
-         "checks": [_check("padding", "warn", PAD.format(r="1e-07", l="0.7")), _check("low_precision", "pass")]},
+         "checks": [_check("padding", "warn", m=pad(1e-07, 0.7)), _check("low_precision", "pass")]},
         {"arch": "llama", "impl": "eager", "status": "examined", "cpu_s": 1.0,
          "checks": [_check("padding", "pass"), _check("low_precision", "fail"), _check("long_positions", "n/a: needs x"),
                     _check("score_scale", "inconclusive: could not see the scores")]},
@@ -165,33 +169,44 @@ def test_report_section_counts_problems_and_rows(tmp_path):
 
 
 def test_triage_checks_the_row_against_its_reason():
+    """Triage reads a row's outcome, cause and measurements (the doctor's schema), never its words:
+    padding's sides from right, left and limit; an exception from the measurements that carry one;
+    a rule's measures as records, ranges, patterns and absences."""
     from doctor_lab.report import triage
-    assert triage.padding_sides(PAD.format(r="0.00317", l="0.97"), "<= 1e-05") == {"right", "left"}
-    assert triage.padding_sides(PAD.format(r="1e-07", l="0.97") + ", left padding with position ids from the mask 1e-07",
-                                "<= 1e-05") == {"left"}
-    assert triage.padding_sides("something else", "<= 1e-05") is None
-    # a row of the doctor's schema is read from its measurements, whatever its detail says
-    assert triage.padding_sides("reworded", "", {"right": 1e-07, "left": 0.97, "limit": 1e-05}) == {"left"}
-    assert triage.padding_sides(PAD.format(r="0.00317", l="0.97"), "<= 1e-05",
-                                {"right": 1e-07, "left": 1e-07, "limit": 1e-05}) == set()
+    assert triage.padding_sides(pad(0.00317, 0.97)) == {"right", "left"}
+    assert triage.padding_sides(pad(1e-07, 0.97, 1e-07)) == {"left"}
+    assert triage.padding_sides(pad(1e-07, 1e-07)) == set() and triage.padding_sides({}) is None
     entries = triage.load()
-    row = lambda arch, detail, verdict="fail", **kw: {"arch": arch, "impl": "eager", "check": "padding",  # noqa: E731
-                                                      "verdict": verdict, "detail": detail, "tolerance": "<= 1e-05",
-                                                      "cause": "", **kw}
+    row = lambda arch, m, verdict="fail", **kw: {"arch": arch, "impl": "eager", "check": "padding",  # noqa: E731
+                                                 "verdict": verdict, "detail": "", "tolerance": "",
+                                                 "cause": "", "measurements": m, **kw}
     # a decoder that fails left padding only is #19581's; one whose right padding fails is not
-    assert triage.assign(row("bart", PAD.format(r="6e-08", l="0.65")), entries)["id"] == "decoder_positions_no_position_ids"
-    assert triage.assign(row("bart", PAD.format(r="0.003", l="0.65")), entries) is None
-    assert triage.assign(row("bart", "no sides in this detail"), entries) is None
+    assert triage.assign(row("bart", pad(6e-08, 0.65)), entries)["id"] == "decoder_positions_no_position_ids"
+    assert triage.assign(row("bart", pad(0.003, 0.65)), entries) is None
+    assert triage.assign(row("bart", {}), entries) is None
     # the doctor's own cause, where it names one, groups untriaged rows and must agree with an entry's causes
     lp = {"arch": "x", "impl": "eager", "check": "low_precision", "verdict": "fail", "detail": "", "tolerance": ""}
     assert triage.assign({**lp, "cause": ""}, entries)["id"] == "qk_fp16_before_scale"
     assert triage.assign({**lp, "cause": "mask fill overflows in float16"}, entries) is None
     ps = triage.problems([{**lp, "arch": a, "cause": "mask fill overflows in float16"} for a in ("x", "y")], entries)
     assert [(p["key"], len(p["rows"])) for p in ps] == [("cause:mask fill overflows in float16", 2)]
+    # an error rule reads the exception a run raised, in the library's words
+    raised = {**lp, "arch": "dbrx", "impl": "sdpa", "cause": "raised_in_low_precision", "measurements": {
+        "nonfinite_runs": [{"batch": "plain", "mode": "autocast", "raised": "RuntimeError: index_add_(): self (Float)"}]}}
+    assert triage.assign(raised, entries)["id"] == "dbrx_autocast_index_add"
+    assert triage.assign({**raised, "measurements": {"nonfinite_runs": [{"raised": "RuntimeError: boom"}]}}, entries) is None
+    # measures: a record among a list, a range, a pattern, None for absent; each item of a list of records
+    match = triage._measure_matches
+    runs = [{"batch": "plain", "scores": None}, {"batch": "left_padded", "scores": 30000.0, "nonfinite": 7}]
+    assert match({"batch": "left_padded", "nonfinite": [1, 10]}, runs) and not match({"batch": "plain", "nonfinite": [1, 10]}, runs)
+    assert match({"scores": "*"}, runs) and not match({"batch": "plain", "scores": "*"}, runs)
+    assert match([{"batch": "plain"}, {"scores": 30000.0}], runs) and not match([{"batch": "plain"}, {"batch": "x"}], runs)
+    assert match(None, None) and not match(None, 0.5) and not match([0, 1], True)
     # a word outside the doctor's outcomes (the old `skip`, nothing at all) is inconclusive, never a pass
-    assert [triage.outcome(v) for v in ("pass", "warn: x", "skip: needs a KV cache", "n/a: no cache",
-                                        "inconclusive: raised", "")] == [
+    assert [triage.outcome({"verdict": v}) for v in ("pass", "warn: x", "skip: needs a KV cache", "n/a: no cache",
+                                                     "inconclusive: raised", "")] == [
         "pass", "warn", "inconclusive", "n/a", "inconclusive", "inconclusive"]
+    assert triage.outcome({"outcome": "fail", "verdict": "pass"}) == "fail"   # the schema's field, not the display
 
 
 def test_triage_entries_are_problems_with_their_evidence():
@@ -246,9 +261,9 @@ def test_conditions_label_what_a_row_needs():
     from doctor_lab.zoo.conditions import BY_NAME, needs
     reruns = {"float32": {"verdict": "fail"}, "float64": {"verdict": "fail"}, "seed1": {"verdict": "fail"},
               "pad_row": {"verdict": "pass"}, "pad_id": {"verdict": "n/a: nothing to change"}}
-    assert needs("fail", reruns) == [BY_NAME["pad_row"].needs] == ["random-init artifact: needs a zero pad row"]
-    assert needs("fail", {k: {"verdict": "fail"} for k in BY_NAME}) == []
-    assert needs("pass", reruns) == []
+    assert needs({"outcome": "fail"}, reruns) == [BY_NAME["pad_row"].needs] == ["random-init artifact: needs a zero pad row"]
+    assert needs({"outcome": "fail"}, {k: {"verdict": "fail"} for k in BY_NAME}) == []
+    assert needs({"outcome": "pass"}, reruns) == []
 
 
 def test_conditions_change_the_model():
@@ -307,7 +322,7 @@ def test_a_new_fail_is_rerun_under_each_condition_and_resumes(tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     rec = json.loads((tmp_path / "confirm" / "xlm__eager.json").read_text())
     assert rec["checks"] == ["padding"] and set(rec["conditions"]) == {"float32", "float64", "seed1", "pad_row", "pad_id"}
-    assert all(outcome(c["padding"]["verdict"]) == "fail" for c in rec["conditions"].values())
+    assert all(outcome(c["padding"]) == "fail" for c in rec["conditions"].values())
     row = next(r for r in csv.DictReader(open(tmp_path / "zoo.csv")) if r["check"] == "padding")
     assert row["reruns"] == "float32:fail float64:fail seed1:fail pad_row:fail pad_id:fail" and row["needs"] == ""
     p = zoo("--arch", "xlm", "--impl", "eager", out=tmp_path)

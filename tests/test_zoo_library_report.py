@@ -8,12 +8,20 @@ import pytest
 
 from conftest import ROOT
 
-PAD = "real tokens' outputs against the unpadded row: right padding {r}, left padding {l}"
-POS = ", left padding with position ids from the mask {p}"
+
+def pad(right, left, with_positions=None, limit=1e-05) -> dict:
+    """A padding row's measurements, as the doctor's schema names them."""
+    m = {"right": right, "left": left, "limit": limit}
+    return m if with_positions is None else {**m, "left_with_positions": with_positions}
 
 
-def _check(name, verdict, detail="", tolerance="<= 1e-05"):
-    return {"name": name, "verdict": verdict, "detail": detail, "tolerance": tolerance, "measured": None}
+OVERFLOW_PLAIN = {"nonfinite_runs": [{"dtype": "float16", "mode": "weights", "batch": "plain", "scores": 30000.0,
+                                      "nonfinite": 1024}]}
+
+
+def _check(name, verdict, detail="", tolerance="<= 1e-05", m=None):
+    return {"name": name, "verdict": verdict, "detail": detail, "tolerance": tolerance, "measured": None,
+            "measurements": m or {}}
 
 
 def _table(results, version, **extra):
@@ -30,11 +38,11 @@ def _write(root, version, results, **extra):
 
 XT_ROWS = [
     {"arch": "alibi_pos_bias", "impl": "flash", "status": "examined",
-     "checks": [_check("padding", "warn", PAD.format(r="2e-07", l="0.67") + POS.format(p="2e-07")),
+     "checks": [_check("padding", "warn", m=pad(2e-07, 0.67, 2e-07)),
                 _check("score_scale", "pass")]},
     {"arch": "alibi_pos_bias", "impl": "einsum", "status": "examined",
-     "checks": [_check("padding", "warn", PAD.format(r="0", l="0.67") + POS.format(p="0")),
-                _check("low_precision", "fail", "float16 weights: 1024 non-finite plain at scores ~3e4")]},
+     "checks": [_check("padding", "warn", m=pad(0, 0.67, 0)),
+                _check("low_precision", "fail", m=OVERFLOW_PLAIN)]},
     {"arch": "shift_tokens", "impl": "flash", "status": "examined",
      "checks": [_check("kv_cache", "fail", "cached against the full forward: new tokens 0.735")]},
     {"arch": "attn_gumbel_softmax", "impl": "einsum", "status": "examined",
@@ -91,7 +99,7 @@ def test_diffusers_section_counts(tmp_path):
     from doctor_lab.report.sections import zoo_diffusers
     rows = [
         {"arch": "JointAttnProcessor2_0", "impl": "cross", "status": "examined",
-         "checks": [_check("padding", "fail", PAD.format(r="0.323", l="0.272"))]},
+         "checks": [_check("padding", "fail", m=pad(0.323, 0.272))]},
         {"arch": "AttnProcessor2_0", "impl": "cross", "status": "examined",
          "checks": [_check("padding", "pass"), _check("self_visibility", "inconclusive: needs the attention weights")]},
         {"arch": "FluxAttnProcessor2_0", "impl": "self", "status": "doctor_error",
@@ -111,19 +119,25 @@ def test_library_triage_rules_check_the_row():
     from doctor_lab.report import triage
     from doctor_lab.report.sections import zoo_diffusers, zoo_xt
     xt = zoo_xt.TRIAGE.entries()
-    row = lambda arch, check, verdict, detail, impl="einsum": {  # noqa: E731
-        "arch": arch, "impl": impl, "check": check, "verdict": verdict, "detail": detail, "tolerance": "<= 1e-05", "cause": ""}
-    pos = PAD.format(r="0", l="0.7") + POS.format(p="0")
-    assert triage.assign(row("use_rmsnorm", "padding", "warn", pos), xt)["id"] == "xt_absolute_positions_left_padding"
+    row = lambda arch, check, verdict, m, impl="einsum": {  # noqa: E731
+        "arch": arch, "impl": impl, "check": check, "verdict": verdict, "detail": "", "tolerance": "", "cause": "",
+        "measurements": m}
+    assert triage.assign(row("use_rmsnorm", "padding", "warn", pad(0, 0.7, 0)), xt)["id"] == "xt_absolute_positions_left_padding"
     # a right padding that moves the outputs is not explained by the positions of left padding
-    assert triage.assign(row("use_rmsnorm", "padding", "warn", PAD.format(r="0.1", l="0.7")), xt) is None
+    assert triage.assign(row("use_rmsnorm", "padding", "warn", pad(0.1, 0.7)), xt) is None
     # the fp16 overflow is the einsum path's; the same fail on the flash path is not this reason
-    lp = "float16 weights: 2048 non-finite plain at scores ~3e4"
-    assert triage.assign(row("use_rmsnorm", "low_precision", "fail", lp), xt)["id"] == "xt_einsum_qk_fp16_before_scale"
-    assert triage.assign(row("use_rmsnorm", "low_precision", "fail", lp, impl="flash"), xt) is None
+    assert triage.assign(row("use_rmsnorm", "low_precision", "fail", OVERFLOW_PLAIN), xt)["id"] == "xt_einsum_qk_fp16_before_scale"
+    assert triage.assign(row("use_rmsnorm", "low_precision", "fail", OVERFLOW_PLAIN, impl="flash"), xt) is None
     # a build error for another reason than the finding's is not the finding
-    assert triage.assign(row("polar_bias_uniform_init", "build_error", "error", "leaf Variable ... in-place"), xt)["kind"] == "finding"
-    assert triage.assign(row("polar_bias_uniform_init", "build_error", "error", "CUDA out of memory"), xt) is None
+    leaf = {"error": "RuntimeError: a leaf Variable that requires grad is being used in an in-place operation."}
+    assert triage.assign(row("polar_bias_uniform_init", "build_error", "error", leaf), xt)["kind"] == "finding"
+    assert triage.assign(row("polar_bias_uniform_init", "build_error", "error", {"error": "CUDA out of memory"}), xt) is None
+    # `!pattern` leaves architectures out: dynamic_pos_bias's float32 positions come first for its rows
+    raised = {"nonfinite_runs": [{"batch": "left_padded", "raised": "RuntimeError: mat1 and mat2 must have the same dtype, "
+                                                                    "but got Float and Half"}]}
+    einx = {**row("use_rmsnorm", "low_precision", "fail", raised, impl="flash"), "cause": "raised_in_low_precision"}
+    assert triage.assign(einx, xt)["id"] == "xt_masked_output_float32"
+    assert triage.assign({**einx, "arch": "dynamic_pos_bias"}, xt)["id"] == "xt_dynamic_pos_bias_float32_positions"
     # a release without the option: its build error is not a row at all
     absent = {"arch": "polar_pos_emb", "impl": "flash", "status": "build_error",
               "reason": "AssertionError: unrecognized kwargs passed in dict_keys(['polar_pos_emb'])"}

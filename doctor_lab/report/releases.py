@@ -78,7 +78,7 @@ def cells(z: dict, entries: list[dict], spec: triage.Spec = triage.TRANSFORMERS)
             worse(r["arch"], "not_examined")
         else:
             worse(r["arch"], "pass")
-            if any(triage.outcome(c["verdict"]) == "inconclusive" for c in r["checks"]):
+            if any(triage.outcome(c) == "inconclusive" for c in r["checks"]):
                 worse(r["arch"], "inconclusive")
     for p in triage.problems(spec.flags(z["results"]), entries):
         kind = problem_kind(p, needs)

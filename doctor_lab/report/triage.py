@@ -10,10 +10,14 @@ from pathlib import Path
 
 import yaml
 
+from attention_doctor.result import OUTCOMES as ALL_OUTCOMES
+from attention_doctor.result import Row
+
 TRIAGE = Path(__file__).resolve().parents[1] / "zoo" / "triage.yaml"
 KINDS = {"known": "known behaviour", "false_alarm": "doctor false alarm", "finding": "new finding"}
-RULE_KEYS = {"check", "verdict", "impl", "archs", "sides", "cause", "detail"}
-OUTCOMES = ("pass", "fail", "warn", "n/a", "inconclusive")
+RULE_KEYS = {"check", "verdict", "impl", "archs", "sides", "cause", "error", "measures", "not_run"}
+ENTRY_KEYS = {"id", "kind", "thread", "finding", "note", "match"}
+OUTCOMES = tuple(o.value for o in ALL_OUTCOMES)
 # a target x path the doctor never examined because it raised first (doctor_lab/zoo/worker.py's
 # statuses): a library zoo's row with check = the status, verdict `error`, detail = the reason
 ERRORS = ("build_error", "forward_error", "doctor_target_error", "doctor_error", "timeout", "crash", "memory")
@@ -38,12 +42,11 @@ class Spec:
         return r["status"] == "build_error" and any(w in r.get("reason", "") for w in self.absent)
 
 
-def outcome(verdict: str) -> str:
-    """A verdict's class: pass, fail, warn; `n/a: why` (the target cannot have the failure);
-    `inconclusive: why` (the check applies but could not be performed). Anything else is
-    inconclusive: never a pass."""
-    head = (verdict or "").strip().split(":", 1)[0].strip()
-    return head if head in OUTCOMES else "inconclusive"
+def outcome(c: dict) -> str:
+    """A zoo row's outcome (pass, fail, warn, n/a, inconclusive), read by the doctor's one parser
+    (Row.from_dict: this schema's `outcome`, an older table's `verdict`); anything else is
+    inconclusive, never a pass."""
+    return Row.from_dict({"name": "", **c}).outcome.value
 
 
 def load(path=TRIAGE) -> list[dict]:
@@ -62,6 +65,8 @@ def load(path=TRIAGE) -> list[dict]:
             raise ValueError(f"{where}: a finding names its docs/findings/ page")
         if e["kind"] == "known" and not e.get("thread"):
             raise ValueError(f"{where}: a known behaviour names its thread (or the source that says it)")
+        if set(e) - RULE_KEYS - ENTRY_KEYS:
+            raise ValueError(f"{where}: unknown keys {', '.join(sorted(set(e) - RULE_KEYS - ENTRY_KEYS))}")
         e["rules"] = e.get("match") or [{k: e[k] for k in RULE_KEYS if k in e}]
         for r in e["rules"]:
             if "check" not in r or set(r) - RULE_KEYS:
@@ -72,7 +77,9 @@ def load(path=TRIAGE) -> list[dict]:
 def flags(results: list[dict], release: str = "", kinds=("fail", "warn"), absent=()) -> list[dict]:
     """The rows of a zoo table's results whose outcome is one of `kinds` (one per architecture x
     impl x check; with `error` in kinds, one per architecture x impl that raised before the doctor
-    could examine it, unless its build error says the release lacks it: words of `absent`)."""
+    could examine it, unless its build error says the release lacks it: words of `absent`). A row
+    as the doctor's schema reads it (Row.from_dict): outcome, reason, cause, measurements; a status
+    row's error (the library's exception, as the worker recorded it) in measurements["error"]."""
     out = []
     for r in results:
         if r.get("status") != "examined":
@@ -80,38 +87,64 @@ def flags(results: list[dict], release: str = "", kinds=("fail", "warn"), absent
                     r["status"] == "build_error" and any(w in r.get("reason", "") for w in absent)):
                 out.append({"arch": r["arch"], "impl": r["impl"], "check": r["status"], "verdict": "error",
                             "measured": None, "tolerance": "", "detail": r.get("reason") or "", "cause": "",
-                            "release": release})
+                            "measurements": {"error": r.get("reason") or ""}, "release": release})
             continue
         for c in r.get("checks", []):
-            kind = outcome(c.get("verdict", ""))
+            row = Row.from_dict(c)
+            kind = row.outcome.value
             if kind in kinds:
-                why = c["verdict"].split(":", 1)[1].strip() if kind == "inconclusive" and ":" in c["verdict"] else ""
-                out.append({"arch": r["arch"], "impl": r["impl"], "check": c["name"], "verdict": kind,
-                            "measured": c.get("measured"), "tolerance": c.get("tolerance") or "",
-                            "detail": "; ".join(x for x in (why, c.get("detail") or "") if x),  # an inconclusive's why first
-                            "cause": c.get("cause") or "", "measurements": c.get("measurements") or {},
-                            "release": release})
+                out.append({"arch": r["arch"], "impl": r["impl"], "check": row.name, "verdict": kind,
+                            "measured": row.measured, "tolerance": row.tolerance,
+                            "detail": "; ".join(x for x in (row.reason, row.detail) if x),  # for people: never matched
+                            "cause": row.cause, "measurements": row.measurements, "release": release})
     return out
 
 
-_NUM = r"([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[-+]?\d+)?|nan|inf)"
-
-
-def padding_sides(detail: str, tolerance: str, measurements: dict | None = None) -> set[str] | None:
-    """Which sides of the padding check moved the real tokens past its tolerance ({'right',
-    'left'}): from the row's measurements (right, left, limit: the doctor's schema); in a table
-    written before rows carried them, read from its detail; None when neither says (the row then
-    matches no rule that names sides: a reason that cannot be checked against the row is not a triage)."""
+def padding_sides(measurements: dict | None) -> set[str] | None:
+    """Which sides of the padding check moved the real tokens past its limit ({'right', 'left'}),
+    from the row's measurements (right, left, limit: the doctor's schema); None when they do not
+    say (the row then matches no rule that names sides: a reason that cannot be checked against the
+    row is not a triage)."""
     m = measurements or {}
-    if all(isinstance(m.get(k), (int, float)) for k in ("right", "left", "limit")):
-        return {side for side in ("right", "left") if not m[side] <= m["limit"]}
-    right = re.search(r"right padding " + _NUM, detail)
-    left = re.search(r"left padding " + _NUM + r"(?! with)", detail)
-    tol = re.search(r"<=\s*" + _NUM, tolerance or "")
-    if not (right and left and tol):
+    if not all(isinstance(m.get(k), (int, float)) for k in ("right", "left", "limit")):
         return None
-    limit = float(tol[1])
-    return {side for side, m in (("right", right), ("left", left)) if not float(m[1]) <= limit}
+    return {side for side in ("right", "left") if not m[side] <= m["limit"]}
+
+
+def errors(measurements: dict) -> list[str]:
+    """The exceptions a row carries, in the words of the code that raised (never the doctor's):
+    its `error`, each run's `raised` (low_precision's runs), the values of `not_run` (why a part
+    could not run: the target's exception where it raised)."""
+    found = []
+
+    def walk(x, key=""):
+        if isinstance(x, dict):
+            for k, v in x.items():
+                walk(v, "not_run" if key == "not_run" else k)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                walk(v, key)
+        elif isinstance(x, str) and key in ("error", "raised", "not_run"):
+            found.append(x)
+    walk(measurements)
+    return found
+
+
+def _measure_matches(want, got) -> bool:
+    """A rule's `measures` value against a row's measurement: a dict, a record (or one record of a
+    list of them) holding each of its items; a list of dicts, each so; [lo, hi], a number in that
+    range; a string, an fnmatch pattern of the value; None, absent; else equal."""
+    if isinstance(want, list) and want and all(isinstance(w, dict) for w in want):
+        return all(_measure_matches(w, got) for w in want)
+    if isinstance(want, dict):
+        if isinstance(got, list):
+            return any(_measure_matches(want, g) for g in got)
+        return isinstance(got, dict) and all(_measure_matches(v, got.get(k)) for k, v in want.items())
+    if isinstance(want, list) and len(want) == 2 and all(isinstance(w, (int, float)) for w in want):
+        return isinstance(got, (int, float)) and not isinstance(got, bool) and want[0] <= got <= want[1]
+    if isinstance(want, str):
+        return got is not None and fnmatch.fnmatchcase(str(got), want)
+    return want == got
 
 
 def _rule_matches(rule: dict, f: dict) -> bool:
@@ -120,14 +153,22 @@ def _rule_matches(rule: dict, f: dict) -> bool:
         return False
     if rule.get("verdict", f["verdict"]) != f["verdict"] or rule.get("impl", f["impl"]) not in (f["impl"], "*"):
         return False
-    if not any(fnmatch.fnmatchcase(f["arch"], p) for p in rule.get("archs", ["*"])):
-        return False
+    archs = rule.get("archs", ["*"])
+    if not any(fnmatch.fnmatchcase(f["arch"], p) for p in archs if not p.startswith("!")) or any(
+            fnmatch.fnmatchcase(f["arch"], p[1:]) for p in archs if p.startswith("!")):
+        return False  # `!pattern`: not these architectures (another entry explains them first)
     if "cause" in rule and f.get("cause") and not any(fnmatch.fnmatchcase(f["cause"], p) for p in rule["cause"]):
         return False  # the doctor named another cause than this entry's
-    if "detail" in rule and not re.search(rule["detail"], f["detail"]):
-        return False  # the row does not show what this reason is about
+    m = f.get("measurements") or {}
+    if "error" in rule and not any(re.search(rule["error"], e) for e in errors(m)):
+        return False  # the row does not carry the exception this reason is about
+    if "measures" in rule and not all(_measure_matches(v, m.get(k)) for k, v in rule["measures"].items()):
+        return False  # the row's measurements are not what this reason is about
+    if "not_run" in rule and not any(fnmatch.fnmatchcase(part, p) for part in (m.get("not_run") or {})
+                                     for p in rule["not_run"]):
+        return False  # the part this reason says could not run is not the row's
     if "sides" in rule:  # the thread explains only these sides: a row failing another is not its
-        sides = padding_sides(f["detail"], f["tolerance"], f.get("measurements")) if f["check"] == "padding" else None
+        sides = padding_sides(m) if f["check"] == "padding" else None
         if not sides or not sides <= set(rule["sides"]):
             return False
     return True

@@ -20,6 +20,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from attention_doctor.result import FAIL, NA, PASS, Row
 from doctor_lab.styles import CASES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,7 +50,7 @@ def row_outcome(record, check) -> tuple[str, str]:
     """(outcome, cause) of one check in a run; ("missing", "") where the run gave no such row."""
     for r in (record["result"] or {}).get("checks", []):
         if r["name"] == check:
-            return r["verdict"].split(":", 1)[0], r.get("cause", "")
+            return Row.from_dict(r).outcome.value, r.get("cause", "")
     return "missing", ""
 
 
@@ -63,7 +64,7 @@ def judge(case, record) -> str:
         return "exit 2 (unusable)"
     if case.bug is None:   # exit 0, or 1 with exactly its style's hazards failing
         failed = {(r["name"], r.get("cause", "")) for r in (record["result"] or {}).get("checks", [])
-                  if r["verdict"].startswith("fail")}
+                  if Row.from_dict(r).outcome is FAIL}
         if failed == set(case.expects):
             return {0: EXPECTED, 1: EXPECTED, 3: HEALTHY_INCONCLUSIVE}.get(record["rc"], f"healthy: exit {record['rc']}")
         return f"healthy: exit {record['rc']}"
@@ -78,9 +79,9 @@ def judge(case, record) -> str:
 
 def not_passing(record) -> str:
     """A healthy run's rows other than pass and n/a, as `check outcome (cause)`."""
-    rows = (record["result"] or {}).get("checks", [])
-    return "; ".join(f"{r['name']} {r['verdict'].split(':', 1)[0]}" + (f" ({r['cause']})" if r.get("cause") else "")
-                     for r in rows if r["verdict"].split(":", 1)[0] not in ("pass", "n/a")) or "-"
+    rows = [Row.from_dict(r) for r in (record["result"] or {}).get("checks", [])]
+    return "; ".join(f"{r.name} {r.outcome}" + (f" ({r.cause})" if r.cause else "")
+                     for r in rows if r.outcome not in (PASS, NA)) or "-"
 
 
 def table(cases, records) -> str:

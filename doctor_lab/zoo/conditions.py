@@ -69,8 +69,8 @@ CONDITIONS = (
 BY_NAME = {c.name: c for c in CONDITIONS}
 
 
-def needs(row_verdict: str, reruns: dict[str, dict]) -> list[str]:
+def needs(row: dict, reruns: dict[str, dict]) -> list[str]:
     """The labels of the conditions under which a flagged row (fail or warn) passes."""
-    if outcome(row_verdict) not in ("fail", "warn"):
+    if outcome(row) not in ("fail", "warn"):
         return []
-    return [BY_NAME[n].needs for n in BY_NAME if n in reruns and outcome(reruns[n].get("verdict", "")) == "pass"]
+    return [BY_NAME[n].needs for n in BY_NAME if n in reruns and outcome(reruns[n]) == "pass"]

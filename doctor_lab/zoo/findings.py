@@ -24,6 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from attention_doctor.result import Row
+
 ROOT = Path(__file__).resolve().parents[2]
 FINDINGS = ROOT / "docs" / "findings"
 REQUIREMENTS = ROOT / "requirements-validation.txt"
@@ -202,7 +204,7 @@ def zoo_rows(arch_list: list[str], out: Path, transformers: Path | None = None) 
     if p.returncode:
         raise RuntimeError(p.stderr.strip()[-500:])
     z = json.loads((Path(out) / "zoo.json").read_text())
-    return {(r["arch"], r["impl"], c["name"]): c["verdict"].split(":")[0]
+    return {(r["arch"], r["impl"], c["name"]): Row.from_dict(c).outcome.value
             for r in z["results"] if r["status"] == "examined" for c in r["checks"]}
 
 

@@ -7,6 +7,7 @@ import csv
 import json
 from pathlib import Path
 
+from attention_doctor.result import Row
 from doctor_lab.report.triage import outcome
 from doctor_lab.zoo import cost
 from doctor_lab.zoo.conditions import CONDITIONS, needs
@@ -34,7 +35,7 @@ def _short(text, n=160) -> str:
 def reruns(results: list[dict], reran: list[dict]) -> list[dict]:
     """One entry per rerun row (arch, impl, check): its verdict, each condition's outcome and
     number, and what it needs (the conditions under which it passes)."""
-    verdicts = {(r["arch"], r["impl"], c["name"]): c["verdict"]
+    verdicts = {(r["arch"], r["impl"], c["name"]): c
                 for r in results if r["status"] == EXAMINED for c in r["checks"]}
     out = []
     for rec in reran:
@@ -49,7 +50,8 @@ def reruns(results: list[dict], reran: list[dict]) -> list[dict]:
                 why = got.get("error") or rec.get("reason") or "not rerun"
                 conds[c.name] = {"verdict": mine.get("verdict") or f"inconclusive: {why}"[:200],
                                  "measured": mine.get("measured"), "changed": got.get("changed", "")}
-            out.append({"arch": rec["arch"], "impl": rec["impl"], "check": check, "verdict": row,
+            out.append({"arch": rec["arch"], "impl": rec["impl"], "check": check,
+                        "verdict": Row.from_dict({"name": check, **row}).verdict,
                         "conditions": conds, "needs": needs(row, conds)})
     return sorted(out, key=lambda e: (e["arch"], e["impl"], e["check"]))
 
@@ -61,17 +63,17 @@ def flat(results: list[dict], reran: list[dict] = ()) -> list[dict]:
     for r in results:
         info = r.get("info") or {}
         ran = (f"{info['checks_run']}/{info['checks_total']}" if "checks_total" in info
-               else str(sum(outcome(c["verdict"]) in ("pass", "fail", "warn") for c in r.get("checks", []))))
+               else str(sum(outcome(c) in ("pass", "fail", "warn") for c in r.get("checks", []))))
         base = {"arch": r["arch"], "impl": r["impl"], "class": r.get("class") or "", "status": r["status"],
                 "checks_run": ran if r["status"] == EXAMINED else ""}
         if r["status"] == EXAMINED:
             for c in r["checks"]:
                 m = c.get("measured")
                 e = by.get((r["arch"], r["impl"], c["name"]))
-                out.append({**base, "check": c["name"], "verdict": c["verdict"], "cause": c.get("cause") or "",
+                out.append({**base, "check": c["name"], "verdict": Row.from_dict(c).verdict, "cause": c.get("cause") or "",
                             "measured": "" if m is None else (f"{m:.3g}" if isinstance(m, float) else m),
                             "tolerance": c.get("tolerance") or "",
-                            "reruns": " ".join(f"{k}:{outcome(v['verdict'])}" for k, v in e["conditions"].items()) if e else "",
+                            "reruns": " ".join(f"{k}:{outcome(v)}" for k, v in e["conditions"].items()) if e else "",
                             "needs": "; ".join(e["needs"]) if e else "",
                             "detail": _short(c.get("detail"))})
         else:
@@ -95,7 +97,10 @@ def _why_not(results: list[dict], arch: str) -> list[str]:
 
 
 def _verdicts(r: dict) -> tuple:
-    return r["status"], tuple((c["name"], c.get("verdict"), c.get("cause") or "") for c in r.get("checks", ()))
+    """What a rerun must change to rewrite a row: its status, and per check its outcome, reason,
+    cause and the names of its measurements (a row of an older schema, without them, is rewritten)."""
+    return r["status"], tuple((c["name"], c.get("outcome"), c.get("reason"), c.get("cause") or "",
+                               tuple(sorted(c.get("measurements") or ()))) for c in r.get("checks", ()))
 
 
 def committed(out: Path, results: list[dict], versions: dict) -> tuple[list[dict] | None, dict | None]:

@@ -6,11 +6,11 @@ the public reference implementations, shipped bugs caught in pinned releases, th
 import json
 from pathlib import Path
 
+from attention_doctor.checks import REGISTRY
+from attention_doctor.result import FAIL, INCONCLUSIVE, NA, RAN, WARN, Row
+
 NAME = "doctor"
-SHORT = {"eval_dropout": "dropout", "future_leak": "leak", "self_visibility": "self", "kv_cache": "cache",
-         "batch_independence": "batch", "padding": "pad", "fully_masked_rows": "masked rows",
-         "amplified_logits": "amplified", "low_precision": "low prec.", "long_positions": "long pos.",
-         "score_scale": "scale", "path_agreement": "paths"}
+SHORT = {c.name: c.short for c in REGISTRY}   # the label on each check's record
 
 
 def _load(fig_dir: Path) -> dict:
@@ -18,23 +18,14 @@ def _load(fig_dir: Path) -> dict:
     return {p.stem: json.loads(p.read_text()) for p in sorted(d.glob("*.json"))} if d.is_dir() else {}
 
 
-def _outcome(verdict: str) -> str:
-    """pass, fail, warn, n/a, inconclusive (the verdict without its reason)."""
-    return verdict.split(":", 1)[0]
+def _rows(result: dict) -> dict[str, Row]:
+    """{check: Row} of a result's JSON, read by the doctor's one parser (this schema or the older)."""
+    return {c["name"]: Row.from_dict(c) for c in result["checks"]}
 
 
-def _cell(verdict: str, targeted: bool) -> str:
-    v = _outcome(verdict)
-    v = {"inconclusive": "inconcl."}.get(v, v)
+def _cell(row: Row, targeted: bool) -> str:
+    v = {"inconclusive": "inconcl."}.get(row.outcome.value, row.outcome.value)
     return f"**{v}**" if targeted else {"pass": "pass", "n/a": "–"}.get(v, v)
-
-
-def _verdicts(result: dict) -> dict:
-    return {c["name"]: c["verdict"] for c in result["checks"]}
-
-
-def _causes(result: dict) -> dict:
-    return {c["name"]: c.get("cause", "") for c in result["checks"]}
 
 
 def sensitivity(s: dict) -> str:
@@ -43,17 +34,17 @@ def sensitivity(s: dict) -> str:
     lines = [head, "|" + "---|" * (len(names) + 2)]
     missed, untargeted, alike = [], [], []
     for r in s["rows"]:
-        v, why = _verdicts(r["result"]), _causes(r["result"])
+        v = _rows(r["result"])
         t = set(r["targets"])
-        ctl = ", ".join(f"{SHORT[c]} {_cell(_verdicts(r['control'])[c], False)}" for c in r["targets"]) \
+        ctl = ", ".join(f"{SHORT.get(c, c)} {_cell(_rows(r['control'])[c], False)}" for c in r["targets"]) \
             if r.get("control") and r["targets"] else "–"
-        cell = lambda n: _cell(v[n], n in t) + (f" ({why[n]})" if n in t and why[n] else "")
+        cell = lambda n: _cell(v[n], n in t) + (f" ({v[n].cause})" if n in t and v[n].cause else "")  # noqa: E731
         lines.append(f"| `{r['exp']}` | " + " | ".join(cell(n) for n in names) + f" | {ctl} |")
-        missed += [f"{r['exp']}/{c}" for c in r["targets"] if _outcome(v[c]) not in ("fail", "warn")]
+        missed += [f"{r['exp']}/{c}" for c in r["targets"] if v[c].outcome not in (FAIL, WARN)]
         if r.get("control"):   # flagged, but by a cause its control shares: the value itself is not told apart
-            vc, wc = _verdicts(r["control"]), _causes(r["control"])
-            alike += [f"{r['exp']}/{c} ({why[c]})" for c in r["targets"]
-                      if _outcome(v[c]) == _outcome(vc[c]) == "fail" and why[c] == wc[c]]
+            vc = _rows(r["control"])
+            alike += [f"{r['exp']}/{c} ({v[c].cause})" for c in r["targets"]
+                      if v[c].outcome is vc[c].outcome is FAIL and v[c].cause == vc[c].cause]
         if not t and r["exp"] != "baseline":
             untargeted.append(r)
     out = [f"Each row is this project's LM with one catalogue experiment's failure value "
@@ -76,7 +67,7 @@ def specificity(s: dict) -> str:
     lines = ["| library | variant | not passed (n/a left out) |", "|---|---|---|"]
     notes, unexplained = {}, []
     for r in s["rows"]:
-        bad = [f"{f['check']}: {_outcome(f['verdict'])}" + (f" ({f['cause']})" if f.get("cause") else "")
+        bad = [f"{f['check']}: {Row.from_dict({'name': f['check'], **f}).outcome}" + (f" ({f['cause']})" if f.get("cause") else "")
                for f in r["findings"]]
         lines.append(f"| {r['library']} | {r['variant']} | {', '.join(bad) if bad else 'nothing'} |")
         for f in r["findings"]:
@@ -95,7 +86,7 @@ def specificity(s: dict) -> str:
 def _ran(result: dict) -> int:
     """Checks that reached a verdict (the count the doctor's info carries; older JSON: counted)."""
     info = result.get("info", {})
-    return info.get("checks_run", sum(c["verdict"] in ("pass", "fail", "warn") for c in result["checks"]))
+    return info.get("checks_run", sum(r.outcome in RAN for r in _rows(result).values()))
 
 
 def styles(s: dict) -> str:
@@ -108,7 +99,7 @@ def styles(s: dict) -> str:
     healthy = []
     for st in names:
         r = by[(st, None)]
-        bad = [f"{c['name']} {c['verdict']}" for c in r["result"]["checks"] if c["verdict"] in ("fail", "warn")]
+        bad = [f"{n} {c.verdict}" for n, c in _rows(r["result"]).items() if c.outcome in (FAIL, WARN)]
         healthy.append(f"{_ran(r['result'])} of {len(r['result']['checks'])} run" + (f"; {', '.join(bad)}" if bad else ""))
     lines.append("| healthy: checks run; not passed | " + " | ".join(healthy) + " |")
     missed, caught, total = [], 0, 0
@@ -119,15 +110,15 @@ def styles(s: dict) -> str:
             if r is None:
                 cells.append("–")
                 continue
-            v = _verdicts(r["result"])
-            want = "warn" if r["warn"] else "fail"
-            got = [v[c] for c in r["targets"]]
-            ok = all(x == want for x in got)
+            v = _rows(r["result"])
+            want = WARN if r["warn"] else FAIL
+            got = [v[c].verdict for c in r["targets"]]
+            ok = all(v[c].outcome is want for c in r["targets"])
             caught, total = caught + ok, total + 1
             if not ok:
                 missed.append(f"{st}/{b}")
             cells.append(("**" + "/".join(got) + "**") if ok else "/".join(x[:25] for x in got))
-        lines.append(f"| `{b}` ({', '.join(SHORT[c] for c in by[next(k for k in by if k[1] == b)]['targets'])}) | "
+        lines.append(f"| `{b}` ({', '.join(SHORT.get(c, c) for c in by[next(k for k in by if k[1] == b)]['targets'])}) | "
                      + " | ".join(cells) + " |")
     return ("The test bed (doctor_lab/styles/classic.py): small causal LMs written here in four notations, each "
             "healthy and with every catalogue bug its notation can express; a cell is the targeted checks' "
@@ -148,23 +139,23 @@ def references(s: dict) -> str:
         code = p.get("release") or f"{p['repo']} @ {p['commit'][:12]}" + (" (file changed)" if p.get("file_changed") else "")
         res = r["result"]
         bad = []
-        for c in res["checks"]:
-            if c["verdict"] in ("fail", "warn"):
-                why = r["findings"].get(c["name"])
-                bad.append(f"{c['name']} {c['verdict']}" + ("" if why else " (UNEXPLAINED)"))
+        for c in _rows(res).values():
+            if c.outcome in (FAIL, WARN):
+                why = r["findings"].get(c.name)
+                bad.append(f"{c.name} {c.verdict}" + ("" if why else " (UNEXPLAINED)"))
                 if why:
-                    notes.append(f"- **{r['name']}, {c['name']}**: {why}")
+                    notes.append(f"- **{r['name']}, {c.name}**: {why}")
                 else:
-                    unexplained.append(f"{r['name']}: {c['name']}")
-            elif c["verdict"].startswith("inconclusive"):   # the doctor could not look: never explained away
-                notes.append(f"- {r['name']}, {c['name']}: {c['verdict']}")
-                unexplained.append(f"{r['name']}: {c['name']} inconclusive")
-            elif c["verdict"].startswith("n/a"):
-                nature = r["by_nature"].get(c["name"])
-                notes.append(f"- {r['name']}, {c['name']} did not run: {nature or 'NOT BY NATURE'} (the doctor: "
-                             f"\"{c['verdict']}\")")
+                    unexplained.append(f"{r['name']}: {c.name}")
+            elif c.outcome is INCONCLUSIVE:   # the doctor could not look: never explained away
+                notes.append(f"- {r['name']}, {c.name}: {c.verdict}")
+                unexplained.append(f"{r['name']}: {c.name} inconclusive")
+            elif c.outcome is NA:
+                nature = r["by_nature"].get(c.name)
+                notes.append(f"- {r['name']}, {c.name} did not run: {nature or 'NOT BY NATURE'} (the doctor: "
+                             f"\"{c.verdict}\")")
                 if not nature:
-                    unexplained.append(f"{r['name']}: {c['name']} did not run")
+                    unexplained.append(f"{r['name']}: {c.name} did not run")
         lines.append(f"| {r['name']} | {code} | {_ran(res)} of {len(res['checks'])} | {', '.join(bad) or 'nothing'} |")
     return ("The public reference implementations, each built small from its own source (a release installed "
             "in a directory of its own, or the clone the user names; never copied here: "
@@ -178,14 +169,14 @@ def _shipped_cell(row, which):
     r = row.get(which + "_result", {})
     if "error" in r:
         return f"error: {r['error']}"
-    c = next((c for c in r["checks"] if c["name"] == row["check"]), None)
+    c = _rows(r).get(row["check"])
     if c is None:
         return f"{row.get(which + '_version', row[which])}: ?"
-    if _outcome(c["verdict"]) == "inconclusive":
-        return f"{row.get(which + '_version', row[which])}: **inconclusive** ({c.get('cause') or c['verdict']})"
-    m = c["measured"]
+    if c.outcome is INCONCLUSIVE:
+        return f"{row.get(which + '_version', row[which])}: **inconclusive** ({c.cause or c.verdict})"
+    m = c.measured
     m = f" ({m:.3g})" if isinstance(m, (int, float)) else ""
-    return f"{row.get(which + '_version', row[which])}: **{c['verdict']}**{m}"
+    return f"{row.get(which + '_version', row[which])}: **{c.verdict}**{m}"
 
 
 def shipped(s: dict) -> str:

@@ -7,6 +7,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
+from attention_doctor.result import Row
 from doctor_lab.report import releases, triage
 
 NAME = "zoo"
@@ -130,16 +131,16 @@ def _reruns(p: dict, z: dict) -> str:
     if not mine:
         return "**not rerun**"
     needs = sorted({n for e in mine for n in e["needs"]})
-    held = sorted({c for e in mine for c, v in e["conditions"].items() if triage.outcome(v["verdict"]) in ("fail", "warn")})
+    held = sorted({c for e in mine for c, v in e["conditions"].items() if triage.outcome(v) in ("fail", "warn")})
     na = sorted({c for e in mine for c, v in e["conditions"].items()
-                 if triage.outcome(v["verdict"]) not in ("fail", "warn", "pass")} - set(held))
+                 if triage.outcome(v) not in ("fail", "warn", "pass")} - set(held))
     text = ("**" + "; ".join(needs) + "**" if needs else "holds") + (f" (fails under {', '.join(held)}" if held else " (")
     return text + (f"; n/a: {', '.join(na)})" if na else ")")
 
 
 def verdict_table(examined: list[dict], impls: list[str], unit: str = "architectures examined with that implementation") -> list[str]:
     order = list(dict.fromkeys(c["name"] for r in examined for c in r["checks"]))
-    v = Counter((c["name"], r["impl"], triage.outcome(c["verdict"])) for r in examined for c in r["checks"])
+    v = Counter((c["name"], r["impl"], triage.outcome(c)) for r in examined for c in r["checks"])
     kinds = [k for k in triage.OUTCOMES if any(n == k for (_, _, n) in v)]
     out = [f"\nVerdicts per check ({unit}; {' / '.join(kinds)}):\n",
            "| check | " + " | ".join(impls) + " |\n|---|" + "---|" * len(impls)]
@@ -152,8 +153,8 @@ def _inconclusive(examined: list[dict]) -> list[str]:
     by: dict[tuple, list[str]] = {}
     for r in examined:
         for c in r["checks"]:
-            if triage.outcome(c["verdict"]) == "inconclusive":
-                by.setdefault((c["name"], c["verdict"][:120]), []).append(f"{r['arch']} ({r['impl']})")
+            if triage.outcome(c) == "inconclusive":
+                by.setdefault((c["name"], Row.from_dict(c).verdict[:120]), []).append(f"{r['arch']} ({r['impl']})")
     if not by:
         return []
     out = [f"\n### Inconclusive ({sum(map(len, by.values()))} rows)\n",
