@@ -10,6 +10,8 @@ from pathlib import Path
 from doctor_lab.report import releases, triage
 from doctor_lab.report.sections import zoo
 
+ROOT = Path(__file__).resolve().parents[2]
+
 # every row of a library zoo that is not a pass or n/a is a problem (its inconclusive rows too)
 FLAGGED = ("fail", "warn", "inconclusive", "error")
 
@@ -131,5 +133,8 @@ def _over_releases(lib: Library, fig_dir: Path) -> list[str]:
 
 
 def _rel(path: Path) -> str:
-    parts = Path(path).parts
-    return "/".join(parts[parts.index("experiments"):]) if "experiments" in parts else str(path)
+    """path from the clone's root (a committed page names no machine's directories)."""
+    try:
+        return Path(path).resolve().relative_to(ROOT).as_posix()
+    except ValueError:
+        return str(path)

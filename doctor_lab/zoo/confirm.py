@@ -26,11 +26,11 @@ def rerun(arch: str, impl: str, table: dict, checks: list[str], cond) -> dict:
         return {"error": e.result.get("reason", "not built")}
     changed = cond.prepare(model, cfg) if cond.prepare else ""
     if cond.prepare and not changed:
-        return {"changed": "", **{c: {"verdict": f"n/a: {cond.what}: nothing to change"} for c in checks}}
+        return {"changed": "", **{c: {"outcome": "n/a", "reason": f"{cond.what}: nothing to change"} for c in checks}}
     r = examine(model, name=f"hf:{arch} {impl} ({cond.name})", checks=checks, seed=cond.seed,
                 dtype=getattr(torch, cond.dtype))
-    rows = {c["name"]: {"verdict": c["verdict"], "measured": c.get("measured"), "detail": c.get("detail", "")}
-            for c in r.to_dict()["checks"]}
+    rows = {c.name: {"outcome": c.outcome.value, "reason": c.reason, "cause": c.cause, "measured": c.measured,
+                     "detail": c.detail} for c in r.checks}
     return {"changed": changed, **rows}
 
 

@@ -48,8 +48,9 @@ def reruns(results: list[dict], reran: list[dict]) -> list[dict]:
                 got = (rec.get("conditions") or {}).get(c.name) or {}
                 mine = got.get(check) or {}
                 why = got.get("error") or rec.get("reason") or "not rerun"
-                conds[c.name] = {"verdict": mine.get("verdict") or f"inconclusive: {why}"[:200],
-                                 "measured": mine.get("measured"), "changed": got.get("changed", "")}
+                ran = Row.from_dict({"name": check, **mine}) if mine else Row(check, "inconclusive", why[:200])
+                conds[c.name] = {"outcome": ran.outcome.value, "reason": ran.reason, "measured": ran.measured,
+                                 "changed": got.get("changed", "")}
             out.append({"arch": rec["arch"], "impl": rec["impl"], "check": check,
                         "verdict": Row.from_dict({"name": check, **row}).verdict,
                         "conditions": conds, "needs": needs(row, conds)})
