@@ -7,6 +7,7 @@ the attention doctor with each attention implementation; one table per transform
     python -m doctor_lab.zoo --transformers DIR             # the release installed in DIR (pip --target)
     python -m doctor_lab.zoo --checks none                  # build, forward and a cache step only
     python -m doctor_lab.zoo --table                        # rewrite the tables from the results
+    python -m doctor_lab.zoo --release 5.25.0 --pinned DIR --against 5.23.0   # and only what changed since 5.23.0
 
 Writes <out>/runs/<arch>__<impl>.json (one per result, atomically; a rerun skips those done with
 the same shrink, the same doctor and the same release), then reruns every fail and warn that is
@@ -52,6 +53,8 @@ def parse(argv):
     p.add_argument("--no-confirm", action="store_true", help="skip the reruns of new fails and warns under other conditions")
     p.add_argument("--redo", action="store_true", help="rerun results that exist")
     p.add_argument("--table", action="store_true", help="only rewrite zoo.csv, zoo.json (and the table over releases)")
+    p.add_argument("--against", metavar="OLD", help="then write what changed since release OLD's table (sentinel.py): "
+                   "<out>/against-OLD.md")
     return p.parse_args(argv)
 
 
@@ -168,6 +171,14 @@ def main(argv=None):
     print(f"zoo: transformers {s.get('transformers', transformers.__version__)}: {s['examined']} of {s['archs']} "
           f"architectures examined; {out}/zoo.csv" + (f" ({c['wall_s']:.0f} s wall, {c['cpu_s']:.0f} s CPU in all)" if c else "")
           + (f"; the table over releases: {over}" if over else ""))
+    if a.against:
+        from doctor_lab.zoo import sentinel
+        try:
+            path, d = sentinel.write(out, ROOT, a.against)
+        except ValueError as e:
+            fail(str(e))
+        print(f"zoo: against {a.against}: {len(d.new_fails)} new fail or warn rows, {len(d.new_blind)} new inconclusive, "
+              f"{len(d.fixed)} fixed; problems new {len(d.problems_new)}, gone {len(d.problems_gone)}: {path}")
     return 0
 
 
