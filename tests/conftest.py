@@ -75,3 +75,9 @@ TINY = ["model.d_model=32", "model.n_layers=1", "model.n_heads=2", "data.vocab_s
 @pytest.fixture
 def tiny():
     return list(TINY)
+
+
+def pad(right, left, with_positions=None, limit=1e-05) -> dict:
+    """A padding row's measurements, as the doctor's schema names them."""
+    m = {"right": right, "left": left, "limit": limit}
+    return m if with_positions is None else {**m, "left_with_positions": with_positions}

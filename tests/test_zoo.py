@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, pad
 
 pytest.importorskip("transformers")
 
@@ -110,12 +110,6 @@ def test_bad_input_is_one_line_and_exit_2(args, names, capsys, tmp_path):
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1 and names in err[0], err
     assert not (tmp_path / "runs").exists()
-
-
-def pad(right, left, with_positions=None, limit=1e-05) -> dict:
-    """A padding row's measurements, as the doctor's schema names them."""
-    m = {"right": right, "left": left, "limit": limit}
-    return m if with_positions is None else {**m, "left_with_positions": with_positions}
 
 
 def _check(name, verdict, detail="", tolerance="<= 1e-05", m=None, **kw):

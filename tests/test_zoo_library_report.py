@@ -6,14 +6,7 @@ import json
 
 import pytest
 
-from conftest import ROOT
-
-
-def pad(right, left, with_positions=None, limit=1e-05) -> dict:
-    """A padding row's measurements, as the doctor's schema names them."""
-    m = {"right": right, "left": left, "limit": limit}
-    return m if with_positions is None else {**m, "left_with_positions": with_positions}
-
+from conftest import ROOT, pad
 
 OVERFLOW_PLAIN = {"nonfinite_runs": [{"dtype": "float16", "mode": "weights", "batch": "plain", "scores": 30000.0,
                                       "nonfinite": 1024}]}
