@@ -174,7 +174,8 @@ REFERENCES = [
      "findings": {}},
     {"name": "x-transformers", "package": "x-transformers", "version": "1.22.24", "source": "pypi",
      "build": x_transformers, "pinned": "xt-1.22.24", "file": "x_transformers/attend.py",
-     "by_nature": {},
+     "by_nature": {"path_agreement": "one attention path as built (attn_flash=False, the library's default: flash "
+                                     "is a constructor option whose asserts depend on the other options)"},
      "findings": {"low_precision": "x_transformers/attend.py:299, dots = einsum(...) * scale: " + SCALE_AFTER,
                   "padding": "x_transformers/x_transformers.py:216, AbsolutePositionalEmbedding counts positions from "
                              "the first column: left-padded rows score their real tokens at shifted positions unless "
