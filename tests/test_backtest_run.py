@@ -27,7 +27,10 @@ def kv(outcome: str, measured: float, cause: str = "") -> dict:
 
 def zoo_table(runs: Path, release: str, results: dict, checks=("kv_cache",)) -> None:
     """runs/<release>/<checks>/zoo.json with one result per (arch, impl): a check row, or a status."""
-    d = plan.run_dir(runs, release, checks)
+    write_zoo(plan.run_dir(runs, release, checks), release, results)
+
+
+def write_zoo(d: Path, release: str, results: dict) -> None:
     d.mkdir(parents=True, exist_ok=True)
     rows = []
     for (arch, impl), got in results.items():
@@ -132,3 +135,21 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, says):
                        capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert r.returncode == 2 and r.stderr.startswith(says.replace("{tmp}", str(tmp_path))), r.stderr
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr and not (tmp_path / "out").exists()
+
+
+def test_a_zoo_call_is_skipped_only_when_its_results_are_current(tmp_path, monkeypatch):
+    """A resumed backtest skips an architecture whose results carry the key the zoo stamps (shrink
+    entry, doctor, release, checks) and that zoo.json holds; another doctor's result is run again."""
+    from doctor_lab.backtest import runner
+    from doctor_lab.zoo.shrink import entry_hash, load_table
+    from experiments.io import write_json
+    shrink = load_table()
+    monkeypatch.setattr(runner, "_doctor_hash", lambda: "doc1")
+    key = f"{entry_hash('gpt2', shrink)}-doc1-tf4.42.0-kv_cache"
+    write_json(tmp_path / "runs" / "gpt2__sdpa.json", {"arch": "gpt2", "impl": "sdpa", "shrink_hash": key})
+    assert not runner.current(tmp_path, "4.42.0", "gpt2", ["sdpa"], ["kv_cache"], shrink)   # no zoo.json yet
+    write_zoo(tmp_path, "4.42.0", {("gpt2", "sdpa"): PASS})
+    assert runner.current(tmp_path, "4.42.0", "gpt2", ["sdpa"], ["kv_cache"], shrink)
+    assert not runner.current(tmp_path, "4.42.0", "gpt2", ["sdpa", "eager"], ["kv_cache"], shrink)
+    monkeypatch.setattr(runner, "_doctor_hash", lambda: "doc2")
+    assert not runner.current(tmp_path, "4.42.0", "gpt2", ["sdpa"], ["kv_cache"], shrink)

@@ -8,7 +8,8 @@ release installed in isolation; then the table and the recall.
 
 Runs go to <out>/runs/<release>/<checks>/ (the zoo's layout; kept: a killed backtest resumes), the
 table to <out>/backtest.csv, backtest.json and backtest.md (the whole record, whichever --ids ran).
-Exit code 0; 2 on bad input (an unknown id, a record that does not load, a --pinned that cannot be made)."""
+Exit code 0; 2 on bad input (an unknown id, a record that does not load, a --pinned that cannot be made);
+130 when interrupted (rerun the same command: what finished is kept)."""
 import argparse
 import os
 import sys
@@ -17,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from doctor_lab.backtest import outcomes, plan, record, releases, runner, table
+from doctor_lab.zoo.shrink import load_table
 
 OUT = Path("results/backtest")
 
@@ -63,18 +65,24 @@ def run(plans: list[plan.Plan], a) -> dict:
     for v in sorted(set(wanted) - ok):
         print(f"backtest: transformers {v} not installed: {runner.read_install_error(a.out / 'runs', v)}", flush=True)
     n = sum(len(cs) for d, cs in todo.items() if cs[0][0] in ok)
-    done = []
+    done, kept = [], []
+    shrink = load_table()
 
     def one_dir(d: Path):
         for release, arch, impls, checks in todo[d]:
             if release not in ok:
                 continue
+            if runner.current(d, release, arch, impls, checks, shrink):
+                kept.append(arch)
+                continue
             at = runner.run_arch(release, a.pinned, d, arch, impls, checks, a.cpu)
             done.append(at)
-            print(f"[{len(done)}/{n}] transformers {release} {arch} {','.join(impls)} {'+'.join(checks)}: "
+            print(f"[{len(done) + len(kept)}/{n}] transformers {release} {arch} {','.join(impls)} {'+'.join(checks)}: "
                   f"exit {at['rc']} ({at['seconds']:.0f} s) {at['said'][:160]}", flush=True)
     with ThreadPoolExecutor(max(1, a.workers)) as pool:
         list(pool.map(one_dir, todo))
+    if kept:
+        print(f"backtest: {len(kept)} zoo call(s) skipped: their results are there and current", flush=True)
     return {"zoo_calls": len(done), "installs": len([v for v in fresh if v in ok])}
 
 
@@ -101,7 +109,11 @@ def main(argv=None) -> int:
     last = table.previous_run(a.out)
     if not a.table:
         chosen = [p for p in plans if not a.ids or p.entry.id in a.ids]
-        last = run(chosen, a)
+        try:
+            last = run(chosen, a)
+        except KeyboardInterrupt:   # the results written so far stay: the same command resumes
+            print("backtest: interrupted; the same command resumes where it stopped", file=sys.stderr)
+            return 130
         last.update(wall_s=round(time.monotonic() - t0, 1), cores=os.cpu_count())
     rows = []
     for p in plans:

@@ -4,6 +4,7 @@ the transformers zoo as a subprocess, once per architecture (`python -m doctor_l
 exist (a killed backtest resumes), and refuses an architecture the release does not map, which
 then costs only that architecture. What each call said is kept beside its results (attempts/), and
 a failed install in install.json: the table's `not run` reasons, readable without rerunning."""
+import functools
 import json
 import subprocess
 import sys
@@ -48,6 +49,27 @@ def zoo_command(release: str, pinned: Path, out: Path, arch: str, impls, checks,
             "--arch", arch, "--impl", ",".join(impls), "--checks", ",".join(checks),
             "--out", str(Path(out).resolve()), "--no-confirm", "--workers", "1",
             "--timeout", str(ZOO_TIMEOUT_S), "--cpu", str(cpu_s)]
+
+
+@functools.cache
+def _doctor_hash() -> str:
+    from doctor_lab.zoo.runner import doctor_hash
+    return doctor_hash()
+
+
+def current(out: Path, release: str, arch: str, impls, checks, shrink: dict) -> bool:
+    """Every implementation of `arch` has a result the zoo would keep and zoo.json holds it: the call can
+    be skipped (a resumed backtest costs no import per done architecture). The key is the one the zoo
+    stamps on a result (doctor_lab/zoo/__main__.py: shrink entry, doctor, release, checks); should the
+    zoo's change, no result matches and the zoo is called: a drift costs a call, never a stale row."""
+    from doctor_lab.zoo.runner import done
+    from doctor_lab.zoo.shrink import entry_hash
+    key = f"{entry_hash(arch, shrink)}-{_doctor_hash()}-tf{release}-{','.join(checks)}"
+    try:
+        tabled = {(r["arch"], r["impl"]) for r in json.loads((Path(out) / "zoo.json").read_text())["results"]}
+    except (OSError, ValueError, KeyError):
+        return False
+    return all(done(out, arch, i, key) and (arch, i) in tabled for i in impls)
 
 
 def run_arch(release: str, pinned: Path, out: Path, arch: str, impls, checks, cpu_s: int = 300) -> dict:

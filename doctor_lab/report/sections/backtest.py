@@ -25,9 +25,9 @@ def _cut(text: str, n: int = WIDTH) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
-def recall_text(s: dict) -> str:
+def recall_text(s: dict, word: str = "recall") -> str:
     r = s["recall"]
-    return (f"**recall {r['caught']} of {r['reproducible']}** CPU-reproducible regressions caught "
+    return (f"**{word} {r['caught']} of {r['reproducible']}** CPU-reproducible regressions caught "
             f"({r['caught'] + r['imprecise']} counting those caught, imprecise); {r['needs_probe']} of "
             f"{r['entries']} need a probe the doctor lacks")
 
@@ -68,12 +68,13 @@ def render(s: dict | None) -> str:
              "names on the entry's architectures x implementations on those releases, each installed in isolation, "
              "through the transformers zoo (`python -m doctor_lab.zoo --release V`: its shrunk random-weight models, "
              "each architecture in its own capped process). *caught*: the check fails or warns on the introducing "
-             "release and passes on the release before and on the fix; *caught, imprecise*: it fails there too; "
-             "*missed*: it passes on the introducing release; *not run*: the doctor had no row there (never counted "
-             "as caught). An entry whose check is a probe the doctor lacks is missed; the nearest checks the doctor has "
+             "release and passes on the release before and on the fix (or the architecture lacks the implementation "
+             "there: the zoo's `unsupported`); *caught, imprecise*: it fails there too; *caught, unbracketed*: the "
+             "release before or the fix gave no row; *missed*: it passes on the introducing release; *not run*: the "
+             "doctor had no row there (never counted as caught). An entry whose check is a probe the doctor lacks is missed; the nearest checks the doctor has "
              "run in its place, so that the miss is measured (`--no-nearest` skips them). Every row: "
              f"`results/{RESULTS}/backtest.csv`.", "",
-             recall_text(s)[0].upper() + recall_text(s)[1:] + "."
+             recall_text(s, "Recall") + "."
              + (f" The last run: {last['wall_s'] / 60:.1f} min wall on {last['cores']} cores ({last['zoo_calls']} zoo calls, "
                 f"{last['installs']} releases installed)." if last.get("wall_s") is not None else ""), "",
              "| regression | check | before | introduced | fixed | verdict |", "|---|---|---|---|---|---|"]
