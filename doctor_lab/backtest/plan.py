@@ -1,0 +1,53 @@
+"""What the backtest runs for one entry of the record: which doctor checks (the entry's own, or, for
+an entry whose check is a probe the doctor lacks, the nearest checks it has), on which releases
+(before, introduced, fixed; not "open"), and where each release's zoo run goes."""
+from dataclasses import dataclass
+from pathlib import Path
+
+from doctor_lab.backtest import record as rec
+
+ROLES = ("before", "introduced", "fixed")
+# a probe the doctor lacks -> the checks it has that come nearest (run so that "missed" is measured,
+# not assumed: if one of them flags the regression, the record's check is wrong)
+NEAREST = {
+    "output_attentions_path": ("future_leak",),          # the regression is a leak; the doctor never asks for weights
+    "sliding_window": ("future_leak", "kv_cache"),        # the mask's checks, and the cache that should hold the window
+    "bidirectional_prefix": ("padding",),                 # pads unmasked: padding, without the image prefix or labels
+    "flex_path": ("padding",),                            # flex_attention raised under a padding mask
+    "encoder_decoder": ("padding",),                      # right padding under generate(); the zoo has causal LMs only
+}
+
+
+@dataclass(frozen=True)
+class Plan:
+    entry: rec.Regression
+    checks: tuple[str, ...]     # what the zoo runs (empty: nothing runs)
+    nearest: bool               # checks are NEAREST's, not the entry's own
+
+    @property
+    def releases(self) -> dict[str, str]:
+        """role -> release, in order (a fix still "open" is no release)."""
+        e = self.entry
+        return {role: v for role, v in zip(ROLES, (e.before, e.introduced, e.fixed)) if v != rec.OPEN}
+
+    @property
+    def impls(self) -> tuple[str, ...]:
+        return tuple(i.value for i in self.entry.implementations)
+
+
+def is_probe(entry: rec.Regression, registered: frozenset[str]) -> bool:
+    """The entry's check is a probe the doctor lacks (record.PROBES), not one of its checks."""
+    return entry.check not in registered
+
+
+def plan(entry: rec.Regression, registered: frozenset[str], nearest: bool = True) -> Plan:
+    if not is_probe(entry, registered):
+        return Plan(entry, (entry.check,), False)
+    return Plan(entry, NEAREST.get(entry.check, ()) if nearest else (), True)
+
+
+def run_dir(root: Path, release: str, checks: tuple[str, ...]) -> Path:
+    """One zoo output dir per release and set of checks: a result of other checks is stale to the
+    zoo (its run key names them), so entries that share a release but not their checks never redo
+    each other's runs."""
+    return Path(root) / release / "+".join(checks)

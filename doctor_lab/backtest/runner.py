@@ -1,0 +1,101 @@
+"""The doctor on one release: the release installed in isolation (releases.install, cached), then
+the transformers zoo as a subprocess, once per architecture (`python -m doctor_lab.zoo --release V
+--arch A --checks ...`): the zoo caps and forks each architecture itself, keeps the results that
+exist (a killed backtest resumes), and refuses an architecture the release does not map, which
+then costs only that architecture. What each call said is kept beside its results (attempts/), and
+a failed install in install.json: the table's `not run` reasons, readable without rerunning."""
+import functools
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from doctor_lab.backtest import releases
+from experiments.io import write_json
+
+ROOT = Path(__file__).resolve().parents[2]   # the clone: `python -m doctor_lab.zoo` runs from here
+ZOO_TIMEOUT_S = 600   # the zoo's own cap per architecture (its --timeout); its CPU cap is its --cpu
+SLACK_S = 300         # the zoo's imports and table around that
+
+
+def install_error_path(root: Path, release: str) -> Path:
+    return Path(root) / release / "install.json"
+
+
+def attempt_path(out: Path, arch: str) -> Path:
+    return Path(out) / "attempts" / f"{arch}.json"
+
+
+def install(release: str, pinned: Path, root: Path, log=print) -> bool:
+    """The release installed (True), or why not written to install.json (False)."""
+    p = install_error_path(root, release)
+    try:
+        releases.install(release, pinned, log=log)
+    except (RuntimeError, OSError) as e:  # pip failed, or the cache cannot be written: the release is not run
+        write_json(p, {"release": release, "error": " ".join(str(e).split())[:400]})
+        return False
+    p.unlink(missing_ok=True)
+    return True
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else ""
+
+
+def zoo_command(release: str, pinned: Path, out: Path, arch: str, impls, checks, cpu_s: int) -> list[str]:
+    return [sys.executable, "-m", "doctor_lab.zoo", "--release", release, "--pinned", str(Path(pinned).resolve()),
+            "--arch", arch, "--impl", ",".join(impls), "--checks", ",".join(checks),
+            "--out", str(Path(out).resolve()), "--no-confirm", "--workers", "1",
+            "--timeout", str(ZOO_TIMEOUT_S), "--cpu", str(cpu_s)]
+
+
+@functools.cache
+def _doctor_hash() -> str:
+    from doctor_lab.zoo.runner import doctor_hash
+    return doctor_hash()
+
+
+def current(out: Path, release: str, arch: str, impls, checks, shrink: dict) -> bool:
+    """Every implementation of `arch` has a result the zoo would keep and zoo.json holds it: the call can
+    be skipped (a resumed backtest costs no import per done architecture). The key is the one the zoo
+    stamps on a result (doctor_lab/zoo/__main__.py: shrink entry, doctor, release, checks); should the
+    zoo's change, no result matches and the zoo is called: a drift costs a call, never a stale row."""
+    from doctor_lab.zoo.runner import done
+    from doctor_lab.zoo.shrink import entry_hash
+    key = f"{entry_hash(arch, shrink)}-{_doctor_hash()}-tf{release}-{','.join(checks)}"
+    try:
+        tabled = {(r["arch"], r["impl"]) for r in json.loads((Path(out) / "zoo.json").read_text())["results"]}
+    except (OSError, ValueError, KeyError):
+        return False
+    return all(done(out, arch, i, key) and (arch, i) in tabled for i in impls)
+
+
+def run_arch(release: str, pinned: Path, out: Path, arch: str, impls, checks, cpu_s: int = 300) -> dict:
+    """One zoo call; its attempt record (exit code, its last line, seconds), also written to attempts/."""
+    t0 = time.monotonic()
+    cmd = zoo_command(release, pinned, out, arch, impls, checks, cpu_s)
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=ZOO_TIMEOUT_S + SLACK_S)
+        rc, said = r.returncode, _last_line(r.stderr if r.returncode else r.stdout) or _last_line(r.stderr)
+    except subprocess.TimeoutExpired:
+        rc, said = 124, f"the zoo did not finish in {ZOO_TIMEOUT_S + SLACK_S} s"
+    attempt = {"release": release, "arch": arch, "impls": list(impls), "checks": list(checks), "rc": rc,
+               "said": said, "seconds": round(time.monotonic() - t0, 1)}
+    write_json(attempt_path(out, arch), attempt)
+    return attempt
+
+
+def read_attempt(out: Path, arch: str) -> dict | None:
+    try:
+        return json.loads(attempt_path(out, arch).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def read_install_error(root: Path, release: str) -> str | None:
+    try:
+        return json.loads(install_error_path(root, release).read_text())["error"]
+    except (OSError, ValueError, KeyError):
+        return None

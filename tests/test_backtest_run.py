@@ -1,0 +1,155 @@
+"""The backtest's one command (python -m doctor_lab.backtest): its verdicts read from fake zoo tables
+(zoo.json rows as the zoo writes them, in tmp_path), the table and the report's section written from
+them, and its bad input. No install, no zoo run: `--table` reads the runs that are there."""
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from doctor_lab.backtest import __main__ as cli
+from doctor_lab.backtest import outcomes, plan, record
+from doctor_lab.report.sections import backtest as section
+
+ROOT = Path(__file__).resolve().parents[1]
+ENTRIES = {e.id: e for e in record.load()}
+CHECKS = record.registered_checks()
+GPT = ENTRIES["gpt_sdpa_cache_no_mask"]          # kv_cache on gpt_neox, gpt2 x sdpa: 4.41.2 / 4.42.0 / 4.43.0
+
+
+def kv(outcome: str, measured: float, cause: str = "") -> dict:
+    """A kv_cache row as zoo.json holds it (the doctor's Row.to_dict, slimmed)."""
+    return {"name": "kv_cache", "outcome": outcome, "reason": "", "cause": cause, "measured": measured,
+            "tolerance": "<= 1e-05", "measurements": {"limit": 1e-5}, "detail": "", "verdict": outcome}
+
+
+def zoo_table(runs: Path, release: str, results: dict, checks=("kv_cache",)) -> None:
+    """runs/<release>/<checks>/zoo.json with one result per (arch, impl): a check row, or a status."""
+    write_zoo(plan.run_dir(runs, release, checks), release, results)
+
+
+def write_zoo(d: Path, release: str, results: dict) -> None:
+    d.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for (arch, impl), got in results.items():
+        if isinstance(got, str):
+            rows.append({"arch": arch, "impl": impl, "status": got, "reason": f"{arch} does not support {impl}"})
+        else:
+            rows.append({"arch": arch, "impl": impl, "status": "examined", "checks": [got]})
+    (d / "zoo.json").write_text(json.dumps({"transformers": release, "results": rows}))
+
+
+def judged(runs: Path, before, introduced, fixed) -> outcomes.Verdict:
+    """The gpt entry's verdict when both architectures give these on the three releases."""
+    for release, got in (("4.41.2", before), ("4.42.0", introduced), ("4.43.0", fixed)):
+        if got is not None:
+            zoo_table(runs, release, {("gpt_neox", "sdpa"): got, ("gpt2", "sdpa"): got})
+    p = plan.plan(GPT, CHECKS)
+    return outcomes.verdict(p, outcomes.cells(p, runs))
+
+
+FAIL = kv("fail", 0.281, "new_tokens_differ")
+PASS = kv("pass", 2.7e-7)
+
+
+@pytest.mark.parametrize("before, introduced, fixed, kind, says", [
+    (PASS, FAIL, PASS, "caught", "fail (new_tokens_differ, 0.281) on gpt_neox/sdpa, gpt2/sdpa; clean before and after"),
+    ("unsupported", FAIL, PASS, "caught", "unsupported, the implementation did not exist"),
+    (FAIL, FAIL, PASS, "caught, imprecise", "also on 4.41.2 (before)"),
+    (None, FAIL, PASS, "caught, unbracketed", "4.41.2 (before): not run: not run yet"),
+    (PASS, PASS, PASS, "missed", "kv_cache on 4.42.0: pass (2.7e-07)"),
+    (PASS, {**PASS, "outcome": "inconclusive", "reason": "cache refused"}, PASS, "missed", "inconclusive: cache refused"),
+    (PASS, None, PASS, "not run", "not run: not run yet on gpt_neox/sdpa, gpt2/sdpa"),
+])
+def test_the_verdict_of_an_entry_from_its_zoo_rows(tmp_path, before, introduced, fixed, kind, says):
+    v = judged(tmp_path, before, introduced, fixed)
+    assert v.kind == kind and says in v.text, v
+
+
+def test_a_warn_is_caught_and_a_failed_install_or_a_refusing_zoo_says_why_not(tmp_path):
+    from doctor_lab.backtest import runner
+    from experiments.io import write_json
+    assert judged(tmp_path / "a", PASS, {**FAIL, "outcome": "warn"}, PASS).kind == "caught"
+    write_json(runner.install_error_path(tmp_path / "b", "4.42.0"), {"error": "pip: no such version"})
+    assert "install failed: pip: no such version" in judged(tmp_path / "b", PASS, None, PASS).text
+    d = plan.run_dir(tmp_path / "c", "4.42.0", ("kv_cache",))
+    for arch in ("gpt_neox", "gpt2"):
+        write_json(runner.attempt_path(d, arch), {"rc": 2, "said": "zoo: not in transformers 4.42.0's mapping"})
+    v = judged(tmp_path / "c", PASS, None, PASS)
+    assert v.kind == "not run" and "the zoo exited 2: zoo: not in transformers 4.42.0's mapping" in v.text
+
+
+def test_a_probe_entry_is_missed_whatever_its_nearest_checks_say(tmp_path):
+    e = ENTRIES["sdpa_output_attentions_no_causal_mask"]
+    assert e.check in record.PROBES and e.check not in CHECKS
+    p = plan.plan(e, CHECKS)
+    assert p.nearest and p.checks == plan.NEAREST[e.check]
+    leak = {"name": "future_leak", "outcome": "fail", "cause": "outputs_move", "measured": 0.5}
+    zoo_table(tmp_path, e.introduced, {(a, "sdpa"): leak for a in e.architectures}, p.checks)
+    v = outcomes.verdict(p, outcomes.cells(p, tmp_path))
+    assert v.kind == "missed" and v.text.startswith("needs probe output_attentions_path; nearest future_leak: caught")
+    bare = plan.plan(e, CHECKS, nearest=False)
+    assert bare.checks == () and outcomes.verdict(bare, outcomes.cells(bare, tmp_path)).text.endswith("no nearest check run")
+
+
+def test_table_recall_and_report_from_runs_there_are(tmp_path, capsys):
+    """--table: no install, no zoo; the whole record in backtest.csv/json/md, the recall printed, the
+    report's section and README line rendered from backtest.json."""
+    out = tmp_path / section.RESULTS     # results/backtest, as the report finds it
+    judged(out / "runs", PASS, FAIL, PASS)
+    assert cli.main(["--table", "--out", str(out)]) == 0
+    assert "recall: 1 caught of 9 CPU-reproducible regressions" in capsys.readouterr().out
+    rows = list(csv.DictReader(open(out / "backtest.csv")))
+    assert {r["id"] for r in rows} == set(ENTRIES)
+    mine = [r for r in rows if r["id"] == GPT.id]
+    assert len(mine) == 6 and {r["verdict"] for r in mine} == {"caught"}
+    got = {(r["release"], r["arch"]): (r["outcome"], r["cause"], r["measured"]) for r in mine}
+    assert got[("4.42.0", "gpt2")] == ("fail", "new_tokens_differ", "0.281")
+    s = json.loads((out / "backtest.json").read_text())
+    assert s["recall"] == {"caught": 1, "imprecise": 0, "reproducible": 9, "entries": 9, "needs_probe": 6}
+    md = (out / "backtest.md").read_text()
+    assert md.startswith("# The backtest") and "**fail (new_tokens_differ, 0.281)**" in md
+    b = section.blocks([], tmp_path / "doctor_figures")
+    assert b["backtest"].startswith(section.TITLE) and b["backtest"][1:] == md
+    line = b["backtest_summary"]
+    assert "**recall 1 of 9**" in line and section.COMMAND in line and line.count("\n") == 1
+
+
+def test_the_report_says_in_one_line_that_there_is_no_backtest(tmp_path):
+    b = section.blocks([], tmp_path / "doctor_figures")
+    assert b["backtest_summary"].startswith("No backtest committed") and b["backtest_summary"].count("\n") == 1
+    assert b["backtest"].startswith(section.TITLE)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--ids", "no_such_regression"], "backtest: no entry no_such_regression in"),
+    (["--pinned", "{tmp}/a_file/pinned"], "backtest: --pinned {tmp}/a_file/pinned cannot be made"),
+    (["--workers", "0"], "backtest: --workers and --cpu are at least 1"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, says):
+    (tmp_path / "a_file").write_text("")
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    r = subprocess.run([sys.executable, "-m", "doctor_lab.backtest", *args, "--out", str(tmp_path / "out")],
+                       capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 2 and r.stderr.startswith(says.replace("{tmp}", str(tmp_path))), r.stderr
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr and not (tmp_path / "out").exists()
+
+
+def test_a_zoo_call_is_skipped_only_when_its_results_are_current(tmp_path, monkeypatch):
+    """A resumed backtest skips an architecture whose results carry the key the zoo stamps (shrink
+    entry, doctor, release, checks) and that zoo.json holds; another doctor's result is run again."""
+    from doctor_lab.backtest import runner
+    from doctor_lab.zoo.shrink import entry_hash, load_table
+    from experiments.io import write_json
+    shrink = load_table()
+    monkeypatch.setattr(runner, "_doctor_hash", lambda: "doc1")
+    key = f"{entry_hash('gpt2', shrink)}-doc1-tf4.42.0-kv_cache"
+    write_json(tmp_path / "runs" / "gpt2__sdpa.json", {"arch": "gpt2", "impl": "sdpa", "shrink_hash": key})
+    assert not runner.current(tmp_path, "4.42.0", "gpt2", ["sdpa"], ["kv_cache"], shrink)   # no zoo.json yet
+    write_zoo(tmp_path, "4.42.0", {("gpt2", "sdpa"): PASS})
+    assert runner.current(tmp_path, "4.42.0", "gpt2", ["sdpa"], ["kv_cache"], shrink)
+    assert not runner.current(tmp_path, "4.42.0", "gpt2", ["sdpa", "eager"], ["kv_cache"], shrink)
+    monkeypatch.setattr(runner, "_doctor_hash", lambda: "doc2")
+    assert not runner.current(tmp_path, "4.42.0", "gpt2", ["sdpa"], ["kv_cache"], shrink)
