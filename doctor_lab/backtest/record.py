@@ -53,6 +53,8 @@ PROBES = frozenset({
     "bidirectional_prefix",    # prefix / image tokens the config declares bidirectional, with their labels
     "output_attentions_path",  # output_attentions=True as a path (it switches SDPA to eager)
     "encoder_decoder",         # encoder-decoder models: cross-attention padding under generate()
+    "static_cache",            # a preallocated (static) KV cache as a cache path, longer than what it holds
+    "multimodal_positions",    # image tokens with the position ids the model makes for them (M-RoPE), no mask vs all-ones
 })
 FIELDS = ("id", "title", "threads", "introduced", "fixed", "before", "architectures", "implementations",
           "condition", "check", "repro", "verified")
