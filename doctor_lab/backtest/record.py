@@ -35,6 +35,8 @@ class Condition(str, enum.Enum):
     TRAINING = "training"                  # labels / token_type_ids given, or train mode
     IMAGE_TOKENS = "image_tokens"          # a multimodal prefix (image tokens)
     DECODER_CONFIG = "decoder_config"      # an encoder architecture configured as a causal decoder
+    SCALE_CONFIG = "scale_config"          # a config flag that changes the scores' scale (GPT-2's scale_attn_*)
+    SAVE_LOAD = "save_load"                # the model saved (save_pretrained) and loaded back (from_pretrained)
     GPU = "gpu"
 
 
@@ -55,6 +57,7 @@ PROBES = frozenset({
     "encoder_decoder",         # encoder-decoder models: cross-attention padding under generate()
     "static_cache",            # a preallocated (static) KV cache as a cache path, longer than what it holds
     "multimodal_positions",    # image tokens with the position ids the model makes for them (M-RoPE), no mask vs all-ones
+    "config_roundtrip",        # the model saved and reloaded (save_pretrained, from_pretrained) against itself
 })
 FIELDS = ("id", "title", "threads", "introduced", "fixed", "before", "architectures", "implementations",
           "condition", "check", "repro", "verified")
