@@ -6,6 +6,7 @@ raised), and an exception that is none of these is the doctor's own code raising
 doctor error). Every check reads the target's description, decided once before any check runs."""
 import time
 import traceback
+from contextlib import contextmanager
 from dataclasses import asdict
 
 import torch
@@ -80,7 +81,8 @@ def examine(target, *, causal=None, device="cpu", dtype=torch.float32, checks=No
         if rec.name not in wanted:
             continue
         t0 = time.perf_counter()
-        r = _row(rec, blocked) if blocked is not None else _check(rec, ctx, strict)
+        with _restored(adapter.module):
+            r = _row(rec, blocked) if blocked is not None else _check(rec, ctx, strict)
         timings[rec.name] = round(time.perf_counter() - t0, 3)
         result.checks.append(r)
     result.info.update(ctx.info)
@@ -88,6 +90,25 @@ def examine(target, *, causal=None, device="cpu", dtype=torch.float32, checks=No
     result.info["checks_run"] = sum(r.outcome in RAN for r in result.checks)   # not n/a, not inconclusive
     result.info["checks_total"] = len(result.checks)
     return result
+
+
+@contextmanager
+def _restored(root):
+    """The target's modules as they were before the block: their attributes, children, buffers and
+    parameters (the objects, not their values). A check that sets up a KV cache (gpt-fast's
+    setup_caches puts a KVCache in every layer) leaves the next check the target as given, so that
+    each check gives the same outcome alone as in a full run."""
+    saved = [(m, dict(m.__dict__), dict(m._modules), dict(m._buffers), dict(m._parameters)) for m in root.modules()]
+    try:
+        yield
+    finally:
+        for m, attrs, children, buffers, params in saved:
+            for now, then in ((m._modules, children), (m._buffers, buffers), (m._parameters, params)):
+                now.clear()
+                now.update(then)
+            for name in [n for n in m.__dict__ if n not in attrs]:
+                del m.__dict__[name]
+            m.__dict__.update(attrs)
 
 
 def _check(rec, ctx, strict) -> Row:

@@ -159,8 +159,8 @@ def find(ctx, sited: set) -> list[tuple[str, nn.Module, Site]]:
         marks = []
         p.on_call = lambda: marks.append(len(outs))
         try:
-            ctx.run(ctx.sample(k=95), grad=True)
-        except TargetRaised:   # the target's error is the checks' to report
+            ctx.run(ctx.sample(k=95), grad=True, up_to_calls=True)
+        except TargetRaised:   # the target's error is the checks' to report (or it refuses autograd beyond the calls)
             return []
     if p.errors:
         raise DoctorBug(p.errors[0], "the probe") from p.errors[0]

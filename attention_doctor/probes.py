@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from attention_doctor import flex
 from attention_doctor.handmade import SCORES_FIT, as_matmul, einsum_operands, fitted_scale, normalised_dim
 from attention_doctor.signals import doctor_hook
 
@@ -25,7 +26,7 @@ MASKED = -1e3  # a score below this at init is a masked one (fills: -inf, finfo.
 
 @dataclass
 class Call:
-    source: str                       # sdpa | softmax | handmade (no softmax call: handmade.py) | project
+    source: str                       # sdpa | flex | softmax | handmade (no softmax call: handmade.py) | project
     module: str = ""
     q: torch.Tensor | None = None     # (B, h, T_q, d), k and v repeated to h heads
     k: torch.Tensor | None = None
@@ -44,6 +45,11 @@ class Call:
     def traced(self) -> bool:
         """Its scores are the ones a normalisation got in the trace (masks inferred from them)."""
         return self.source in ("softmax", "handmade")
+
+    @property
+    def fused(self) -> bool:
+        """One call given q, k, v, its mask and scale (SDPA, FlexAttention): the probe scales q and k in it."""
+        return self.source in ("sdpa", "flex")
 
     @property
     def complete(self) -> bool:
@@ -82,6 +88,8 @@ class Call:
             s = self.scores.to(dtype)
         else:
             s = (q @ k.transpose(-2, -1)) * self.scale
+            if "flex_mods" in self.extra:   # the score_mod and mask_mod, applied in this dtype
+                s = self.extra["flex_mods"](s)
         if self.bias is not None:
             s = s + self.bias.to(dtype)
         vis = self.visible
@@ -152,6 +160,8 @@ class Probe(TorchFunctionMode):
         self._pending_call = None
         self._pending_exp = None
         self._pending_cat = None   # (the cat's width, where the q k^T block starts in it)
+        self._flex = None          # the context that routes flex_attention's calls to the probe
+        self._in_flex = False      # inside a flex_attention call: its own ops are not the target's
 
     # -- module scope ------------------------------------------------------------------------
     def __enter__(self):
@@ -162,9 +172,14 @@ class Probe(TorchFunctionMode):
                 m.recorder = _Capture(self, name, m)
             self._hooks.append(m.register_forward_pre_hook(doctor_hook(lambda mod, a, n=name, o=own: self._stack.append((n, o)))))
             self._hooks.append(m.register_forward_hook(doctor_hook(lambda mod, a, out: self._stack.pop() and None)))
+        self._flex = flex.intercepted(self._flex_attention)
+        self._flex.__enter__()
         return super().__enter__()
 
     def __exit__(self, *exc):
+        if self._flex is not None:
+            self._flex.__exit__(*exc)
+            self._flex = None
         for h in self._hooks:
             h.remove()
         for m, r in self._recorders:
@@ -173,6 +188,8 @@ class Probe(TorchFunctionMode):
         return super().__exit__(*exc)
 
     def _recording(self) -> bool:
+        if self._in_flex:
+            return False
         if not self.modules:
             return True
         return bool(self._stack) and not self._stack[-1][1]
@@ -306,6 +323,42 @@ class Probe(TorchFunctionMode):
             visible = torch.ones(T_q, T_k, dtype=torch.bool, device=q.device).tril()
         self._add(Call("sdpa", self._where(), q=q.detach(), k=kk, v=vv, out=out.detach(),
                        visible=visible, bias=bias, scale=scale, dropout_p=dropout_p), q, _expand(k, h))
+
+    def _flex_attention(self, fn, args, kwargs):
+        """A flex_attention call (flex.py routes it here): q and k amplified where the probe scales
+        them; with keep_graph, called on detached q, k, v where they carry autograd history (the
+        graph up to q and k is what is kept: flex has no backward on CPU); recorded after it."""
+        recording = self._recording() or not self.modules
+        a = doctor_hook(flex.arguments)(args, kwargs)
+        q, k, v = a["query"], a["key"], a["value"]
+        if recording and self._scaling(self._where()):
+            q, k = q * self.qk_factor, k * self.qk_factor
+        graph = (q, k)
+        if self.keep_graph and any(t.requires_grad for t in (q, k, v)):
+            q, k, v = q.detach(), k.detach(), v.detach()
+        a.update(query=q, key=k, value=v)
+        args, kwargs = flex.with_arguments(a)
+        self._in_flex = True   # flex's own ops, and the probe's below, are not the target's
+        try:
+            res = fn(*args, **kwargs)
+            if recording:
+                with self._kept():
+                    self._flex_call(a, res[0] if isinstance(res, tuple) else res, graph)
+        finally:
+            self._in_flex = False
+        return res
+
+    def _flex_call(self, a, out, graph):
+        q, k, v = a["query"], a["key"], a["value"]
+        scale = 1 / math.sqrt(q.shape[-1]) if a["scale"] is None else float(a["scale"])
+        h = q.shape[-3]
+        kk, vv = _expand(k.detach(), h), _expand(v.detach(), h)
+        mods = flex.mods(a["score_mod"], a["block_mask"])
+        s = mods((q.detach().double() @ kk.double().transpose(-2, -1)) * scale)
+        call = Call("flex", self._where(), q=q.detach(), k=kk, v=vv, out=out.detach(), scores=s,
+                    weights=flex.weights(s), visible=~torch.isneginf(s), scale=scale)
+        call.extra["flex_mods"] = mods
+        self._add(call, graph[0], _expand(graph[1], h))
 
     def _softmax(self, args, kwargs, out):
         s = args[0]

@@ -108,7 +108,7 @@ def amplifier(ctx):
     sited = {s.name for s in ctx.sites()}
     at = frozenset(sited & {c.module for c in calls})
     unsited = {c.module for c in calls if c.module not in sited}
-    in_call = frozenset(m for m in unsited if any(c.module == m and c.source == "sdpa" for c in calls))
+    in_call = frozenset(m for m in unsited if any(c.module == m and c.fused for c in calls))
     matmuls = frozenset(c.extra["qk_matmul"] for c in calls if c.module in unsited and "qk_matmul" in c.extra)
     in_call |= {m for m, _ in matmuls}
     if not calls:
@@ -123,7 +123,7 @@ def amplifier(ctx):
         return ctx.cache["amp"]
     tries = [(at, in_call, matmuls, False)]
     every = frozenset(c.extra["qk_matmul"] for c in calls if "qk_matmul" in c.extra)
-    inside = frozenset(c.module for c in calls if c.source == "sdpa") | {n for n, _ in every}
+    inside = frozenset(c.module for c in calls if c.fused) | {n for n, _ in every}
     if at and inside:   # q and k normalised after their sites undo the stress there: scaled inside every call
         tries.append((frozenset(), inside, every, True))
     capped = None   # (largest, amplifier): scores that grew with q and k, then stopped growing

@@ -179,16 +179,18 @@ class Context:
         target's forward raises is TargetRaised, what the adapter's code raises is inconclusive."""
         return call(adapter or self.adapter, fn, *args, **kwargs)
 
-    def run(self, x, mask=None, positions=None, grad=False, adapter=None):
+    def run(self, x, mask=None, positions=None, grad=False, adapter=None, up_to_calls=False):
         """The target's output (B, T, D) (adapters.call: the target's exceptions are TargetRaised,
         signals pass through). With grad, the autograd history the target keeps from earlier
-        calls is cut first (adapters.forget_history)."""
+        calls is cut first (adapters.forget_history); a forward that refuses autograd runs
+        without, unless up_to_calls: a keep_graph probe runs the attention calls that refuse it on
+        detached inputs, and the graph up to their q and k is what the caller wants."""
         a = adapter or self.adapter
         if a.kind == "layer" and x.is_floating_point():
             x = x.to(a.dtype)
         if mask is not None and a.kind == "lm" and a.pad_id is not None:   # padded as a tokenizer pads
             x = x.masked_fill(~mask, a.pad_id)
-        if grad and self.description is not None and self.description.autograd_refused:
+        if grad and not up_to_calls and self.description is not None and self.description.autograd_refused:
             grad = False   # a forward-only target: run as it can run (the gradient halves say so)
         if grad:
             forget_history(a.module)
