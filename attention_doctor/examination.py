@@ -190,7 +190,7 @@ def _smoke(ctx, strict):
 
 
 def _calls_seen(ctx, strict) -> dict | None:
-    """{source: count} of the attention calls one plain forward shows the doctor (sdpa, softmax,
+    """{source: count} of the attention calls one plain forward shows the doctor (sdpa, flex, softmax,
     this project's recorder); {} when it sees none. None if the probe itself failed."""
     try:
         _, calls = ctx.probe(ctx.sample(k=1))
