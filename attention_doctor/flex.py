@@ -58,7 +58,7 @@ def intercepted(handle):
     """For the block, each call of flex_attention through a module's global calls handle(fn, args,
     kwargs), fn the function the name was bound to (handle calls it)."""
     fa = function()
-    swapped = []
+    swapped, on = [], [True]   # a wrapper kept past the block (compiled by code run inside it) passes calls through
     if fa is not None:
         for d, k in _homes(fa):
             fn = d.get(k)
@@ -66,7 +66,7 @@ def intercepted(handle):
                 continue
 
             def wrapper(*args, _fn=fn, **kwargs):
-                return handle(_fn, args, kwargs)
+                return handle(_fn, args, kwargs) if on[0] else _fn(*args, **kwargs)
             functools.update_wrapper(wrapper, fn)
             wrapper._doctor_flex = fn
             d[k] = wrapper
@@ -74,6 +74,7 @@ def intercepted(handle):
     try:
         yield
     finally:
+        on[0] = False
         for d, k, fn, wrapper in reversed(swapped):
             if d.get(k) is wrapper:
                 d[k] = fn

@@ -115,7 +115,10 @@ def test_a_flex_call_is_recorded_with_its_scores_measured_densely():
     with Probe() as p:
         out = flex_attention(q, k, v, score_mod=alibi, block_mask=bm, scale=0.3)
         fa_module.flex_attention(q, k, v)
+        kept = flex_attention   # the probe's wrapper, kept past the probe (as a torch.compile of it would be)
     assert flex_attention is fa_module.flex_attention, "the names are restored after the probe"
+    assert kept is not flex_attention and torch.equal(kept(q, k, v), flex_attention(q, k, v))
+    assert len(p.calls) == 2, "a wrapper kept past its probe passes calls through, unrecorded"
     assert [c.source for c in p.calls] == ["flex", "flex"]
     c = p.calls[0]
     dense = create_mask(mask_mod, 2, 2, 8, 8, device="cpu")
