@@ -126,14 +126,20 @@ def setup_methods(module) -> list[str]:
     return sorted(out, key=lambda n: not n.startswith("setup"))
 
 
-def cache_args(accepts) -> list[str]:
-    """The forward's arguments that may carry a cache."""
-    return sorted(a for a in accepts if a in CACHE_ARGS or any(w in a.lower() for w in CACHE_WORDS))
+def cache_args(accepts, switches=False) -> list[str]:
+    """The forward's arguments that may carry a cache; a switch such as use_cache only if switches
+    (it says a cache is there, and carries none)."""
+    return sorted(a for a in accepts if (a in CACHE_ARGS or any(w in a.lower() for w in CACHE_WORDS))
+                  and (switches or not a.startswith("use_")))
+
+
+CLASS_WORDS = ("cache", "params", "state", "memory", "past")   # a class that may hold a cache
 
 
 def cache_classes(module, arg) -> list[type]:
-    """Classes of the model's own modules (not torch's) whose name shares a word with arg's."""
-    words = [w for w in arg.lower().split("_") if len(w) > 2]
+    """Classes of the model's own modules (not torch's) named like a cache holder whose name shares
+    a word with arg's (the model's own code: nothing else is built)."""
+    words = [w for w in arg.lower().split("_") if len(w) > 2 and w not in ("use", "key", "values")]
     seen, out = set(), []
     for m in module.modules():
         mod = sys.modules.get(type(m).__module__)
@@ -142,7 +148,7 @@ def cache_classes(module, arg) -> list[type]:
         seen.add(mod.__name__)
         for name, obj in vars(mod).items():
             if (isinstance(obj, type) and not issubclass(obj, nn.Module) and obj.__module__ == mod.__name__
-                    and any(w in name.lower() for w in words)):
+                    and any(w in name.lower() for w in words) and any(w in name.lower() for w in CLASS_WORDS)):
                 out.append(obj)
     return out
 
@@ -150,7 +156,7 @@ def cache_classes(module, arg) -> list[type]:
 def cache_things(module, accepts) -> list[str]:
     """What in the target looks like a cache: forward arguments, set-up methods, submodules and
     buffers named so."""
-    things = [f"forward argument {a}" for a in cache_args(accepts)]
+    things = [f"forward argument {a}" for a in cache_args(accepts, switches=True)]
     things += [f"method {n}" for n in setup_methods(module)]
     things += [f"module {n} ({type(m).__name__})" for n, m in module.named_modules()
                if n and "cache" in (n.rsplit(".", 1)[-1] + type(m).__name__).lower()][:2]
@@ -290,7 +296,6 @@ def find_drive(adapter, x):
             tried.append(f"{drive.describe()}: the new tokens do not read the prompt")
         except TargetRaised as e:
             tried.append(f"{drive.describe()}: raised {e.error[:80]}")
-        except (TypeError, ValueError, RuntimeError, AssertionError, AttributeError, IndexError) as e:
-            # the set-up or the object's own code (not the forward) refused these arguments: not this way
+        except Exception as e:  # noqa: BLE001 -- the set-up or the cache object's own code (not the forward) refused: not this way (said in what was tried), never the doctor's error
             tried.append(f"{drive.describe()}: {type(e).__name__}: {str(e)[:80]}")
     return None, tried

@@ -3,8 +3,9 @@ names and by measurement, as people write them:
 
 - logits, `(logits, loss)` or an object with `.logits`; a forward that returns only the last
   position's logits unless given `targets` (nanoGPT) is given targets;
-- a padding mask named `attention_mask` or `mask`, in the encoding that measurably masks: 0/1
-  integers, bool keep-masks, or additive floats ((B, T) or (B, 1, 1, T));
+- a padding mask named `attention_mask`, `mask` or another of MASK_NAMES, in the encoding that
+  measurably masks (ENCODINGS: 0/1 integers, bool keep- or masked-out masks, additive floats, and
+  square masks with the causal part in them);
 - positions named `position_ids`, `pos`, `positions` ((B, T) ids), `input_pos` ((T,) after a
   cache set up by `set_kv_cache` or `setup_caches`, LitGPT, gpt-fast; else (B, T) ids, torchtune) or `start_pos` (an int
   offset, Meta's Llama); without any, an nn.Embedding a plain forward feeds 0..T-1 (a learned
@@ -12,7 +13,8 @@ names and by measurement, as people write them:
 - a KV cache driven by `start_pos` (a cache kept inside, written at that offset), by `input_pos`
   after `set_kv_cache(batch_size)` (LitGPT) or `setup_caches(max_batch_size, max_seq_length)`
   (gpt-fast: buffers written in place at a 1-D `input_pos`), or passed back in (`cache=` with `return_intermediates=True`:
-  the whole sequence in, the last `cache_age` tokens computed, as x-transformers does);
+  the whole sequence in, the last `cache_age` tokens computed, as x-transformers does); else one
+  found by trying (caches.py: a set-up method of another signature, a cache object passed in);
 - attention paths switched by a boolean `flash` on its modules (nanoGPT, x-transformers), where
   both settings run.
 

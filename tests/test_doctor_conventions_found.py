@@ -265,3 +265,22 @@ def test_future_leak_takes_the_gradient_through_a_packed_embedding(bug):
     r = examine(PackedLM(bug).eval(), checks=["eval_dropout", "future_leak"], strict=True)
     assert r["future_leak"].verdict == ("pass" if bug is None else "fail"), r.table() + r.details()
     assert "gradient: not run" not in r["future_leak"].detail
+
+
+class RefusingCache:
+    """A cache holder whose constructor refuses what the doctor can give it."""
+    def __init__(self, max_batch_size, max_seq_len):
+        raise KeyError("needs a config")
+
+
+class RefusingCacheLM(HiddenCacheLM):
+    def forward(self, idx, kv_cache=None):
+        return super().forward(idx)
+
+
+def test_a_cache_class_that_refuses_is_inconclusive_and_not_the_doctors_error():
+    torch.manual_seed(0)
+    r = examine(RefusingCacheLM().eval(), checks=["eval_dropout", "future_leak", "kv_cache"], strict=True)
+    assert r["future_leak"].verdict == "pass", r.table()
+    assert r["kv_cache"].outcome == "inconclusive" and r["kv_cache"].cause == "unreachable", r.table()
+    assert "RefusingCache(max_batch_size, max_seq_len) passed in: KeyError" in r.info["conventions"]["cache"]
