@@ -3,8 +3,9 @@ names and by measurement, as people write them:
 
 - logits, `(logits, loss)` or an object with `.logits`; a forward that returns only the last
   position's logits unless given `targets` (nanoGPT) is given targets;
-- a padding mask named `attention_mask` or `mask`, in the encoding that measurably masks: 0/1
-  integers, bool keep-masks, or additive floats ((B, T) or (B, 1, 1, T));
+- a padding mask named `attention_mask`, `mask` or another of MASK_NAMES, in the encoding that
+  measurably masks (ENCODINGS: 0/1 integers, bool keep- or masked-out masks, additive floats, and
+  square masks with the causal part in them);
 - positions named `position_ids`, `pos`, `positions` ((B, T) ids), `input_pos` ((T,) after a
   cache set up by `set_kv_cache` or `setup_caches`, LitGPT, gpt-fast; else (B, T) ids, torchtune) or `start_pos` (an int
   offset, Meta's Llama); without any, an nn.Embedding a plain forward feeds 0..T-1 (a learned
@@ -12,7 +13,8 @@ names and by measurement, as people write them:
 - a KV cache driven by `start_pos` (a cache kept inside, written at that offset), by `input_pos`
   after `set_kv_cache(batch_size)` (LitGPT) or `setup_caches(max_batch_size, max_seq_length)`
   (gpt-fast: buffers written in place at a 1-D `input_pos`), or passed back in (`cache=` with `return_intermediates=True`:
-  the whole sequence in, the last `cache_age` tokens computed, as x-transformers does);
+  the whole sequence in, the last `cache_age` tokens computed, as x-transformers does); else one
+  found by trying (caches.py: a set-up method of another signature, a cache object passed in);
 - attention paths switched by a boolean `flash` on its modules (nanoGPT, x-transformers), where
   both settings run.
 
@@ -25,7 +27,6 @@ import torch
 import torch.nn as nn
 
 from attention_doctor.adapters import (
-    CACHE_ARGS,
     Adapter,
     TargetError,
     Unreachable,
@@ -35,19 +36,44 @@ from attention_doctor.adapters import (
     target_scope,
 )
 from attention_doctor.adapters import _first_output as first_output
+from attention_doctor.caches import Snapshot, cache_args, cache_things, find_drive, setup_methods
 from attention_doctor.signals import TargetRaised, doctor_hook
 
-MASK_NAMES = ("attention_mask", "mask")
+MASK_NAMES = ("attention_mask", "mask", "attn_mask", "padding_mask", "key_padding_mask", "src_key_padding_mask",
+              "input_mask", "pad_mask")
 POSITION_NAMES = ("position_ids", "pos", "positions", "input_pos", "start_pos")
 EFFECT = 1e-5   # a mask that moves the real tokens' outputs by more than this (relative) masks
+
+
+def _causal_keep(m):
+    """(B, T, T) bool, True = may attend: the causal part and the real keys (a square mask's rows)."""
+    T = m.shape[-1]
+    return torch.ones(T, T, dtype=torch.bool, device=m.device).tril()[None] & m[:, None, :]
+
+
+def _additive(keep, dt):
+    return torch.zeros(keep.shape, dtype=dt, device=keep.device).masked_fill(~keep, torch.finfo(dt).min)
+
+
 ENCODINGS = {   # a (B, T) bool keep-mask as the forward may take it
     "0/1 integers": lambda m, dt: m.long(),
     "bool": lambda m, dt: m,
-    "additive (B, T)": lambda m, dt: torch.zeros(m.shape, dtype=dt, device=m.device).masked_fill(~m, torch.finfo(dt).min),
-    "additive (B, 1, 1, T)": lambda m, dt: torch.zeros(m.shape, dtype=dt, device=m.device).masked_fill(
-        ~m, torch.finfo(dt).min)[:, None, None, :],
+    "additive (B, T)": lambda m, dt: _additive(m, dt),
+    "additive (B, 1, 1, T)": lambda m, dt: _additive(m, dt)[:, None, None, :],
+    # PyTorch's key_padding_mask: True = ignore
+    "bool, True = masked (B, T)": lambda m, dt: ~m,
+    # a square mask with the causal part in it: torchtune's (B, T, T) keep, Megatron's (B, 1, T, T)
+    # True = masked out, transformers' 4-D additive one
+    "causal bool (B, T, T)": lambda m, dt: _causal_keep(m),
+    "causal bool (B, 1, T, T)": lambda m, dt: _causal_keep(m)[:, None],
+    "causal bool, True = masked (B, 1, T, T)": lambda m, dt: ~_causal_keep(m)[:, None],
+    "causal bool, True = masked (B, T, T)": lambda m, dt: ~_causal_keep(m),
+    "causal additive (B, 1, T, T)": lambda m, dt: _additive(_causal_keep(m), dt)[:, None],
 }
-FIRST = {"attention_mask": "0/1 integers", "mask": "bool"}   # what each name usually means, tried first
+# what each name usually means, tried first (every other encoding after it)
+FIRST = {"attention_mask": "0/1 integers", "mask": "bool", "attn_mask": "bool", "padding_mask": "bool",
+         "input_mask": "bool", "pad_mask": "bool", "key_padding_mask": "bool, True = masked (B, T)",
+         "src_key_padding_mask": "bool, True = masked (B, T)"}
 
 
 def token_embedding(module) -> nn.Module | None:
@@ -80,6 +106,9 @@ class CallableLM(Adapter):
         self._broken = {}             # a path whose forward raised when found: its error
         self.cache_setup = self._find_cache_setup()   # how an input_pos cache is set up (None: no way)
         self.cache = self._cache_kind()
+        self.drive = None             # a cache found by trying (caches.py): how it is driven
+        self._live = None             # what a driven cache's set-up changed in the model, put back before other calls
+        self.cache_tried = []         # the ways tried where a cache was seen and none drove it
         self.conventions = {}
 
     # -- found once, before the checks -----------------------------------------------------------
@@ -128,6 +157,10 @@ class CallableLM(Adapter):
                 self.conventions["start_pos"] = "moves the positions only (no cache behind it)"
             if self.mask_name is not None:
                 self._find_mask_encoding(x)
+            if self.cache is None and ((setup_methods(self.module) and "input_pos" in self.accepts)
+                                       or cache_args(self.accepts)):
+                self.drive, self.cache_tried = find_drive(self, x)
+                self.cache = "found" if self.drive is not None else None
             self._find_paths(x)
         if self.pos_name:
             self.conventions["positions"] = self.pos_name
@@ -136,7 +169,11 @@ class CallableLM(Adapter):
                                          "input_pos": {"set_kv_cache": "set_kv_cache(batch_size)",
                                                        "setup_caches": "setup_caches(max_batch_size, max_seq_length)"}
                                          .get(self.cache_setup, "") + ", then a 1-D input_pos",
-                                         "cache": "cache= with return_intermediates=True"}[self.cache]
+                                         "cache": "cache= with return_intermediates=True",
+                                         "found": f"{self.drive.describe() if self.drive else ''} (found by trying: "
+                                                  "it runs and the new tokens read the prompt)"}[self.cache]
+        elif self.cache_tried:
+            self.conventions["cache"] = "none driven: " + "; ".join(self.cache_tried)[:600]
 
     def _find_position_table(self, x):
         """An embedding (not the token one) that a plain forward feeds 0..T-1: a learned position table."""
@@ -263,7 +300,22 @@ class CallableLM(Adapter):
             kw.setdefault("start_pos", 0)
         return self.module(x, **kw)
 
+    def end_cache(self):
+        self._teardown()
+
+    def _teardown(self):
+        """Put back what a driven cache's set-up changed in the model (its cache modules), so that
+        a call without the cache runs as the model was built."""
+        if self._live is not None:
+            self._live.restore()
+            self._live = None
+
+    def converted(self, dtype=None, device=None):
+        self._teardown()
+        return super().converted(dtype=dtype, device=device)
+
     def forward(self, x, mask=None, positions=None):
+        self._teardown()
         kw = {}
         if mask is not None:
             if self.mask_name is None:
@@ -275,7 +327,7 @@ class CallableLM(Adapter):
             kw[self.mask_name] = ENCODINGS[self.mask_encoding](mask, self.dtype)
         if positions is None:
             return first_output(self._call(x, **kw))
-        if self.pos_name in ("position_ids", "pos", "positions") or (self.pos_name == "input_pos" and self.cache is None):
+        if self.pos_name in ("position_ids", "pos", "positions") or (self.pos_name == "input_pos" and self.cache != "input_pos"):
             return first_output(self._call(x, **kw, **{self.pos_name: positions}))
         if self.pos_name in ("start_pos", "input_pos"):
             start = uniform_offset(positions)
@@ -320,10 +372,16 @@ class CallableLM(Adapter):
         if self.cache == "cache":
             out, inter = self._call(x, return_intermediates=True)
             return (x, inter), first_output(out)
-        other = sorted(self.accepts & CACHE_ARGS)
-        if other:   # a cache the doctor cannot drive without knowing its protocol
-            raise Unreachable(f"forward takes {other[0]}: a cache the doctor cannot drive (an Adapter with "
-                              "prefill and step can)")
+        if self.cache == "found":
+            self._teardown()
+            self._live = Snapshot(self.module)
+            state = self.drive.start(x.shape[0], 2 * T, self._live)   # room for the steps after the prefill
+            return state, self.drive.call(state, x)
+        things = cache_things(self.module, self.accepts)
+        if things:   # a cache the doctor sees and cannot drive: inconclusive with what it found, never n/a
+            raise Unreachable(f"a cache the doctor cannot drive: {', '.join(things)}"
+                              + (f" (tried: {'; '.join(self.cache_tried)[:300]})" if self.cache_tried else "")
+                              + "; an Adapter with prefill and step can")
         raise Unsupported("no KV cache (forward takes none of start_pos, input_pos with set_kv_cache or setup_caches, "
                           "cache with return_intermediates; an Adapter with prefill and step enables kv_cache)",
                           "no_kv_cache")
@@ -344,6 +402,8 @@ class CallableLM(Adapter):
                                         **({"cache_age": age} if age != 1 else {}))
                 outs.append(first_output(out)[:, -age:])
             return (full, inter), torch.cat(outs, 1)
+        if self.cache == "found":
+            return state, self.drive.call(state, x)
         return self.prefill(x)
 
     def embedding(self):

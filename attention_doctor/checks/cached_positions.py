@@ -98,7 +98,9 @@ def long_positions_through_cache(ctx, a, x):
     if not s0 or not s1:
         raise unseen("positions move its KV cache: the check compares the attention scores, and no call's scores "
                      "were seen")
-    moved = sum(int((va != vb).sum()) for (_, va), (_, vb) in zip(s1, s0))
+    # keys a new query sees that changed with the shift (a read of another length: all its entries)
+    moved = sum(int((va != vb).sum()) if va.shape == vb.shape else max(va.numel(), vb.numel())
+                for (_, va), (_, vb) in zip(s1, s0))
     if moved:   # which new keys a new query sees changed with the shift: nothing else to compare
         parts = [f"the first attention call: at +{LONG_OFFSET} the new tokens' mask among themselves differs from "
                  f"+0's in {moved} entries (a causal mask not aligned to the cache's end?)"]

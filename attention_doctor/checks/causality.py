@@ -156,22 +156,24 @@ def _input_grads(ctx, x, t):
     if emb is None:
         return _GradientHalf("no input embedding to differentiate against (an Adapter's embedding() names it)")
     got = []
-    h = emb.register_forward_hook(doctor_hook(lambda m, i, o: got.append((o, torch.is_grad_enabled()))))
+    h = emb.register_forward_hook(doctor_hook(lambda m, i, o: got.append((o, torch.is_grad_enabled(), i[0] if i else None))))
     try:
         y = ctx.run(x, grad=True)
     finally:
         h.remove()
     if len(got) != 1:
         return _GradientHalf(f"the input embedding ran {len(got)} times in one forward")
-    out, grad_on = got[0]
+    out, grad_on, ids = got[0]
     if isinstance(out, torch.Tensor) and (not grad_on or out.is_inference()):
         return _GradientHalf("the forward computes no gradient (it runs under inference mode or no_grad)", na=True)
     if not isinstance(out, torch.Tensor) or not out.requires_grad:
         return _GradientHalf("the input embedding's output is not differentiable here (frozen weights?)")
-    return _grad((y[:, :t].double() * w).sum(), out, x.shape, t)
+    # a packed batch (mistral-inference): the embedding fed the ids flattened, row after row
+    packed = isinstance(ids, torch.Tensor) and ids.shape == (x.numel(),) and bool((ids == x.reshape(-1)).all())
+    return _grad((y[:, :t].double() * w).sum(), out, x.shape, t, packed)
 
 
-def _grad(loss, wrt, shape, t):
+def _grad(loss, wrt, shape, t, packed=False):
     """(the largest finite |d loss / d wrt| at positions t.., the non-finite count) (wrt (B, T, ...)
     or (T, B, ...): XLNet's embedding is time-major), or a _GradientHalf."""
     try:
@@ -181,7 +183,9 @@ def _grad(loss, wrt, shape, t):
     if g is None:
         return 0.0, 0
     B, T = shape[0], shape[1]
-    if g.dim() >= 2 and g.shape[1] == T:
+    if packed and g.dim() >= 1 and g.shape[0] == B * T:
+        g = g.reshape(B, T, *g.shape[1:])[:, t:]
+    elif g.dim() >= 2 and g.shape[1] == T:
         g = g[:, t:]
     elif g.dim() >= 2 and g.shape[0] == T and g.shape[1] == B:
         g = g[t:]
@@ -298,6 +302,14 @@ def self_visibility(ctx):
     return held_in_part(r, {"rows with non-finite weights and no known mask": f"{unjudged} row(s)"} if unjudged else {})
 
 
+def _end_cache(a):
+    """The adapter puts back what its cache set-up changed in the model (CallableLM's end_cache),
+    so that the user's module is left as it was given."""
+    end = getattr(a, "end_cache", None)
+    if callable(end):
+        end()
+
+
 def kv_cache(ctx):
     a = ctx.adapter
     if a.kind != "lm":
@@ -315,17 +327,20 @@ def kv_cache(ctx):
                 where = "step"
                 state, new = ctx.call(a.step, state, x[:, -n:])
         except TargetRaised as e:
+            _end_cache(a)
             return row(FAIL, None, "", f"the target raised on a valid input: {e.error} (in {where}, prefill {P} then "
                        f"{n} new)", "target_raised", limit=AGREE_REL, trials=trials, error=e.error,
                        raised_in={"prefill_tokens": P, "new_tokens": n, "call": where})
         for what, got, want in (("prefill", pre, full[:, :-n]), ("step", new, full[:, -n:])):
             if tuple(got.shape) != tuple(want.shape):   # e.g. a step that returns every token's logits
+                _end_cache(a)
                 return inconclusive(f"{what} returned {tuple(got.shape)}, not {tuple(want.shape)}: prefill returns "
                                     "the prompt's outputs, step the new tokens' only", "adapter_contract")
         d_pre, d_new = rel(pre, full[:, :-n], "the full forward's outputs"), rel(new, full[:, -n:], "the full forward's outputs")
         trials.append({"prefill_tokens": P, "new_tokens": n, "prefill": d_pre, "new": d_new})
         worst = max(worst, d_pre, d_new)
         cause = cause or ("prefill_differs" if d_pre > AGREE_REL else "new_tokens_differ" if d_new > AGREE_REL else "")
+    _end_cache(a)
     detail = "cached against the full forward: " + "; ".join(
         f"prefill {t['prefill_tokens']} then {t['new_tokens']} new: prefill {t['prefill']:.3g}, new tokens {t['new']:.3g}"
         for t in trials)
