@@ -89,6 +89,19 @@ def padding_moves(style, model):
     return rel(*left_padded(style, model))
 
 
+def padding_raises(style, model):
+    """A padded batch after a plain call at another length (the doctor's unpadded row, then the
+    left-padded one) raises: flex_attention's check that a kept BlockMask matches its lengths."""
+    x, keep = tokens(), torch.ones(B, T, dtype=torch.bool)
+    keep[:, :PAD] = False
+    plain(style, model, x[:, PAD:])
+    try:
+        S.STYLES[style].padded(model, x, keep)
+    except ValueError:
+        return float("inf")
+    return 0.0
+
+
 def padded_nonfinite(style, model):
     return 0.0 if all(bool(torch.isfinite(o).all()) for o in left_padded(style, model)) else float("inf")
 
@@ -127,6 +140,7 @@ EFFECT = {   # (check, cause) a record expects -> the measurement that shows the
     ("amplified_logits", "masked_key_weight"): amplified_leak,
     ("padding", "left_padding"): padding_moves,
     ("padding", "mask_ignored"): padding_moves,
+    ("padding", "target_raised"): padding_raises,
     ("fully_masked_rows", "nonfinite_outputs"): padded_nonfinite,
     ("kv_cache", "new_tokens_differ"): cache_gap,
     ("kv_cache", "prefill_differs"): cache_gap,
