@@ -95,6 +95,11 @@ class Adapter:
         raise Unsupported("no switch between attention paths", "no_paths")
         yield
 
+    def windows(self) -> tuple[int, list[bool]]:
+        """The sliding window the target declares: (its size in keys, per attention layer in the
+        order they run whether that layer slides). A target that declares none: Unsupported."""
+        raise Unsupported("declares no sliding window (an Adapter's windows() declares one)", "no_window")
+
     def embedding(self) -> nn.Module | None:
         """An LM's input embedding (its output is what gradients are taken against)."""
         for m in self.module.modules():

@@ -207,3 +207,34 @@ class HFCausalLM(Adapter):
             yield
         finally:
             self.module.set_attn_implementation(current)
+
+    def windows(self):
+        cfg = self.module.config
+        return declared_windows(cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg)
+
+
+# -- the sliding window a config declares (the sliding_window check) -----------------------------
+SLIDING, FULL = "sliding_attention", "full_attention"
+
+
+def declared_windows(cfg) -> tuple[int, list[bool]]:
+    """(sliding_window, per attention layer whether it slides) as a config declares them: its
+    layer_types where it has them (sliding_attention / full_attention; other kinds, linear or chunked
+    attention, are no softmax window); else its use_sliding_window switch, from max_window_layers on
+    (Qwen2's rule); else one window for every layer (Mistral's). Unsupported without a window."""
+    w = getattr(cfg, "sliding_window", None)
+    if isinstance(w, bool) or not isinstance(w, int) or w <= 0:
+        raise Unsupported("declares no sliding window (its config's sliding_window is not set)", "no_window")
+    types, n = getattr(cfg, "layer_types", None), getattr(cfg, "num_hidden_layers", None)
+    if isinstance(types, (list, tuple)) and types and all(isinstance(t, str) for t in types):
+        types = types[:n] if isinstance(n, int) else types   # the model builds layer i from types[i], i < n
+        if any(t not in (SLIDING, FULL) for t in types):
+            raise Unreachable(f"layer_types {sorted(set(types) - {SLIDING, FULL})} beside softmax attention: the "
+                              "doctor cannot tell which attention calls are which layer's")
+        return w, [t == SLIDING for t in types]
+    if not isinstance(n, int):
+        raise Unreachable("a sliding_window but no num_hidden_layers: the layers it applies to are unknown")
+    if hasattr(cfg, "use_sliding_window"):
+        first = getattr(cfg, "max_window_layers", None)
+        return w, [bool(cfg.use_sliding_window) and (not isinstance(first, int) or i >= first) for i in range(n)]
+    return w, [True] * n
