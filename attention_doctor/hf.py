@@ -1,6 +1,7 @@
 """transformers' causal LMs: an adapter through the public API of transformers 5.x, and a builder
 of small random-weight models from a config (no download). transformers is imported only here,
 and only when a transformers model is examined or built."""
+import copy
 import difflib
 import re
 from contextlib import contextmanager
@@ -8,6 +9,7 @@ from contextlib import contextmanager
 import torch
 
 from attention_doctor.adapters import CACHE_ARGS, Adapter, TargetError, Unreachable, Unsupported, _params
+from attention_doctor.signals import NotPerformed
 
 # how to get transformers, in every message that needs it (README and --help say the same)
 INSTALL = "pip install -r requirements-validation.txt (in the clone: the transformers release the zoo pins)"
@@ -138,6 +140,8 @@ class HFCausalLM(Adapter):
             if "position_ids" not in _params(self.module.forward):
                 raise Unsupported("needs position ids (its forward takes no position_ids)", "no_positions")
             kw["position_ids"] = positions
+        if getattr(self, "_output_attentions", False):   # the output_attentions path (attention_path)
+            kw["output_attentions"] = True
         return self.module(input_ids=x, **kw).logits
 
     def _state_name(self) -> str:
@@ -186,27 +190,17 @@ class HFCausalLM(Adapter):
         return getattr(self.module.config, "_attn_implementation", "eager")
 
     def paths(self):
-        have = []
-        current = self.implementation
-        if not hasattr(self.module, "set_attn_implementation"):  # transformers < 5: fixed at build
-            return []
-        for p in PATHS:
-            try:
-                self.module.set_attn_implementation(p)
-                have.append(p)
-            except (ValueError, ImportError, NotImplementedError, AttributeError):
-                pass
-        self.module.set_attn_implementation(current)
-        return have
+        return attention_paths(self)
 
     @contextmanager
     def use_path(self, name):
-        current = self.implementation
-        self.module.set_attn_implementation(name)
-        try:
+        with attention_path(self, name):
             yield
-        finally:
-            self.module.set_attn_implementation(current)
+
+    @contextmanager
+    def reloaded(self):
+        with saved_and_loaded(self) as b:
+            yield b
 
     def windows(self):
         cfg = self.module.config
@@ -238,3 +232,112 @@ def declared_windows(cfg) -> tuple[int, list[bool]]:
         first = getattr(cfg, "max_window_layers", None)
         return w, [bool(cfg.use_sliding_window) and (not isinstance(first, int) or i >= first) for i in range(n)]
     return w, [True] * n
+
+
+# -- the attention paths of one set of weights (path_agreement) ----------------------------------
+OUTPUT_ATTENTIONS = "output_attentions"   # the running implementation asked for the weights
+
+
+def _rebuilt(adapter, impl):
+    """The adapter's model with the same weights under implementation `impl`, for a release that
+    fixes the implementation at build (no set_attn_implementation: transformers < 5); None where the
+    release does not build it (it raises, or falls back to another implementation). Kept per model."""
+    model = adapter.module
+    cache = adapter.__dict__.setdefault("_rebuilt", {})
+    key = (id(model), impl)
+    if key not in cache:
+        cfg = copy.deepcopy(model.config)
+        cfg._attn_implementation = impl
+        try:
+            new = type(model)._from_config(cfg, attn_implementation=impl)
+            new.load_state_dict(model.state_dict())
+        except (ValueError, ImportError, NotImplementedError, TypeError, RuntimeError):
+            new = None   # this release does not build the model under impl: no such path
+        if new is not None and getattr(new.config, "_attn_implementation", impl) != impl:
+            new = None
+        cache[key] = None if new is None else new.to(device=adapter.device, dtype=adapter.dtype).eval()
+    return cache[key]
+
+
+def _gives_weights(adapter) -> bool:
+    """The model runs with output_attentions=True (a forward that takes it and does not raise)."""
+    if not _takes(adapter.module.forward, "output_attentions"):
+        return False
+    x = torch.zeros(1, 4, dtype=torch.long, device=adapter.device)
+    try:
+        with torch.no_grad():
+            adapter.module(input_ids=x, output_attentions=True)
+    except (ValueError, TypeError, NotImplementedError, RuntimeError):
+        return False
+    return True
+
+
+def attention_paths(adapter) -> list[str]:
+    """The implementations the model switches between (set_attn_implementation, or rebuilt with the
+    same weights where the release has none), and output_attentions where the running implementation
+    is not eager: asking for the weights makes some releases' SDPA layers run their eager forward."""
+    model, current = adapter.module, adapter.implementation
+    have = []
+    for p in PATHS:
+        if p == current:
+            have.append(p)
+        elif hasattr(model, "set_attn_implementation"):
+            try:
+                model.set_attn_implementation(p)
+                have.append(p)
+            except (ValueError, ImportError, NotImplementedError, AttributeError):
+                pass
+            finally:
+                model.set_attn_implementation(current)
+        elif _rebuilt(adapter, p) is not None:
+            have.append(p)
+    if current != "eager" and _gives_weights(adapter):
+        have.append(OUTPUT_ATTENTIONS)
+    return have if len(have) > 1 else []
+
+
+@contextmanager
+def attention_path(adapter, name):
+    """A context in which the adapter runs path `name` (one of attention_paths)."""
+    model, current = adapter.module, adapter.implementation
+    if name == OUTPUT_ATTENTIONS:
+        adapter._output_attentions = True
+        try:
+            yield
+        finally:
+            adapter._output_attentions = False
+    elif name == current:
+        yield
+    elif hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(name)
+        try:
+            yield
+        finally:
+            model.set_attn_implementation(current)
+    else:
+        adapter.module = _rebuilt(adapter, name)
+        try:
+            yield
+        finally:
+            adapter.module = model
+
+
+# -- the model saved and loaded back (config_roundtrip) ------------------------------------------
+@contextmanager
+def saved_and_loaded(adapter):
+    """An adapter of the model saved with save_pretrained into a temporary directory and loaded back
+    with from_pretrained (its class, the same implementation and dtype; nothing downloaded). What
+    saving or loading raises leaves the check unperformed (inconclusive), naming it."""
+    import tempfile
+    model = adapter.module
+    with tempfile.TemporaryDirectory(prefix="doctor_roundtrip_") as d:
+        try:
+            model.save_pretrained(d)
+            kw = {"attn_implementation": adapter.implementation} if adapter.implementation else {}
+            new = type(model).from_pretrained(d, **kw)
+        except Exception as e:  # noqa: BLE001 -- the library's save or load raised (not the forward): inconclusive, named
+            raise NotPerformed(f"save_pretrained / from_pretrained raised {type(e).__name__}: "
+                               f"{str(e).splitlines()[0][:160] if str(e) else ''}", "not_reloaded") from None
+        b = copy.copy(adapter)
+        b.module = new.to(device=adapter.device, dtype=adapter.dtype).eval()
+        yield b

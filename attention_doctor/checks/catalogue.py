@@ -277,6 +277,21 @@ REGISTRY: tuple[Check, ...] = (
                              "their own q, k, v (None: no call seen)",
                     "against_first": "per other path: {path, plain, padded}: its real outputs' relative difference "
                                      "from the first path's (padded None: not compared)"}),
+    Check("config_roundtrip", "roundtrip", "reload",
+          does="the target saved and loaded back (transformers: save_pretrained, then from_pretrained from the "
+               "temporary directory, its implementation and dtype; an Adapter's reloaded()), plain and left-padded",
+          fails_when="the reloaded target's outputs differ from the target's before saving",
+          tolerance="1e-5: the same weights and the same computation (a configuration lost on the way moves them "
+                    "by orders more)",
+          applies="targets that save and load themselves (n/a elsewhere)",
+          thread="huggingface/transformers #44913",
+          causes={"reload_differs": fails("the model loaded back computes other outputs than before saving (a "
+                                          "configuration value not written, or overwritten on load)"),
+                  "no_save_load": not_applicable("the target has no save and load of its own"),
+                  "not_reloaded": cannot("saving or loading raised (the library's code, not the forward): named in "
+                                         "the reason")},
+          measures={"plain": "the plain batch's outputs reloaded against before saving: relative difference",
+                    "padded": "the same, left-padded, real tokens (None: no padding mask)"}),
 )
 ORDER: tuple[str, ...] = tuple(c.name for c in REGISTRY)
 BY_NAME: dict[str, Check] = {c.name: c for c in REGISTRY}
