@@ -19,6 +19,7 @@ INSTALL = "pip install -r requirements-validation.txt (in the clone: the transfo
 SMALL = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
              intermediate_size=64, max_position_embeddings=8192)
 PATHS = ("eager", "sdpa")
+SMALL_WINDOW = 16   # a declared sliding window, shrunk: the doctor's T (16) inside it, the sliding_window check's beyond
 KV_HEADS = 2
 
 
@@ -71,6 +72,10 @@ def small_config(model_type: str, **overrides):
         cfg.query_pre_attn_scalar = cfg.hidden_size // cfg.num_attention_heads  # Gemma 2/3: head_dim
     if isinstance(d.get("rotary_dim"), int) and "rotary_dim" not in overrides:  # GPT-J, CodeGen: within a head
         cfg.rotary_dim = min(cfg.rotary_dim, cfg.hidden_size // cfg.num_attention_heads)
+    if isinstance(d.get("layer_types"), list) and "layer_types" not in overrides:   # one per layer built
+        cfg.layer_types = d["layer_types"][:cfg.num_hidden_layers]
+    if isinstance(d.get("sliding_window"), int) and "sliding_window" not in overrides:
+        cfg.sliding_window = SMALL_WINDOW   # within the sliding_window check's reach (the zoo's shrunk configs alike)
     if d.get("is_decoder") is False and "is_decoder" not in overrides:
         cfg.is_decoder = True   # BERT-style encoders are causal LMs only as decoders (transformers says so)
     for k in ("bos_token_id", "eos_token_id", "pad_token_id"):

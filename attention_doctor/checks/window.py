@@ -31,6 +31,9 @@ def _far(T: int, w: int) -> torch.Tensor:
 def _per_call(ctx, w: int, slides: list[bool]) -> dict:
     """Each square attention call's mask against its layer's declaration, calls taken in layer order."""
     T = w + 1 + MARGIN
+    if T > MAX_T:
+        raise NotPerformed(f"window {w}: the check runs at most {MAX_T} tokens (a smaller window, as the zoo's "
+                           "shrunk configs set, enables it)", "window_too_long")
     _, calls = ctx.probe(ctx.sample(T=T, k=60))
     square = [c for c in calls if c.visible is not None and c.visible.shape[-1] == T
               and c.visible.shape[-2] in (1, T)]
