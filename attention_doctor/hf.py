@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import torch
 
 from attention_doctor.adapters import CACHE_ARGS, Adapter, TargetError, Unreachable, Unsupported, _params
-from attention_doctor.signals import NotPerformed
+from attention_doctor.signals import NotPerformed, TargetRaised
 
 # how to get transformers, in every message that needs it (README and --help say the same)
 INSTALL = "pip install -r requirements-validation.txt (in the clone: the transformers release the zoo pins)"
@@ -272,8 +272,8 @@ def _gives_weights(adapter) -> bool:
     try:
         with torch.no_grad():
             adapter.module(input_ids=x, output_attentions=True)
-    except (ValueError, TypeError, NotImplementedError, RuntimeError):
-        return False
+    except (TargetRaised, ValueError, TypeError, NotImplementedError, RuntimeError):   # inside target_scope: TargetRaised
+        return False   # the model refuses the weights: no such path (path_agreement compares the others)
     return True
 
 

@@ -79,6 +79,20 @@ def test_paths_of_a_model_built_with_its_implementation():
     assert HFCausalLM(model("eager")).paths() == ["eager", "sdpa"]   # eager asked for weights is eager
 
 
+class RefusesWeights(BuiltLM):
+    def forward(self, input_ids, output_attentions=False, **kwargs):
+        if output_attentions:
+            raise ValueError("this model cannot return attention weights")
+        return super().forward(input_ids, **kwargs)
+
+
+def test_a_model_that_refuses_the_weights_has_no_such_path():
+    torch.manual_seed(0)
+    m = RefusesWeights(types.SimpleNamespace(vocab_size=32, _attn_implementation="sdpa", weights_drop_mask=False)).eval()
+    r = examine(HFCausalLM(m), checks=["path_agreement"], strict=True)["path_agreement"]
+    assert r.outcome is PASS and [x["path"] for x in r.measurements["against_first"]] == ["sdpa"], r.detail
+
+
 def test_the_paths_agree_on_a_healthy_model():
     r = examine(HFCausalLM(model()), checks=["path_agreement"], strict=True)["path_agreement"]
     assert r.outcome is PASS, r.detail
