@@ -95,6 +95,18 @@ class Adapter:
         raise Unsupported("no switch between attention paths", "no_paths")
         yield
 
+    def windows(self) -> tuple[int, list[bool]]:
+        """The sliding window the target declares: (its size in keys, per attention layer in the
+        order they run whether that layer slides). A target that declares none: Unsupported."""
+        raise Unsupported("declares no sliding window (an Adapter's windows() declares one)", "no_window")
+
+    @contextmanager
+    def reloaded(self):
+        """A context that yields an Adapter of the target saved and loaded back (its own save and
+        load, e.g. save_pretrained / from_pretrained into a temporary directory). None by default."""
+        raise Unsupported("no save and load (an Adapter's reloaded() enables it)", "no_save_load")
+        yield
+
     def embedding(self) -> nn.Module | None:
         """An LM's input embedding (its output is what gradients are taken against)."""
         for m in self.module.modules():

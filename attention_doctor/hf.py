@@ -1,6 +1,7 @@
 """transformers' causal LMs: an adapter through the public API of transformers 5.x, and a builder
 of small random-weight models from a config (no download). transformers is imported only here,
 and only when a transformers model is examined or built."""
+import copy
 import difflib
 import re
 from contextlib import contextmanager
@@ -8,6 +9,7 @@ from contextlib import contextmanager
 import torch
 
 from attention_doctor.adapters import CACHE_ARGS, Adapter, TargetError, Unreachable, Unsupported, _params
+from attention_doctor.signals import NotPerformed, TargetRaised
 
 # how to get transformers, in every message that needs it (README and --help say the same)
 INSTALL = "pip install -r requirements-validation.txt (in the clone: the transformers release the zoo pins)"
@@ -17,6 +19,7 @@ INSTALL = "pip install -r requirements-validation.txt (in the clone: the transfo
 SMALL = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
              intermediate_size=64, max_position_embeddings=8192)
 PATHS = ("eager", "sdpa")
+SMALL_WINDOW = 16   # a declared sliding window, shrunk: the doctor's T (16) inside it, the sliding_window check's beyond
 KV_HEADS = 2
 
 
@@ -69,6 +72,10 @@ def small_config(model_type: str, **overrides):
         cfg.query_pre_attn_scalar = cfg.hidden_size // cfg.num_attention_heads  # Gemma 2/3: head_dim
     if isinstance(d.get("rotary_dim"), int) and "rotary_dim" not in overrides:  # GPT-J, CodeGen: within a head
         cfg.rotary_dim = min(cfg.rotary_dim, cfg.hidden_size // cfg.num_attention_heads)
+    if isinstance(d.get("layer_types"), list) and "layer_types" not in overrides:   # one per layer built
+        cfg.layer_types = d["layer_types"][:cfg.num_hidden_layers]
+    if isinstance(d.get("sliding_window"), int) and "sliding_window" not in overrides:
+        cfg.sliding_window = SMALL_WINDOW   # within the sliding_window check's reach (the zoo's shrunk configs alike)
     if d.get("is_decoder") is False and "is_decoder" not in overrides:
         cfg.is_decoder = True   # BERT-style encoders are causal LMs only as decoders (transformers says so)
     for k in ("bos_token_id", "eos_token_id", "pad_token_id"):
@@ -138,6 +145,8 @@ class HFCausalLM(Adapter):
             if "position_ids" not in _params(self.module.forward):
                 raise Unsupported("needs position ids (its forward takes no position_ids)", "no_positions")
             kw["position_ids"] = positions
+        if getattr(self, "_output_attentions", False):   # the output_attentions path (attention_path)
+            kw["output_attentions"] = True
         return self.module(input_ids=x, **kw).logits
 
     def _state_name(self) -> str:
@@ -186,24 +195,154 @@ class HFCausalLM(Adapter):
         return getattr(self.module.config, "_attn_implementation", "eager")
 
     def paths(self):
-        have = []
-        current = self.implementation
-        if not hasattr(self.module, "set_attn_implementation"):  # transformers < 5: fixed at build
-            return []
-        for p in PATHS:
-            try:
-                self.module.set_attn_implementation(p)
-                have.append(p)
-            except (ValueError, ImportError, NotImplementedError, AttributeError):
-                pass
-        self.module.set_attn_implementation(current)
-        return have
+        return attention_paths(self)
 
     @contextmanager
     def use_path(self, name):
-        current = self.implementation
-        self.module.set_attn_implementation(name)
+        with attention_path(self, name):
+            yield
+
+    @contextmanager
+    def reloaded(self):
+        with saved_and_loaded(self) as b:
+            yield b
+
+    def windows(self):
+        cfg = self.module.config
+        return declared_windows(cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg)
+
+
+# -- the sliding window a config declares (the sliding_window check) -----------------------------
+SLIDING, FULL = "sliding_attention", "full_attention"
+
+
+def declared_windows(cfg) -> tuple[int, list[bool]]:
+    """(sliding_window, per attention layer whether it slides) as a config declares them: its
+    layer_types where it has them (sliding_attention / full_attention; other kinds, linear or chunked
+    attention, are no softmax window); else its use_sliding_window switch, from max_window_layers on
+    (Qwen2's rule); else one window for every layer (Mistral's). Unsupported without a window."""
+    w = getattr(cfg, "sliding_window", None)
+    if isinstance(w, bool) or not isinstance(w, int) or w <= 0:
+        raise Unsupported("declares no sliding window (its config's sliding_window is not set)", "no_window")
+    types, n = getattr(cfg, "layer_types", None), getattr(cfg, "num_hidden_layers", None)
+    if isinstance(types, (list, tuple)) and types and all(isinstance(t, str) for t in types):
+        types = types[:n] if isinstance(n, int) else types   # the model builds layer i from types[i], i < n
+        if any(t not in (SLIDING, FULL) for t in types):
+            raise Unreachable(f"layer_types {sorted(set(types) - {SLIDING, FULL})} beside softmax attention: the "
+                              "doctor cannot tell which attention calls are which layer's")
+        return w, [t == SLIDING for t in types]
+    if not isinstance(n, int):
+        raise Unreachable("a sliding_window but no num_hidden_layers: the layers it applies to are unknown")
+    if hasattr(cfg, "use_sliding_window"):
+        first = getattr(cfg, "max_window_layers", None)
+        return w, [bool(cfg.use_sliding_window) and (not isinstance(first, int) or i >= first) for i in range(n)]
+    return w, [True] * n
+
+
+# -- the attention paths of one set of weights (path_agreement) ----------------------------------
+OUTPUT_ATTENTIONS = "output_attentions"   # the running implementation asked for the weights
+
+
+def _rebuilt(adapter, impl):
+    """The adapter's model with the same weights under implementation `impl`, for a release that
+    fixes the implementation at build (no set_attn_implementation: transformers < 5); None where the
+    release does not build it (it raises, or falls back to another implementation). Kept per model."""
+    model = adapter.module
+    cache = adapter.__dict__.setdefault("_rebuilt", {})
+    key = (id(model), impl)
+    if key not in cache:
+        cfg = copy.deepcopy(model.config)
+        cfg._attn_implementation = impl
+        try:
+            new = type(model)._from_config(cfg, attn_implementation=impl)
+            new.load_state_dict(model.state_dict())
+        except (ValueError, ImportError, NotImplementedError, TypeError, RuntimeError):
+            new = None   # this release does not build the model under impl: no such path
+        if new is not None and getattr(new.config, "_attn_implementation", impl) != impl:
+            new = None
+        cache[key] = None if new is None else new.to(device=adapter.device, dtype=adapter.dtype).eval()
+    return cache[key]
+
+
+def _gives_weights(adapter) -> bool:
+    """The model runs with output_attentions=True (a forward that takes it and does not raise)."""
+    if not _takes(adapter.module.forward, "output_attentions"):
+        return False
+    x = torch.zeros(1, 4, dtype=torch.long, device=adapter.device)
+    try:
+        with torch.no_grad():
+            adapter.module(input_ids=x, output_attentions=True)
+    except (TargetRaised, ValueError, TypeError, NotImplementedError, RuntimeError):   # inside target_scope: TargetRaised
+        return False   # the model refuses the weights: no such path (path_agreement compares the others)
+    return True
+
+
+def attention_paths(adapter) -> list[str]:
+    """The implementations the model switches between (set_attn_implementation, or rebuilt with the
+    same weights where the release has none), and output_attentions where the running implementation
+    is not eager: asking for the weights makes some releases' SDPA layers run their eager forward."""
+    model, current = adapter.module, adapter.implementation
+    have = []
+    for p in PATHS:
+        if p == current:
+            have.append(p)
+        elif hasattr(model, "set_attn_implementation"):
+            try:
+                model.set_attn_implementation(p)
+                have.append(p)
+            except (ValueError, ImportError, NotImplementedError, AttributeError):
+                pass
+            finally:
+                model.set_attn_implementation(current)
+        elif _rebuilt(adapter, p) is not None:
+            have.append(p)
+    if current != "eager" and _gives_weights(adapter):
+        have.append(OUTPUT_ATTENTIONS)
+    return have if len(have) > 1 else []
+
+
+@contextmanager
+def attention_path(adapter, name):
+    """A context in which the adapter runs path `name` (one of attention_paths)."""
+    model, current = adapter.module, adapter.implementation
+    if name == OUTPUT_ATTENTIONS:
+        adapter._output_attentions = True
         try:
             yield
         finally:
-            self.module.set_attn_implementation(current)
+            adapter._output_attentions = False
+    elif name == current:
+        yield
+    elif hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(name)
+        try:
+            yield
+        finally:
+            model.set_attn_implementation(current)
+    else:
+        adapter.module = _rebuilt(adapter, name)
+        try:
+            yield
+        finally:
+            adapter.module = model
+
+
+# -- the model saved and loaded back (config_roundtrip) ------------------------------------------
+@contextmanager
+def saved_and_loaded(adapter):
+    """An adapter of the model saved with save_pretrained into a temporary directory and loaded back
+    with from_pretrained (its class, the same implementation and dtype; nothing downloaded). What
+    saving or loading raises leaves the check unperformed (inconclusive), naming it."""
+    import tempfile
+    model = adapter.module
+    with tempfile.TemporaryDirectory(prefix="doctor_roundtrip_") as d:
+        try:
+            model.save_pretrained(d)
+            kw = {"attn_implementation": adapter.implementation} if adapter.implementation else {}
+            new = type(model).from_pretrained(d, **kw)
+        except Exception as e:  # noqa: BLE001 -- the library's save or load raised (not the forward): inconclusive, named
+            raise NotPerformed(f"save_pretrained / from_pretrained raised {type(e).__name__}: "
+                               f"{str(e).splitlines()[0][:160] if str(e) else ''}", "not_reloaded") from None
+        b = copy.copy(adapter)
+        b.module = new.to(device=adapter.device, dtype=adapter.dtype).eval()
+        yield b

@@ -82,14 +82,14 @@ def test_a_warn_is_caught_and_a_failed_install_or_a_refusing_zoo_says_why_not(tm
 
 
 def test_a_probe_entry_is_missed_whatever_its_nearest_checks_say(tmp_path):
-    e = ENTRIES["sdpa_output_attentions_no_causal_mask"]
+    e = ENTRIES["flex_attention_mask_padding"]
     assert e.check in record.PROBES and e.check not in CHECKS
     p = plan.plan(e, CHECKS)
     assert p.nearest and p.checks == plan.NEAREST[e.check]
-    leak = {"name": "future_leak", "outcome": "fail", "cause": "outputs_move", "measured": 0.5}
-    zoo_table(tmp_path, e.introduced, {(a, "sdpa"): leak for a in e.architectures}, p.checks)
+    moved = {"name": "padding", "outcome": "fail", "cause": "left_padding", "measured": 0.5}
+    zoo_table(tmp_path, e.introduced, {(a, "flex_attention"): moved for a in e.architectures}, p.checks)
     v = outcomes.verdict(p, outcomes.cells(p, tmp_path))
-    assert v.kind == "missed" and v.text.startswith("needs probe output_attentions_path; nearest future_leak: caught")
+    assert v.kind == "missed" and v.text.startswith("needs probe flex_path; nearest padding: caught")
     bare = plan.plan(e, CHECKS, nearest=False)
     assert bare.checks == () and outcomes.verdict(bare, outcomes.cells(bare, tmp_path)).text.endswith("no nearest check run")
 

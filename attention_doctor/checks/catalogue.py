@@ -69,6 +69,32 @@ REGISTRY: tuple[Check, ...] = (
           measures={"trials": "per trial: {prefill_tokens, new_tokens, prefill, new}: the prefill's and the new "
                               "tokens' outputs, relative difference from the full forward",
                     "raised_in": "where the target raised: {prefill_tokens, new_tokens, call: prefill or step}"}),
+    Check("sliding_window", "window", "window",
+          does="where the target declares a sliding window (transformers: the config's sliding_window, layer_types, "
+               "use_sliding_window and max_window_layers; an Adapter's windows()), T beyond it: declared alike on "
+               "every layer, the outputs of the queries beyond every stacked window with the first 4 tokens replaced; "
+               "declared per layer, each attention call's mask against its layer's declaration",
+          fails_when="a sliding layer's query reads a key beyond its window (outputs move, or its call leaves the key "
+                     "visible), or a layer declared full (the window switched off) does not",
+          tolerance="1e-6: a masked key contributes exactly 0; keys up to w + 1 back count as inside (transformers "
+                    "has used both conventions); T at most 512",
+          applies="targets that declare a sliding window (n/a elsewhere: the declaration is what is checked)",
+          thread="huggingface/transformers #32945",
+          causes={"window_ignored": fails("a layer declared sliding reads keys beyond its window (the window dropped "
+                                          "from the mask)"),
+                  "window_applied": fails("a layer declared full (the window switched off) does not read keys beyond "
+                                          "the window (a window applied that the config turns off)"),
+                  "no_window": not_applicable("the target declares no sliding window"),
+                  "window_too_long": cannot("the window over the stacked layers reaches beyond the longest sequence "
+                                            "the check runs (512): a smaller window (the zoo's shrunk configs) enables "
+                                            "it")},
+          measures={"window": "the window declared (keys)",
+                    "sliding_layers": "per attention layer: declared sliding",
+                    "T": "the sequence length run",
+                    "change": "declared alike: the outputs beyond every stacked window, relative change with the first "
+                              "4 tokens replaced",
+                    "layers": "declared per layer: per attention call {layer, sliding, far_keys_visible, far_keys}: "
+                              "the keys beyond the window its mask leaves visible, of how many"}),
     Check("batch_independence", "batching", "batch",
           does="row 0 alone against row 0 in a batch of B = T = 16 rows, unpadded and with the others padded",
           fails_when="row 0 changes",
@@ -251,6 +277,21 @@ REGISTRY: tuple[Check, ...] = (
                              "their own q, k, v (None: no call seen)",
                     "against_first": "per other path: {path, plain, padded}: its real outputs' relative difference "
                                      "from the first path's (padded None: not compared)"}),
+    Check("config_roundtrip", "roundtrip", "reload",
+          does="the target saved and loaded back (transformers: save_pretrained, then from_pretrained from the "
+               "temporary directory, its implementation and dtype; an Adapter's reloaded()), plain and left-padded",
+          fails_when="the reloaded target's outputs differ from the target's before saving",
+          tolerance="1e-5: the same weights and the same computation (a configuration lost on the way moves them "
+                    "by orders more)",
+          applies="targets that save and load themselves (n/a elsewhere)",
+          thread="huggingface/transformers #44913",
+          causes={"reload_differs": fails("the model loaded back computes other outputs than before saving (a "
+                                          "configuration value not written, or overwritten on load)"),
+                  "no_save_load": not_applicable("the target has no save and load of its own"),
+                  "not_reloaded": cannot("saving or loading raised (the library's code, not the forward): named in "
+                                         "the reason")},
+          measures={"plain": "the plain batch's outputs reloaded against before saving: relative difference",
+                    "padded": "the same, left-padded, real tokens (None: no padding mask)"}),
 )
 ORDER: tuple[str, ...] = tuple(c.name for c in REGISTRY)
 BY_NAME: dict[str, Check] = {c.name: c for c in REGISTRY}

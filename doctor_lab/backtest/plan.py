@@ -10,8 +10,6 @@ ROLES = ("before", "introduced", "fixed")
 # a probe the doctor lacks -> the checks it has that come nearest (run so that "missed" is measured,
 # not assumed: if one of them flags the regression, the record's check is wrong)
 NEAREST = {
-    "output_attentions_path": ("future_leak",),          # the regression is a leak; the doctor never asks for weights
-    "sliding_window": ("future_leak", "kv_cache"),        # the mask's checks, and the cache that should hold the window
     "bidirectional_prefix": ("padding",),                 # pads unmasked: padding, without the image prefix or labels
     "flex_path": ("padding",),                            # flex_attention raised under a padding mask
     "encoder_decoder": ("padding",),                      # right padding under generate(); the zoo has causal LMs only

@@ -1,0 +1,96 @@
+"""Sliding window: where the target declares attention windows (an Adapter's windows(): the window
+size and, per attention layer, whether it slides), a sequence longer than the window shows whether
+each layer does what it declares. Declared uniformly (every layer sliding, or a window named and
+switched off on every layer): a query's output must not move (sliding) or must move (switched off)
+when tokens beyond the stacked layers' reach change. Declared per layer (sliding and full layers
+mixed): the perturbation cannot tell the layers apart at the output, so each attention call's own
+mask is read instead (the keys its scores hide)."""
+import torch
+
+from attention_doctor.checks.common import EXACT_REL, judged, na, rel, unseen
+from attention_doctor.signals import NotPerformed
+
+MAX_T = 512    # the longest sequence the check runs (a window the stacked layers reach beyond: inconclusive)
+CHANGED = 4    # tokens 0..CHANGED-1 are replaced
+MARGIN = 8     # queries beyond the reach, compared
+
+
+def _declared(ctx):
+    """(window, slides per attention layer), from the adapter; Unsupported where none is declared."""
+    w, slides = ctx.call(ctx.adapter.windows)
+    return int(w), [bool(s) for s in slides]
+
+
+def _far(T: int, w: int) -> torch.Tensor:
+    """(T, T) bool: key j lies beyond query i's window, i - j > w (a window of w or w + 1 keys: both
+    conventions transformers has used keep these out)."""
+    i = torch.arange(T)
+    return (i[:, None] - i[None, :]) > w
+
+
+def _per_call(ctx, w: int, slides: list[bool]) -> dict:
+    """Each square attention call's mask against its layer's declaration, calls taken in layer order."""
+    T = w + 1 + MARGIN
+    if T > MAX_T:
+        raise NotPerformed(f"window {w}: the check runs at most {MAX_T} tokens (a smaller window, as the zoo's "
+                           "shrunk configs set, enables it)", "window_too_long")
+    _, calls = ctx.probe(ctx.sample(T=T, k=60))
+    square = [c for c in calls if c.visible is not None and c.visible.shape[-1] == T
+              and c.visible.shape[-2] in (1, T)]
+    if not square:
+        raise unseen("no attention call whose mask the doctor can read (a fused kernel)")
+    if len(square) != len(slides):
+        raise unseen(f"{len(square)} attention calls seen against {len(slides)} attention layers declared: "
+                     "the calls cannot be matched to the layers")
+    far = _far(T, w)
+    layers = []
+    for n, (c, s) in enumerate(zip(square, slides)):
+        vis = c.visible.expand(*c.visible.shape[:-2], T, T).reshape(-1, T, T).any(0).cpu()
+        seen_far = int((vis & far).sum())
+        layers.append({"layer": n, "sliding": s, "far_keys_visible": seen_far, "far_keys": int(far.sum())})
+    return {"T": T, "layers": layers}
+
+
+def _perturbed(ctx, w: int, slides: list[bool]) -> dict:
+    """The outputs of the queries beyond every layer's reach with tokens 0..CHANGED-1 replaced."""
+    reach = len(slides) * (w + 1)
+    first = CHANGED - 1 + reach + 1           # the first query no stacked window reaches token CHANGED-1 from
+    T = first + MARGIN
+    if T > MAX_T:
+        raise NotPerformed(f"window {w} over {len(slides)} layers reaches {reach} tokens: the check runs at most "
+                           f"{MAX_T} (a smaller window, as the zoo's shrunk configs set, enables it)", "window_too_long")
+    ctx.require_repeatable()
+    x = ctx.sample(T=T, k=61)
+    y = ctx.run(x)
+    x2 = x.clone()
+    x2[:, :CHANGED] = ctx.sample(T=T, k=62)[:, :CHANGED]
+    return {"T": T, "first_query": first, "change": rel(ctx.run(x2)[:, first:], y[:, first:],
+                                                          "the outputs beyond the window")}
+
+
+def sliding_window(ctx):
+    w, slides = _declared(ctx)   # Unsupported (n/a) where the target declares no window
+    if not slides:
+        return na("declares a window but no attention layer", "no_window")
+    if not ctx.require_causal():
+        return na(f"{ctx.description.causal_from}: a sliding window is a causal target's", "not_causal")
+    limit = f"<= {EXACT_REL:g} (sliding), > {EXACT_REL:g} (switched off)"
+    said = f"window {w}, {sum(slides)} of {len(slides)} attention layers declared sliding"
+    if all(slides) or not any(slides):
+        p = _perturbed(ctx, w, slides)
+        moved = p["change"] > EXACT_REL
+        sliding = all(slides)
+        bad = moved if sliding else not moved
+        how = (f"{said}; T={p['T']}: the outputs from query {p['first_query']} on, beyond every stacked window, "
+               f"move by {p['change']:.3g} with tokens 0..{CHANGED - 1} replaced")
+        return judged(bad, p["change"], limit, how, "window_ignored" if sliding else "window_applied",
+                      window=w, sliding_layers=slides, T=p["T"], change=p["change"], limit=EXACT_REL)
+    c = _per_call(ctx, w, slides)
+    ignored = [x["layer"] for x in c["layers"] if x["sliding"] and x["far_keys_visible"]]
+    applied = [x["layer"] for x in c["layers"] if not x["sliding"] and x["far_keys_visible"] < x["far_keys"]]
+    how = (f"{said}; T={c['T']}, per attention call, the keys beyond the window it leaves visible: "
+           + ", ".join(f"layer {x['layer']} ({'sliding' if x['sliding'] else 'full'}) {x['far_keys_visible']} "
+                       f"of {x['far_keys']}" for x in c["layers"]))
+    cause = "window_ignored" if ignored else "window_applied"
+    return judged(bool(ignored or applied), float(len(ignored) + len(applied)), "0 layers against their declaration",
+                  how, cause, window=w, sliding_layers=slides, T=c["T"], layers=c["layers"])

@@ -1,0 +1,123 @@
+"""sliding_window on a small windowed LM written here (not a transformers model): each layer masks
+keys more than `window` back, or does not (the window dropped from the mask), and declares what it
+does through the adapter; and the declaration read from a transformers-style config."""
+import types
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from attention_doctor import Adapter, examine
+from attention_doctor.hf import declared_windows
+from attention_doctor.result import FAIL, NA, PASS
+from attention_doctor.signals import Unsupported
+
+
+class Attention(nn.Module):
+    """Causal SDPA self-attention whose mask hides keys `window` or more back (None: causal only)."""
+    def __init__(self, d, heads, window):
+        super().__init__()
+        self.qkv, self.h, self.window = nn.Linear(d, 3 * d), heads, window
+
+    def forward(self, x):
+        B, T, d = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.h, d // self.h).permute(2, 0, 3, 1, 4)
+        i = torch.arange(T)
+        mask = i[:, None] >= i[None, :]
+        if self.window is not None:
+            mask = mask & (i[:, None] - i[None, :] < self.window)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(B, T, d)
+
+
+class WindowLM(nn.Module):
+    """Token embedding, one attention layer per entry of `applied` (its window), a head."""
+    def __init__(self, applied, vocab=16, d=16, heads=2):
+        super().__init__()
+        self.emb, self.head = nn.Embedding(vocab, d), nn.Linear(d, vocab)
+        self.layers = nn.ModuleList(Attention(d, heads, w) for w in applied)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        for layer in self.layers:
+            x = x + layer(x)
+        return self.head(x)
+
+
+class Declared(Adapter):
+    """The LM with the window it declares: (size, sliding per layer), or None for no declaration."""
+    vocab_size = 16
+
+    def __init__(self, module, declared):
+        super().__init__(module, "window lm")
+        self.declared = declared
+
+    def forward(self, x, mask=None, positions=None):
+        return self.module(x)
+
+    def windows(self):
+        if self.declared is None:
+            return super().windows()
+        return self.declared
+
+
+def run(applied, declared):
+    torch.manual_seed(0)
+    return examine(Declared(WindowLM(applied), declared), checks=["sliding_window"], strict=True)["sliding_window"]
+
+
+def test_window_applied_as_declared_passes():
+    r = run([4, 4], (4, [True, True]))
+    assert r.outcome is PASS, r.detail
+    assert r.measurements["change"] == 0.0
+
+
+def test_window_dropped_from_the_mask_fails():
+    r = run([None, None], (4, [True, True]))
+    assert r.outcome is FAIL and r.cause == "window_ignored", r.detail
+    assert r.measured > 1e-3
+
+
+def test_window_applied_where_declared_off_fails():
+    r = run([4, 4], (4, [False, False]))
+    assert r.outcome is FAIL and r.cause == "window_applied", r.detail
+    assert run([None, None], (4, [False, False])).outcome is PASS
+
+
+def test_mixed_layers_read_per_call():
+    r = run([4, None], (4, [True, False]))
+    assert r.outcome is PASS, r.detail
+    assert [x["far_keys_visible"] > 0 for x in r.measurements["layers"]] == [False, True]
+    r = run([None, None], (4, [True, False]))   # the sliding layer lost its window
+    assert r.outcome is FAIL and r.cause == "window_ignored", r.detail
+    r = run([4, 4], (4, [True, False]))         # the full layer got one
+    assert r.outcome is FAIL and r.cause == "window_applied", r.detail
+
+
+def test_no_window_declared_is_na():
+    r = run([None], None)
+    assert r.outcome is NA and r.cause == "no_window"
+
+
+def test_window_beyond_reach_is_inconclusive():
+    r = run([None], (4096, [True]))
+    assert r.outcome.value == "inconclusive" and r.cause == "window_too_long"
+
+
+def cfg(**kw):
+    return types.SimpleNamespace(num_hidden_layers=3, **kw)
+
+
+@pytest.mark.parametrize("config, expected", [
+    (cfg(sliding_window=8), (8, [True, True, True])),                               # one window for every layer
+    (cfg(sliding_window=8, layer_types=["sliding_attention", "full_attention"] * 4), (8, [True, False, True])),
+    (cfg(sliding_window=8, use_sliding_window=False, max_window_layers=0), (8, [False, False, False])),
+    (cfg(sliding_window=8, use_sliding_window=True, max_window_layers=1), (8, [False, True, True])),
+])
+def test_declared_windows_from_a_config(config, expected):
+    assert declared_windows(config) == expected
+
+
+def test_no_window_in_the_config_is_unsupported():
+    with pytest.raises(Unsupported):
+        declared_windows(cfg(sliding_window=None))
