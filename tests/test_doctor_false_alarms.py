@@ -91,10 +91,10 @@ def test_long_positions_still_fails_phases_in_bfloat16():
 class BiasedAttention(nn.Module):
     """Causal attention with a learned relative position bias added to q.k x scale (T5's, at a
     size of its own: std 4 here); through a softmax, or as SDPA's float mask. unscaled: q.k with
-    no 1/sqrt(d_k), the bug score_scale is for."""
-    def __init__(self, d=32, heads=2, sdpa=False, unscaled=False, T=64):
+    no 1/sqrt(d_k), the bug score_scale is for. l1: -|q - k|_1 instead of q.k."""
+    def __init__(self, d=32, heads=2, sdpa=False, unscaled=False, l1=False, T=64):
         super().__init__()
-        self.heads, self.sdpa, self.unscaled = heads, sdpa, unscaled
+        self.heads, self.sdpa, self.unscaled, self.l1 = heads, sdpa, unscaled, l1
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(d, d) for _ in range(4))
         self.rel = nn.Parameter(4.0 * torch.randn(heads, 2 * T - 1))
 
@@ -110,8 +110,9 @@ class BiasedAttention(nn.Module):
         bias = self.bias(T).masked_fill(~mask, float("-inf"))
         if self.sdpa:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
-        else:
-            y = torch.softmax(q @ k.transpose(-2, -1) * scale + bias, dim=-1) @ v
+        else:   # l1: minus the L1 distance of q and k, no dot product at all
+            s = -torch.cdist(q, k, p=1) if self.l1 else q @ k.transpose(-2, -1)
+            y = torch.softmax(s * scale + bias, dim=-1) @ v
         return self.o_proj(y.transpose(1, 2).reshape(B, T, C))
 
 
@@ -178,3 +179,9 @@ def test_amplified_logits_reads_no_softmax_over_layers_as_attention():
     torch.manual_seed(0)
     bad = examine(LayerMixLM(wrong_dim=True), causal=True, checks=checks, strict=True)["amplified_logits"]
     assert (bad.verdict, bad.cause) == ("fail", "row_sum"), bad.detail
+
+
+def test_score_scale_is_na_for_scores_not_linear_in_q():
+    torch.manual_seed(0)
+    r = _score_scale(BiasedAttention(l1=True))
+    assert (r.outcome.value, r.cause) == ("n/a", "not_dot_product"), r.detail

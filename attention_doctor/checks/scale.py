@@ -65,14 +65,16 @@ def _plain(c) -> bool:
 
 
 def _q_parts(ctx, sites, f, x, calls) -> dict:
-    """{index in calls: the part of its visible scores that scales with q, or None where that part
-    is not linear in q} for the first call of each site's module whose scores are not plain
-    q k^T x scale (_plain): what is added to q k^T (a relative position bias, ALiBi) does not
-    double with q, q . k x scale does. Measured: the scores with that site's q doubled minus the
-    scores (the calls before it unchanged; each row less its mean: a softmax ignores a constant per
-    row, -|q|^2 of -|q - k|^2), and with q tripled, which moves a bilinear q . k twice as far. A
-    call whose scores do not move with q (q normalised after the site), or move exactly as q does
-    (nothing added), keeps its scores."""
+    """{index in calls: the part of its visible scores linear in q, or None where they also depend
+    on q otherwise} for the first call of each site's module whose scores are not plain q k^T x
+    scale (_plain): what is added to q k^T (a relative position bias, ALiBi) does not move with q,
+    q . k x scale does. Measured with that site's q times 2 and times 3 (the calls before it
+    unchanged): scores s(f) = f^2 A + f B + C give B = 4 (s(2) - s(1)) - 1.5 (s(3) - s(1)) and
+    A = (s(3) - s(1)) / 2 - (s(2) - s(1)); an A constant along each row (-|q|^2 of -|q - k|^2) is
+    one a softmax ignores, any other is not a dot product. A call whose scores do not move with q
+    (q normalised after the site), or move exactly as q does (nothing added), keeps its scores."""
+    if ctx.description is not None and ctx.description.repeatable is False:
+        return {}   # two forwards differ anyway (sampled weights): no difference is q's alone
     first = {}
     for i, c in enumerate(calls):
         first.setdefault(c.module, i)
@@ -94,8 +96,8 @@ def _q_parts(ctx, sites, f, x, calls) -> dict:
         size = max(float(s[vis].norm()), 1e-30)
         if float((d2 - s)[vis].norm()) <= 1e-2 * size or float(d2[vis].norm()) <= 1e-2 * size:
             continue
-        bent = _centred(d3 - 2 * d2, vis)
-        out[i] = _centred(d2, vis) if float(bent.norm()) <= 1e-2 * float(_centred(d2, vis).norm()) else None
+        lin, quad = 4 * d2 - 1.5 * d3, d3 / 2 - d2
+        out[i] = lin[vis] if float(_centred(quad, vis).norm()) <= 1e-2 * float(_centred(lin, vis).norm()) else None
     return out
 
 
