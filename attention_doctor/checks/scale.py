@@ -65,14 +65,14 @@ def _plain(c) -> bool:
 
 
 def _q_parts(ctx, sites, f, x, calls) -> dict:
-    """{index in calls: the part of its visible scores linear in q, or None where they also depend
-    on q otherwise} for the first call of each site's module whose scores are not plain q k^T x
-    scale (_plain): what is added to q k^T (a relative position bias, ALiBi) does not move with q,
-    q . k x scale does. Measured with that site's q times 2 and times 3 (the calls before it
-    unchanged): scores s(f) = f^2 A + f B + C give B = 4 (s(2) - s(1)) - 1.5 (s(3) - s(1)) and
-    A = (s(3) - s(1)) / 2 - (s(2) - s(1)); an A constant along each row (-|q|^2 of -|q - k|^2) is
-    one a softmax ignores, any other is not a dot product. A call whose scores do not move with q
-    (q normalised after the site), or move exactly as q does (nothing added), keeps its scores."""
+    """{index in calls: the part of its visible scores linear in q} for the first call of each
+    site's module whose scores are not plain q k^T x scale (_plain): what is added to q k^T (a
+    relative position bias, ALiBi) does not move with q, q . k x scale does. Measured with that
+    site's q times 2 and times 3 (the calls before it unchanged): scores s(f) = f^2 A + f B + C
+    give B = 4 (s(2) - s(1)) - 1.5 (s(3) - s(1)) and A = (s(3) - s(1)) / 2 - (s(2) - s(1)); an A
+    constant along each row (-|q|^2 of -|q - k|^2) is one a softmax ignores. A call whose scores
+    do not move with q (q normalised after the site), move exactly as q does (nothing added), or
+    move otherwise (a tanh soft-cap) keeps its scores, read as they are."""
     if ctx.description is not None and ctx.description.repeatable is False:
         return {}   # two forwards differ anyway (sampled weights): no difference is q's alone
     first = {}
@@ -97,7 +97,8 @@ def _q_parts(ctx, sites, f, x, calls) -> dict:
         if float((d2 - s)[vis].norm()) <= 1e-2 * size or float(d2[vis].norm()) <= 1e-2 * size:
             continue
         lin, quad = 4 * d2 - 1.5 * d3, d3 / 2 - d2
-        out[i] = lin[vis] if float(_centred(quad, vis).norm()) <= 1e-2 * float(_centred(lin, vis).norm()) else None
+        if float(_centred(quad, vis).norm()) <= 1e-2 * float(_centred(lin, vis).norm()):
+            out[i] = lin[vis]
     return out
 
 
@@ -140,9 +141,6 @@ def score_scale(ctx):
     stds, other = [], 0
     for i, c in enumerate(calls):
         if c.source == "project" and c.scale is None:   # additive or bilinear scores: not q . k
-            other += 1
-            continue
-        if i in q_part and q_part[i] is None:   # the part that moves with q is not linear in q (-|q-k|^2)
             other += 1
             continue
         s = q_part.get(i, visible_scores(c))
