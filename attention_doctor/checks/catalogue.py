@@ -228,7 +228,8 @@ REGISTRY: tuple[Check, ...] = (
                                 "median over +3904..+4096 (long); limit: 2x noise + 0.005"}),
     Check("score_scale", "scale", "scale",
           does="q and k made unit-variance at their projections; the std of the dot-product scores reaching the "
-               "softmax",
+               "softmax (where something is added to q . k x scale, a relative bias or ALiBi: the part of the scores "
+               "linear in q, measured with q doubled and tripled)",
           fails_when="std outside [0.5, 2]",
           tolerance="a missing 1/sqrt(d_k) gives sqrt(d_k) (detectable for d_k >= 5); cosine scores without a "
                     "temperature give about 1/sqrt(d_k)",
