@@ -159,6 +159,10 @@ def _weights_checks(calls, init_calls):
     """(largest weight on a masked key, worst |row sum - 1|, worst hull excursion, softmax dims)."""
     masked_w, row_err, hull, dims = 0.0, 0.0, 0.0, set()
     for i, c in enumerate(calls):
+        if c.source == "softmax" and c.dim != -1 and c.q is None:
+            # a softmax over another dim than the last of a tensor no q k^T fed (a mix of layers, as
+            # aggregated residuals take): not attention weights. One over q k^T's queries is judged
+            continue
         vis = c.visible
         if c.traced:  # masks inferred from the same call before amplification
             same = i < len(init_calls) and init_calls[i].source == c.source

@@ -6,6 +6,7 @@ import torch
 
 from attention_doctor.checks.common import SCALE_BAND, judged, na, unseen, visible_scores
 from attention_doctor.layouts import measured_sites, scaled_sites
+from attention_doctor.probes import MASKED
 from attention_doctor.signals import NotPerformed
 
 
@@ -39,6 +40,88 @@ def unit_qk(ctx, adapter=None):
         yield True
 
 
+def _plain(c) -> bool:
+    """The call's visible scores are q k^T x its scale and nothing else: sdpa's without a float
+    mask that varies along a row, a softmax's equal to q k^T times the scale read off them, a
+    hand-made one's (read as q k^T x the fitted scale)."""
+    if c.source == "handmade" or c.source == "project":
+        return True
+    if c.source == "sdpa":
+        if c.bias is None:
+            return True
+        b = c.bias.double().expand(c.raw().shape)
+        vis = b > MASKED
+        lo = b.masked_fill(~vis, math.inf).amin(-1)
+        hi = b.masked_fill(~vis, -math.inf).amax(-1)
+        return bool(((hi - lo)[vis.any(-1)] <= 1e-6 * (1 + hi.abs()[vis.any(-1)])).all())   # a 0/-inf mask
+    if c.q is None or c.k is None or c.scale is None or c.scores is None:
+        return False
+    s, raw = c.scores.double(), c.raw()
+    vis = c.visible.expand_as(s) if c.visible is not None else torch.ones_like(s, dtype=torch.bool)
+    d, r = (s - raw)[vis], raw[vis]
+    if not d.numel():
+        return True
+    return bool(torch.isfinite(d).all()) and float(d.abs().max()) <= 1e-3 * max(float(r.abs().max()), 1e-30)
+
+
+def _q_parts(ctx, sites, f, x, calls) -> dict:
+    """{index in calls: the part of its visible scores linear in q} for the first call of each
+    site's module whose scores are not plain q k^T x scale (_plain): what is added to q k^T (a
+    relative position bias, ALiBi) does not move with q, q . k x scale does. Measured with that
+    site's q times 2 and times 3 (the calls before it unchanged): scores s(f) = f^2 A + f B + C
+    give B = 4 (s(2) - s(1)) - 1.5 (s(3) - s(1)) and A = (s(3) - s(1)) / 2 - (s(2) - s(1)); an A
+    constant along each row (-|q|^2 of -|q - k|^2) is one a softmax ignores. A call whose scores
+    do not move with q (q normalised after the site), move exactly as q does (nothing added), or
+    move otherwise (a tanh soft-cap) keeps its scores, read as they are."""
+    if ctx.description is not None and ctx.description.repeatable is False:
+        return {}   # two forwards differ anyway (sampled weights): no difference is q's alone
+    first = {}
+    for i, c in enumerate(calls):
+        first.setdefault(c.module, i)
+    todo = [s for s in sites if s.name in first and not _plain(calls[first[s.name]])]
+    out = {}
+    for site in todo:
+        i = first[site.name]
+        moved = []
+        for fq in (2.0, 3.0):
+            with scaled_sites(sites, *f), site.scaled(fq, 1.0):
+                _, again = ctx.probe(x)
+            mine = [c for c in again if c.module == site.name]
+            moved.append(_rows(mine[0]) if mine and mine[0].source == calls[i].source else None)
+        base = _rows(calls[i])
+        if base is None or any(m is None or m[0].shape != base[0].shape for m in moved):
+            continue
+        (s, vis), (s2, _), (s3, _) = base, *moved
+        d2, d3 = s2 - s, s3 - s
+        size = max(float(s[vis].norm()), 1e-30)
+        if float((d2 - s)[vis].norm()) <= 1e-2 * size or float(d2[vis].norm()) <= 1e-2 * size:
+            continue
+        lin, quad = 4 * d2 - 1.5 * d3, d3 / 2 - d2
+        if float(_centred(quad, vis).norm()) <= 1e-2 * float(_centred(lin, vis).norm()):
+            out[i] = lin[vis]
+    return out
+
+
+def _rows(c):
+    """(the call's scores as visible_scores reads them, float64, in their shape; visible), or
+    None where they are not all finite where visible."""
+    if c.q is not None and c.k is not None and (c.source == "handmade" or (c.scale is not None and c.source != "softmax")):
+        s = c.raw() + (c.bias.double() if c.bias is not None else 0.0)
+    elif c.scores is not None:
+        s = c.scores.double()
+    else:
+        return None
+    vis = torch.ones_like(s, dtype=torch.bool) if c.visible is None else c.visible.expand_as(s)
+    return (s, vis) if bool(torch.isfinite(s[vis]).all()) else None
+
+
+def _centred(d, vis) -> torch.Tensor:
+    """d's visible entries less each row's mean over them (a constant per row: a softmax ignores it)."""
+    n = vis.sum(-1, keepdim=True).clamp_min(1)
+    mean = d.masked_fill(~vis, 0.0).sum(-1, keepdim=True) / n
+    return (d - mean)[vis]
+
+
 def score_scale(ctx):
     sites = ctx.sites()
     if not sites and ctx.info.get("qk_sites_rejected"):   # q, k not a multiple of any module's output there
@@ -54,12 +137,13 @@ def score_scale(ctx):
     after = {}
     with scaled_sites(sites, *f), measured_sites(sites, after):
         _, calls = ctx.probe(x)
+    q_part = _q_parts(ctx, sites, f, x, calls)
     stds, other = [], 0
-    for c in calls:
+    for i, c in enumerate(calls):
         if c.source == "project" and c.scale is None:   # additive or bilinear scores: not q . k
             other += 1
             continue
-        s = visible_scores(c)
+        s = q_part.get(i, visible_scores(c))
         if s.numel() < 2 or c.module not in after or not after[c.module]:
             continue
         rq, rk = after[c.module][0]
