@@ -89,7 +89,7 @@ def _from_file(target: str, path: str):
     sys.modules[file.stem] = mod   # dataclasses and pickling look their module up by name
     try:
         spec.loader.exec_module(mod)
-    except BaseException:
+    except BaseException:   # cleanup only, re-raised as it came: a half-run module must not stay importable
         sys.modules.pop(file.stem, None)
         raise
     return mod
