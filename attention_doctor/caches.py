@@ -23,50 +23,13 @@ import torch
 import torch.nn as nn
 
 from attention_doctor.adapters import CACHE_ARGS, _first_output, _params
+from attention_doctor.module_state import Snapshot
 from attention_doctor.signals import TargetRaised
 
 CACHE_WORDS = ("cache", "past", "inference_params", "kv", "mems")   # a forward argument that may carry a cache
 # a forward argument name fragment -> what the doctor passes for it (names choose what to try)
 BATCH, LENGTH = ("batch", "bsz"), ("seq", "len", "length", "max_pos")
 NOT_LENGTH = ("encoder", "rope", "cross")   # a length of something else
-
-
-MISSING = object()
-
-
-class Snapshot:
-    """What a cache set-up changes in the model, put back by restore(): taken before the set-up,
-    the changes captured right after it (modules, buffers, parameters and attributes it added or
-    replaced), so that what the doctor changes later (train/eval, its own wrappers) is left alone.
-    Buffers written in place stay so."""
-
-    def __init__(self, module: nn.Module):
-        self.before = [(m, self._state(m)) for m in module.modules()]
-        self.changed = []
-
-    @staticmethod
-    def _state(m):
-        attrs = {k: v for k, v in m.__dict__.items() if not k.startswith("_") and k not in ("forward", "training")}
-        return {"__dict__": attrs, "_modules": dict(m._modules), "_buffers": dict(m._buffers),
-                "_parameters": dict(m._parameters)}
-
-    def capture(self):
-        self.changed = []
-        for m, old in self.before:
-            now = self._state(m)
-            for where, was in old.items():
-                for k in set(was) | set(now[where]):
-                    if was.get(k, MISSING) is not now[where].get(k, MISSING):
-                        self.changed.append((m, where, k, was.get(k, MISSING)))
-
-    def restore(self):
-        for m, where, k, was in self.changed:
-            d = m.__dict__ if where == "__dict__" else getattr(m, where)
-            if was is MISSING:
-                d.pop(k, None)
-            else:
-                d[k] = was
-        self.changed = []
 
 
 def _model_attr(module, name):

@@ -36,7 +36,8 @@ from attention_doctor.adapters import (
     target_scope,
 )
 from attention_doctor.adapters import _first_output as first_output
-from attention_doctor.caches import Snapshot, cache_args, cache_things, find_drive, setup_methods
+from attention_doctor.caches import cache_args, cache_things, find_drive, setup_methods
+from attention_doctor.module_state import Snapshot
 from attention_doctor.signals import TargetRaised, doctor_hook
 
 MASK_NAMES = ("attention_mask", "mask", "attn_mask", "padding_mask", "key_padding_mask", "src_key_padding_mask",

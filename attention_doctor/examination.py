@@ -6,7 +6,6 @@ raised), and an exception that is none of these is the doctor's own code raising
 doctor error). Every check reads the target's description, decided once before any check runs."""
 import time
 import traceback
-from contextlib import contextmanager
 from dataclasses import asdict
 
 import torch
@@ -15,6 +14,7 @@ from attention_doctor.checks import BY_NAME, ORDER, REGISTRY
 from attention_doctor.checks.causality import describe
 from attention_doctor.checks.common import Context
 from attention_doctor.dispatch import adapt
+from attention_doctor.module_state import restored
 from attention_doctor.result import RAN, DoctorResult, Row
 from attention_doctor.signals import DoctorBug, Raised, Signal, TargetError, TargetRaised, Unsupported, said
 
@@ -81,7 +81,7 @@ def examine(target, *, causal=None, device="cpu", dtype=torch.float32, checks=No
         if rec.name not in wanted:
             continue
         t0 = time.perf_counter()
-        with _restored(adapter.module):
+        with restored(adapter.module):
             r = _row(rec, blocked) if blocked is not None else _check(rec, ctx, strict)
         timings[rec.name] = round(time.perf_counter() - t0, 3)
         result.checks.append(r)
@@ -90,25 +90,6 @@ def examine(target, *, causal=None, device="cpu", dtype=torch.float32, checks=No
     result.info["checks_run"] = sum(r.outcome in RAN for r in result.checks)   # not n/a, not inconclusive
     result.info["checks_total"] = len(result.checks)
     return result
-
-
-@contextmanager
-def _restored(root):
-    """The target's modules as they were before the block: their attributes, children, buffers and
-    parameters (the objects, not their values). A check that sets up a KV cache (gpt-fast's
-    setup_caches puts a KVCache in every layer) leaves the next check the target as given, so that
-    each check gives the same outcome alone as in a full run."""
-    saved = [(m, dict(m.__dict__), dict(m._modules), dict(m._buffers), dict(m._parameters)) for m in root.modules()]
-    try:
-        yield
-    finally:
-        for m, attrs, children, buffers, params in saved:
-            for now, then in ((m._modules, children), (m._buffers, buffers), (m._parameters, params)):
-                now.clear()
-                now.update(then)
-            for name in [n for n in m.__dict__ if n not in attrs]:
-                del m.__dict__[name]
-            m.__dict__.update(attrs)
 
 
 def _check(rec, ctx, strict) -> Row:

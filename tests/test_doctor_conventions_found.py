@@ -13,7 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from attention_doctor import examine
-from attention_doctor.caches import Snapshot
+from attention_doctor.module_state import Snapshot
 
 V, D, H, MAXLEN = 32, 16, 2, 64
 

@@ -64,6 +64,15 @@ class UnsavableLM(SavedLM):
     broken_save = True
 
 
+class PaddingLostLM(LossyLM):
+    """Loses its temperature on load, and the reloaded model raises on a padding mask."""
+
+    def forward(self, input_ids, attention_mask=None, **kwargs):
+        if attention_mask is not None and self.config.temperature == 1.0:
+            raise ValueError("attention_mask needs the saved temperature")
+        return super().forward(input_ids, attention_mask, **kwargs)
+
+
 def doctor(cls, temperature=3.0):
     torch.manual_seed(0)
     m = cls(types.SimpleNamespace(vocab_size=32, temperature=temperature)).eval()
@@ -79,6 +88,13 @@ def test_a_config_value_lost_on_load_fails():
     r = doctor(LossyLM)
     assert r.outcome is FAIL and r.cause == "reload_differs" and r.measured > 1e-3, r.detail
     assert doctor(LossyLM, temperature=1.0).outcome is PASS   # lost, but the default is the value saved
+
+
+def test_a_padded_batch_raising_only_once_reloaded_fails():
+    torch.manual_seed(0)
+    m = PaddingLostLM(types.SimpleNamespace(vocab_size=32, temperature=1.0 + 1e-9)).eval()
+    r = examine(HFCausalLM(m), checks=["config_roundtrip"])["config_roundtrip"]
+    assert r.outcome is FAIL and r.cause == "target_raised" and "ValueError" in r.reason + r.detail, r
 
 
 def test_a_save_that_raises_is_inconclusive():
