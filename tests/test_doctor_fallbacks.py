@@ -1,5 +1,6 @@
 """Fallbacks where a check could not look because of the doctor, not the target: each on a tiny
 module of the pattern (seconds)."""
+import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -110,3 +111,48 @@ def test_a_reference_not_finite_in_float64_falls_back_to_float32():
     assert row.outcome == PASS, row
     assert {b["reference"] for b in row.measurements["bfloat16"]} == {"float32"}, row.measurements
     assert "float64's the reference's outputs: not finite" in row.detail, row.detail
+
+
+class NormedQK(nn.Module):
+    """Llama 4's pattern: q and k projected, then a weightless RMS norm whose eps is not small
+    beside their mean square (projections initialised at std 0.02), so scaling the projections
+    neither scales q k^T nor leaves it as it was; then scaled dot-product attention, by SDPA or by
+    hand (`eager`). `scale`: the scores' factor (1/sqrt(d) healthy, 1 the missing scale)."""
+    def __init__(self, d=64, heads=4, eager=False, scale=None):
+        super().__init__()
+        self.h, self.dh, self.eager = heads, d // heads, eager
+        self.scale = self.dh ** -0.5 if scale is None else scale
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(d, d, bias=False) for _ in range(4))
+        for p in (self.q_proj, self.k_proj):
+            nn.init.normal_(p.weight, std=0.02)
+
+    def _heads(self, t):
+        B, T, _ = t.shape
+        return t.view(B, T, self.h, self.dh).transpose(1, 2)
+
+    @staticmethod
+    def _norm(t, eps=1e-3):
+        return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + eps)
+
+    def forward(self, x):
+        q, k = (self._norm(self._heads(p(x))) for p in (self.q_proj, self.k_proj))
+        v = self._heads(self.v_proj(x))
+        if self.eager:
+            s = (q @ k.transpose(-2, -1)) * self.scale
+            s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
+            y = torch.softmax(s, -1) @ v
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
+        return self.o_proj(y.transpose(1, 2).flatten(2))
+
+
+@pytest.mark.parametrize("eager", [False, True])
+def test_score_scale_is_measured_inside_the_calls_where_q_and_k_are_normalised_after_the_sites(eager):
+    torch.manual_seed(0)
+    r = examine(NormedQK(eager=eager), causal=True, checks=["score_scale"])
+    row = r["score_scale"]
+    assert r.info.get("qk_sites_rejected"), r.info   # the pattern: no site scales q k^T
+    assert row.outcome == PASS and "as the attention calls get them" in row.detail, row
+    torch.manual_seed(0)
+    row = examine(NormedQK(eager=eager, scale=1.0), causal=True, checks=["score_scale"])["score_scale"]
+    assert row.outcome == FAIL and row.cause == "too_large", row   # std ~ sqrt(16)
