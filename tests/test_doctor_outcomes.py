@@ -128,13 +128,16 @@ class BF16Refuser(nn.Module):
 
 
 def test_long_positions_whose_bfloat16_half_raises_is_not_a_pass():
+    # raising in bfloat16 on positions its float64 reference ran is the target's failure, as
+    # low_precision reads it (raised_in_low_precision), never a pass nor a part the doctor could not run
     torch.manual_seed(0)
     r = examine(BF16Refuser(), checks=["eval_dropout", "long_positions"], strict=True)
     row = r["long_positions"]
-    assert row.verdict.startswith("inconclusive: the bfloat16 half could not run (the target raised: RuntimeError"), \
-        row.verdict
-    assert row.cause == "part_not_run" and "absolute positions" in row.detail and r.exit_code == 3
-    assert row.measurements["not_run"] == ["the bfloat16 half"] and row.measurements["absolute_positions"]
+    assert row.outcome == "fail" and row.cause == "raised_in_low_precision", row.verdict
+    assert "absolute positions" in row.detail and r.exit_code == 1 and row.measurements["absolute_positions"]
+    assert [(b["mode"], b["raised"]) for b in row.measurements["bfloat16"]] == [
+        ("weights", "RuntimeError: this model does not run in bfloat16"),
+        ("autocast", "RuntimeError: this model does not run in bfloat16")]
 
 
 BLOCK_TRANSFORMERS = """

@@ -154,16 +154,26 @@ def starts(T: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return short, tuple(LONG_OFFSET - o for o in reversed(short))
 
 
-def _reference(a, at, offsets=(0, LONG_OFFSET)) -> tuple[str, dict]:
-    """(dtype name, {offset: at(a copy in that dtype, offset, False)}) of the first of REFERENCES
-    the target runs in; where it raises in each, the last one's TargetRaised."""
+def _reference(a, at, offsets=(0, LONG_OFFSET), err=None) -> tuple[str, dict, list[str]]:
+    """(dtype name, {offset: at(a copy in that dtype, offset, False)}, why each earlier one that ran
+    was passed over) of the first of REFERENCES the target runs in and whose outputs err can compare
+    against (err(ref, ref) does not raise NotPerformed: they are finite); where none can, the last
+    one's TargetRaised or NotPerformed."""
+    passed = []
     for i, dt in enumerate(REFERENCES):
         hi = _cast(a, dt)
+        name = str(dt).replace("torch.", "")
         try:
-            return str(dt).replace("torch.", ""), {o: at(hi, o, False) for o in offsets}
-        except TargetRaised:   # a kernel without this dtype: the next reference
+            ref = {o: at(hi, o, False) for o in offsets}
+            if err is not None:
+                for r in ref.values():
+                    err(r, r)
+            return name, ref, passed
+        except (TargetRaised, NotPerformed) as e:   # a kernel without this dtype, or not finite in it: the next one
             if i == len(REFERENCES) - 1:
                 raise
+            if isinstance(e, NotPerformed):
+                passed.append(f"{name}'s {e.why}"[:160])
 
 
 def bfloat16_half(ctx, a, at, err, what, parts) -> tuple[list[dict], str, str | None]:
@@ -172,15 +182,26 @@ def bfloat16_half(ctx, a, at, err, what, parts) -> tuple[list[dict], str, str | 
     target does not run in float64), its median over the long starts near +4096, must stay near
     the noise, its largest over the short starts near +0 (starts()). at(adapter, offset, autocast): what is
     compared (the outputs, or the scores among the new tokens); err(got, the reference's).
+    A mode that raises where the reference ran the same positions is the target's failure
+    (raised_in_low_precision, as low_precision reads it), recorded with `raised` and no errors.
     Returns ([{mode, reference, error_0, error_4096, noise, long, limit}], its cause ("" if it
     held), why it could not run (None: it ran)); appends its words to parts."""
     records, cause = [], ""
     short, long = starts(ctx.T)
     try:
-        ref_name, ref = _reference(a, at, short + long)
+        ref_name, ref, passed = _reference(a, at, short + long, err)
+        if passed:
+            parts.append(f"bfloat16 against {ref_name} ({'; '.join(passed)})")
         lo = _cast(a, torch.bfloat16)
         for mode, low, auto in (("weights", lo, False), ("autocast", a, True)):
-            e = {o: err(at(low, o, auto), ref[o]) for o in short + long}
+            try:
+                e = {o: err(at(low, o, auto), ref[o]) for o in short + long}
+            except TargetRaised as ex:   # the reference ran these positions: raising in bfloat16 is the target's
+                records.append({"mode": mode, "reference": ref_name, "error_0": None, "error_4096": None,
+                                "noise": None, "long": None, "limit": None, "raised": ex.error})
+                cause = cause or "raised_in_low_precision"
+                parts.append(f"bfloat16 {mode}: raised {ex.error} (the {ref_name} reference ran the same positions)")
+                continue
             es, el = _largest([e[o] for o in short]), _median([e[o] for o in long])
             lim = LONG_BF16_RATIO * es + LONG_BF16_FLOOR
             records.append({"mode": mode, "reference": ref_name, "error_0": e[0], "error_4096": e[LONG_OFFSET],
@@ -218,7 +239,8 @@ def with_bfloat16(ctx, a, at, err, what, bad, measured, cause, parts, **measurem
     records, bcause, not_run = bfloat16_half(ctx, a, at, err, what, parts)
     if bcause:
         bad, cause = True, cause or bcause
-        measured = max(measured, max(max(r["error_0"], r["error_4096"]) for r in records))
+        measured = max(measured, max(math.inf if r.get("raised") else max(r["error_0"], r["error_4096"])
+                                     for r in records))
     tol = f"<= {LONG_REL:g}; bf16 <= {LONG_BF16_RATIO:g}x + {LONG_BF16_FLOOR:g}"
     r = judged(bad, measured, tol, "; ".join(parts), cause, **measurements, bfloat16=records)
     return held_in_part(r, {"the bfloat16 half": not_run} if not_run else {})

@@ -238,6 +238,9 @@ REGISTRY: tuple[Check, ...] = (
                                                 "computed in bfloat16, e.g. under autocast)"),
                   "bfloat16_nonfinite": fails("in bfloat16 the outputs (scores) are not finite at +0 or +4096 where "
                                               "float64's are"),
+                  "raised_in_low_precision": fails("the target raises in bfloat16 (weights or autocast) on the "
+                                                   "positions its float64 (float32) reference ran (low_precision's "
+                                                   "failure, seen at long positions)"),
                   "shift_moves_mask": fails("positions through a KV cache: at +4096 the new tokens' mask among "
                                             "themselves differs from +0's (a causal mask aligned to the cache's "
                                             "start: kv_cache's failure, seen at long positions)")},
@@ -249,13 +252,17 @@ REGISTRY: tuple[Check, ...] = (
                     "per_query_residual": "the scores at +4096 fitted as those at +0 times one factor per query: the "
                                           "largest residual (None: not needed or not seen)",
                     "bfloat16": "per mode (weights, autocast): {mode, reference, error_0, error_4096, noise, long, "
-                                "limit}: the error against the reference (float64; float32 where the target does not "
-                                "run in float64) at +0, at +4096, its largest over the starts +0..+192 (noise), its "
-                                "median over +3904..+4096 (long); limit: 2x noise + 0.005"}),
+                                "limit, raised}: the error against the reference (float64; float32 where the target "
+                                "does not run in float64, or is not finite in it) at +0, at +4096, its largest over "
+                                "the starts +0..+192 (noise), its median over +3904..+4096 (long); limit: 2x noise + "
+                                "0.005; raised: the target's error where that mode raised (the errors None)"}),
     Check("score_scale", "scale", "scale",
           does="q and k made unit-variance at their projections; the std of the dot-product scores reaching the "
                "softmax (where something is added to q . k x scale, a relative bias or ALiBi: the part of the scores "
-               "linear in q, measured with q doubled and tripled)",
+               "linear in q, measured with q doubled and tripled); where q and k are normalised after every "
+               "candidate site (q doubled there moves q k^T by under 5%, a norm's eps keeping it from exactly 0), "
+               "the q and k the attention calls get, scaled inside the calls (the part of the scores quadratic in "
+               "them) over their rms",
           fails_when="std outside [0.5, 2]",
           tolerance="a missing 1/sqrt(d_k) gives sqrt(d_k) (detectable for d_k >= 5); cosine scores without a "
                     "temperature give about 1/sqrt(d_k)",

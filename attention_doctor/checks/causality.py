@@ -143,7 +143,8 @@ class _GradientHalf:
 
 def _input_grads(ctx, x, t):
     """d (weighted outputs before t) / d (inputs at and after t): (the largest finite |.|, how many
-    are not finite), or a _GradientHalf saying why there is none."""
+    are not finite, what it was taken against where not the input or the named embedding), or a
+    _GradientHalf saying why there is none."""
     a = ctx.adapter
     if ctx.description.autograd_refused:
         return _GradientHalf(refused_autograd(ctx))
@@ -151,7 +152,8 @@ def _input_grads(ctx, x, t):
     if a.kind == "layer":
         xi = x.clone().requires_grad_(True)
         y = ctx.run(xi, grad=True)
-        return _grad((y[:, :t].double() * w).sum(), xi, x.shape, t)
+        g = _grad((y[:, :t].double() * w).sum(), xi, x.shape, t)
+        return g if isinstance(g, _GradientHalf) else (*g, "")
     emb = ctx.call(a.embedding)
     if emb is None:
         return _GradientHalf("no input embedding to differentiate against (an Adapter's embedding() names it)")
@@ -161,25 +163,76 @@ def _input_grads(ctx, x, t):
         y = ctx.run(x, grad=True)
     finally:
         h.remove()
-    if len(got) != 1:
+    via = ""
+    if not got:   # the named one never ran (a ModuleList of codebook embeddings): those that ran on the ids
+        y, got = _embeddings_on_ids(ctx, a.module, x)
+        if not got:
+            return _GradientHalf("the input embedding ran 0 times in one forward, and no nn.Embedding ran on the ids")
+        via = f"the {len(got)} nn.Embedding call(s) on the ids (the named input embedding did not run)"
+    elif len(got) != 1:
         return _GradientHalf(f"the input embedding ran {len(got)} times in one forward")
-    out, grad_on, ids = got[0]
-    if isinstance(out, torch.Tensor) and (not grad_on or out.is_inference()):
+    if any(isinstance(o, torch.Tensor) and (not on or o.is_inference()) for o, on, _ in got):
         return _GradientHalf("the forward computes no gradient (it runs under inference mode or no_grad)", na=True)
-    if not isinstance(out, torch.Tensor) or not out.requires_grad:
+    if not all(isinstance(o, torch.Tensor) and o.requires_grad for o, _, _ in got):
         return _GradientHalf("the input embedding's output is not differentiable here (frozen weights?)")
     # a packed batch (mistral-inference): the embedding fed the ids flattened, row after row
-    packed = isinstance(ids, torch.Tensor) and ids.shape == (x.numel(),) and bool((ids == x.reshape(-1)).all())
-    return _grad((y[:, :t].double() * w).sum(), out, x.shape, t, packed)
+    packed = [isinstance(ids, torch.Tensor) and ids.shape == (x.numel(),) and bool((ids == x.reshape(-1)).all())
+              for _, _, ids in got]
+    g = _grad((y[:, :t].double() * w).sum(), [o for o, _, _ in got], x.shape, t, packed)
+    return g if isinstance(g, _GradientHalf) else (*g, via)
+
+
+def _fed_by_ids(ids, x) -> bool:
+    """ids, an embedding's input, is made of the token ids x: integer, every row of length T (or
+    the batch flattened) one of x's rows (MusicGen feeds each codebook's embedding a slice of them)."""
+    if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.is_complex() or ids.numel() == 0:
+        return False
+    T = x.shape[-1]
+    if ids.shape[-1] != T and ids.shape != (x.numel(),):
+        return False
+    rows, mine = ids.reshape(-1, T).long(), x.reshape(-1, T).long()
+    return bool((rows[:, None, :] == mine[None, :, :]).all(-1).any(-1).all())
+
+
+def _embeddings_on_ids(ctx, module, x):
+    """(the output, [(out, grad on, ids)] of each nn.Embedding call that ran on the token ids) in one
+    forward with autograd on: what the forward embeds the ids with, where the named input embedding
+    did not run. Their gradients are taken together (an input's later positions reach the earlier
+    outputs through any of them)."""
+    calls, hooks = [], []
+    rec = doctor_hook(lambda m, i, o: calls.append((o, torch.is_grad_enabled(), i[0] if i else None)))
+    for m in module.modules():
+        if isinstance(m, torch.nn.Embedding):
+            hooks.append(m.register_forward_hook(rec))
+    try:
+        y = ctx.run(x, grad=True)
+    finally:
+        for h in hooks:
+            h.remove()
+    return y, [c for c in calls if _fed_by_ids(c[2], x)]
 
 
 def _grad(loss, wrt, shape, t, packed=False):
     """(the largest finite |d loss / d wrt| at positions t.., the non-finite count) (wrt (B, T, ...)
-    or (T, B, ...): XLNet's embedding is time-major), or a _GradientHalf."""
+    or (T, B, ...): XLNet's embedding is time-major; or a list of such, with a list of `packed`,
+    taken together), or a _GradientHalf."""
+    many = isinstance(wrt, list)
+    wrts, packs = (wrt, packed) if many else ([wrt], [packed])
     try:
-        g, = torch.autograd.grad(loss, wrt, allow_unused=True)
+        gs = torch.autograd.grad(loss, wrts, allow_unused=True)
     except Exception as e:  # noqa: BLE001 -- the target's backward refused (Reformer's reversible layers in eval): the gradient half not run (inconclusive), never a pass
         return _GradientHalf(f"its backward raised in eval mode ({type(e).__name__}: {str(e)[:80]})")
+    worst, nonfinite = 0.0, 0
+    for g, p in zip(gs, packs):
+        got = _later(g, shape, t, p)
+        if isinstance(got, _GradientHalf):
+            return got
+        worst, nonfinite = max(worst, got[0]), nonfinite + got[1]
+    return worst, nonfinite
+
+
+def _later(g, shape, t, packed):
+    """(the largest finite |g| at positions t.., the non-finite count there) of one gradient."""
     if g is None:
         return 0.0, 0
     B, T = shape[0], shape[1]
@@ -202,7 +255,7 @@ def future_leak(ctx):
         return na(f"{ctx.description.causal_from}: a bidirectional layer sees every position{how}", "not_causal")
     x = ctx.sample()
     y = ctx.run(x)
-    worst, grads, nonfinite, outputs, half = 0.0, [], 0, [], None
+    worst, grads, nonfinite, outputs, half, via = 0.0, [], 0, [], None, ""
     for t in (1, ctx.T // 2, ctx.T - 1):
         x2 = x.clone()
         x2[:, t:] = ctx.sample(k=20 + t)[:, t:]
@@ -216,13 +269,15 @@ def future_leak(ctx):
             else:
                 grads.append(g[0])
                 nonfinite += g[1]
+                via = g[2]
     g = max(grads) if grads and half is None else None
     bad_grad = g is not None and (g != 0.0 or nonfinite > 0)
     # the measured value is what failed: the outputs' change, else the gradient's non-finite entries, else its size
     measured = worst if worst > EXACT_REL or not bad_grad else (nonfinite or g)
     detail = ("outputs before t with tokens from t on replaced, relative change: " +
               ", ".join(f"t={o['t']}: {o['change']:.3g}" for o in outputs) +
-              (f"; gradient of earlier outputs w.r.t. later inputs: max |g| = {g:.3g}, {nonfinite} non-finite"
+              (f"; gradient of earlier outputs w.r.t. later inputs{' (against ' + via + ')' if via else ''}: "
+               f"max |g| = {g:.3g}, {nonfinite} non-finite"
                if g is not None else f"; gradient: {'n/a' if half.na else 'not run'} ({half.why})"))
     cause = "outputs_move" if worst > EXACT_REL else "gradient_nonzero"
     r = judged(worst > EXACT_REL or bad_grad, measured, f"<= {EXACT_REL:g}; gradient == 0", detail, cause,

@@ -122,12 +122,72 @@ def _centred(d, vis) -> torch.Tensor:
     return (d - mean)[vis]
 
 
+NORMED = 0.05   # q times 2 at a site moves q k^T by at most this (relative): normalised after it (a proportional q doubles it)
+
+
+def _normalised_after(ctx, x, base) -> bool:
+    """Every rejected registry site's q times 2 leaves its calls' q k^T within NORMED of what it
+    was: q and k are normalised after the sites (up to the norm's eps), not mapped otherwise."""
+    rejected = set(ctx.info.get("qk_sites_rejected", ()))
+    sites = [s for _, _, s in ctx.modules if s is not None and s.name in rejected]
+    if not sites:
+        return False
+    for site in sites:
+        mine = [c for c in base if c.module == site.name and c.q is not None and c.k is not None]
+        with site.scaled(2.0, 1.0):
+            _, calls = ctx.probe(x)
+        twice = [c for c in calls if c.module == site.name and c.q is not None and c.k is not None]
+        if not mine or len(twice) != len(mine):
+            return False
+        for a, b in zip(mine, twice):
+            qa = a.q.double() @ a.k.double().transpose(-2, -1)
+            qb = b.q.double() @ b.k.double().transpose(-2, -1)
+            change = float((qb - qa).abs().max()) / max(float(qa.abs().max()), 1e-30)
+            if not change <= NORMED:
+                return False
+    return True
+
+
+def _in_calls(ctx):
+    """[score std per call at unit-variance q and k], measured on q and k as the attention calls get
+    them (after whatever normalises them: Llama 4's weightless RMS norm, whose eps leaves q k^T
+    neither scaled nor kept when its input is scaled), or None where no call takes q and k that the
+    probe can scale. q and k times f inside the calls give scores f^2 A + f B + C (A: q . k x scale;
+    B: a term linear in q or k; C: a bias); A = (s(3) - s(1)) / 2 - (s(2) - s(1)), over rms q x rms k."""
+    x = ctx.sample(k=60)
+    _, base = ctx.probe(x)
+    if not _normalised_after(ctx, x, base):
+        return None
+    every = frozenset(c.extra["qk_matmul"] for c in base if "qk_matmul" in c.extra)
+    inside = frozenset(c.module for c in base if c.fused) | {n for n, _ in every}
+    if not inside:
+        return None
+    moved = [ctx.probe(x, qk_factor=f, qk_where=inside, qk_matmuls=every)[1] for f in (2.0, 3.0)]
+    if any(len(m) != len(base) for m in moved):
+        return None
+    stds = []
+    for c, c2, c3 in zip(base, *moved):
+        if c.module not in inside or c.q is None or c.k is None or not c.source == c2.source == c3.source:
+            continue
+        s, s2, s3 = (visible_scores(t) for t in (c, c2, c3))
+        if not s.shape == s2.shape == s3.shape or s.numel() < 2:
+            continue
+        a = (s3 - s) / 2 - (s2 - s)
+        rq, rk = (float(t.double().pow(2).mean().sqrt()) for t in (c.q, c.k))
+        stds.append(float(a.std()) / max(rq * rk, 1e-30) if bool(torch.isfinite(a).all()) else math.inf)
+    return stds or None
+
+
 def score_scale(ctx):
     sites = ctx.sites()
     if not sites and ctx.info.get("qk_sites_rejected"):   # q, k not a multiple of any module's output there
-        raise NotPerformed("needs q and k in proportion to the output of a module (scaling each candidate did "
-                           "not scale q k^T: a non-linear map after the projections, polar embeddings' softplus)",
-                           "no_qk_layout")
+        stds = _in_calls(ctx)
+        if stds is None:
+            raise NotPerformed("needs q and k in proportion to the output of a module (scaling each candidate did "
+                               "not scale q k^T: a non-linear map after the projections, polar embeddings' "
+                               "softplus)", "no_qk_layout")
+        return _judged(stds, " (q and k as the attention calls get them: scaling the q/k sites did not scale q "
+                             "k^T, normalised after them)")
     if not sites:
         raise NotPerformed("needs the q and k projections (no known q/k layout)", "no_qk_layout")
     f = unit_factors(ctx)
@@ -155,11 +215,16 @@ def score_scale(ctx):
                   "1/sqrt(d_k) to miss", "not_dot_product")
     if not stds:
         raise unseen("needs dot-product scores of a known q/k site's calls (none seen)")
+    return _judged(stds)
+
+
+def _judged(stds, where=""):
     worst = max(stds, key=lambda v: abs(math.log(max(v, 1e-30))))
     lo, hi = SCALE_BAND
     ok = lo <= worst <= hi
     hint = "" if ok else (" (too large: a missing 1/sqrt(d_k)?)" if worst > hi else
                           " (too small: scores that cannot sharpen, e.g. cosine without a temperature)")
     return judged(not ok, worst, f"in [{lo:g}, {hi:g}]",
-                  "score std per attention call with unit-variance q and k: " + ", ".join(f"{v:.3g}" for v in stds) + hint,
+                  "score std per attention call with unit-variance q and k" + where + ": "
+                  + ", ".join(f"{v:.3g}" for v in stds) + hint,
                   "too_large" if worst > hi else "too_small", stds=stds, band=[lo, hi])

@@ -1,0 +1,158 @@
+"""Fallbacks where a check could not look because of the doctor, not the target: each on a tiny
+module of the pattern (seconds)."""
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from attention_doctor import Adapter, examine
+from attention_doctor.result import FAIL, PASS
+
+V, D = 16, 16
+
+
+class CodebookLM(nn.Module):
+    """MusicGen's pattern: the ids come as (B * codebooks, T), each codebook has an embedding of its
+    own (a ModuleList, which never runs itself), their outputs are summed; one causal attention.
+    `gradient_leak` adds the next position's embedding with value 0 and gradient 1 (a leak the
+    outputs cannot show, only the gradient half)."""
+    def __init__(self, books=2, gradient_leak=False):
+        super().__init__()
+        self.books, self.gradient_leak = books, gradient_leak
+        self.codebooks = nn.ModuleList(nn.Embedding(V, D) for _ in range(books))
+        self.qkv, self.head = nn.Linear(D, 3 * D), nn.Linear(D, V)
+
+    def forward(self, ids):
+        T = ids.shape[-1]
+        codes = ids.reshape(-1, self.books, T)
+        h = sum(emb(codes[:, b]) for b, emb in enumerate(self.codebooks))
+        if self.gradient_leak:
+            later = h.roll(-1, dims=1)
+            h = h + (later - later.detach())
+        q, k, v = self.qkv(h).chunk(3, -1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.head(y).repeat_interleave(self.books, 0)   # one row of logits per row of ids
+
+
+class CodebookAdapter(Adapter):
+    """As transformers' adapter does: the input embedding named is the codebooks' ModuleList."""
+    kind, causal = "lm", True
+
+    def __init__(self, lm):
+        super().__init__(lm, "codebooks")
+        self.vocab_size = V
+
+    def forward(self, x, mask=None, positions=None):
+        return self.module(x)
+
+    def embedding(self):
+        return self.module.codebooks
+
+
+def _future_leak(lm):
+    torch.manual_seed(0)
+    return examine(CodebookAdapter(lm), checks=["eval_dropout", "future_leak"])["future_leak"]
+
+
+def test_the_gradient_half_takes_the_codebook_embeddings_that_ran_on_the_ids():
+    row = _future_leak(CodebookLM())
+    assert row.outcome == PASS, row
+    assert row.measurements["gradient_max"] == 0.0 and "2 nn.Embedding call(s) on the ids" in row.detail, row
+
+
+def test_a_gradient_leak_through_the_codebook_embeddings_fails():
+    row = _future_leak(CodebookLM(gradient_leak=True))
+    assert row.outcome == FAIL and row.cause == "gradient_nonzero", row
+    assert max(o["change"] for o in row.measurements["outputs"]) == 0.0   # only the gradient shows it
+
+
+class ExpertsLM(nn.Module):
+    """Outputs that do not depend on the position ids, through one expert whose output is added
+    into a buffer of the hidden states' dtype with index_add_ (DBRX's experts, X-MOD's adapters):
+    in bfloat16 weights it runs, under bfloat16 autocast the buffer stays float32 and the expert's
+    output is bfloat16, so it raises (as the model does for a user under autocast). `nan_in_float64`:
+    the outputs are NaN when the weights are float64 (the reference the doctor starts from)."""
+    def __init__(self, index_add=True, nan_in_float64=False):
+        super().__init__()
+        self.index_add, self.nan_in_float64 = index_add, nan_in_float64
+        self.emb, self.expert, self.head = nn.Embedding(V, D), nn.Linear(D, D), nn.Linear(D, V)
+
+    def forward(self, ids, position_ids=None):
+        h = self.emb(ids)
+        flat = h.reshape(-1, D)
+        if self.index_add:
+            out = torch.zeros_like(flat)
+            out.index_add_(0, torch.arange(flat.shape[0]), self.expert(flat))
+        else:
+            out = self.expert(flat)
+        y = self.head(torch.tanh(out.reshape(h.shape)))
+        if self.nan_in_float64 and y.dtype == torch.float64:
+            y = y * float("nan")
+        return y
+
+
+def _long_positions(lm):
+    torch.manual_seed(0)
+    return examine(lm, checks=["eval_dropout", "long_positions"])["long_positions"]
+
+
+def test_raising_under_bfloat16_autocast_fails_long_positions_as_low_precision_does():
+    row = _long_positions(ExpertsLM())
+    assert row.outcome == FAIL and row.cause == "raised_in_low_precision", row
+    by_mode = {b["mode"]: b for b in row.measurements["bfloat16"]}
+    assert by_mode["weights"]["error_0"] is not None and "raised" not in by_mode["weights"], by_mode
+    assert "index_add_" in by_mode["autocast"]["raised"] and by_mode["autocast"]["error_0"] is None, by_mode
+    healthy = _long_positions(ExpertsLM(index_add=False))   # the same without the dtype clash: it holds
+    assert healthy.outcome == PASS, healthy
+
+
+def test_a_reference_not_finite_in_float64_falls_back_to_float32():
+    row = _long_positions(ExpertsLM(index_add=False, nan_in_float64=True))
+    assert row.outcome == PASS, row
+    assert {b["reference"] for b in row.measurements["bfloat16"]} == {"float32"}, row.measurements
+    assert "float64's the reference's outputs: not finite" in row.detail, row.detail
+
+
+class NormedQK(nn.Module):
+    """Llama 4's pattern: q and k projected, then a weightless RMS norm whose eps is not small
+    beside their mean square (projections initialised at std 0.02), so scaling the projections
+    neither scales q k^T nor leaves it as it was; then scaled dot-product attention, by SDPA or by
+    hand (`eager`). `scale`: the scores' factor (1/sqrt(d) healthy, 1 the missing scale)."""
+    def __init__(self, d=64, heads=4, eager=False, scale=None):
+        super().__init__()
+        self.h, self.dh, self.eager = heads, d // heads, eager
+        self.scale = self.dh ** -0.5 if scale is None else scale
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(d, d, bias=False) for _ in range(4))
+        for p in (self.q_proj, self.k_proj):
+            nn.init.normal_(p.weight, std=0.02)
+
+    def _heads(self, t):
+        B, T, _ = t.shape
+        return t.view(B, T, self.h, self.dh).transpose(1, 2)
+
+    @staticmethod
+    def _norm(t, eps=1e-3):
+        return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + eps)
+
+    def forward(self, x):
+        q, k = (self._norm(self._heads(p(x))) for p in (self.q_proj, self.k_proj))
+        v = self._heads(self.v_proj(x))
+        if self.eager:
+            s = (q @ k.transpose(-2, -1)) * self.scale
+            s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
+            y = torch.softmax(s, -1) @ v
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
+        return self.o_proj(y.transpose(1, 2).flatten(2))
+
+
+@pytest.mark.parametrize("eager", [False, True])
+def test_score_scale_is_measured_inside_the_calls_where_q_and_k_are_normalised_after_the_sites(eager):
+    torch.manual_seed(0)
+    r = examine(NormedQK(eager=eager), causal=True, checks=["score_scale"])
+    row = r["score_scale"]
+    assert r.info.get("qk_sites_rejected"), r.info   # the pattern: no site scales q k^T
+    assert row.outcome == PASS and "as the attention calls get them" in row.detail, row
+    torch.manual_seed(0)
+    row = examine(NormedQK(eager=eager, scale=1.0), causal=True, checks=["score_scale"])["score_scale"]
+    assert row.outcome == FAIL and row.cause == "too_large", row   # std ~ sqrt(16)
