@@ -27,6 +27,9 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+# transformers >= 5.25 loads hub kernels by default (from_pretrained, hence config_roundtrip) and then
+# requires the `kernels` package; offline they replace nothing, so the zoo loads without them
+os.environ.setdefault("USE_HUB_KERNELS", "NO")
 
 # flex_attention also runs on CPU, but torch.compile builds it anew for every input shape (seconds
 # of CPU each, and the doctor uses dozens of shapes): `--impl flex_attention` for a few architectures
