@@ -224,7 +224,7 @@ REGISTRY: tuple[Check, ...] = (
                      "what +16 moves them (a change that does not grow with the distance is a start-of-sequence "
                      "dependence by design: RecurrentGemma resets at position 0), and the scores at +4096 are not "
                      "those at +0 times one factor per query (a temperature by position, Llama 4's or Beam's, is by "
-                     "design); or the bfloat16 error near +4096 (its median over starts +3904..+4096) exceeds 2x its noise "
+                     "design); or the bfloat16 error near +4096 (its smallest over starts +3904..+4096) exceeds 2x its noise "
                      "(its largest over starts +0..+192, positions bfloat16 holds exactly) + 0.005: a router's "
                      "top-1 flip moves the error at some starts of either side, a phase error at every long one",
           tolerance="1e-3 (also for the per-query fit's residual: float32 phases at 4096 are good to ~2.5e-4 rad; "
@@ -254,7 +254,7 @@ REGISTRY: tuple[Check, ...] = (
                     "bfloat16": "per mode (weights, autocast): {mode, reference, error_0, error_4096, noise, long, "
                                 "limit, raised}: the error against the reference (float64; float32 where the target "
                                 "does not run in float64, or is not finite in it) at +0, at +4096, its largest over "
-                                "the starts +0..+192 (noise), its median over +3904..+4096 (long); limit: 2x noise + "
+                                "the starts +0..+192 (noise), its smallest over +3904..+4096 (long); limit: 2x noise + "
                                 "0.005; raised: the target's error where that mode raised (the errors None)"}),
     Check("score_scale", "scale", "scale",
           does="q and k made unit-variance at their projections; the std of the dot-product scores reaching the "
