@@ -95,9 +95,10 @@ class Adapter:
         raise Unsupported("no switch between attention paths", "no_paths")
         yield
 
-    def windows(self) -> tuple[int, list[bool]]:
-        """The sliding window the target declares: (its size in keys, per attention layer in the
-        order they run whether that layer slides). A target that declares none: Unsupported."""
+    def windows(self) -> tuple[int, list[bool | None]]:
+        """The sliding window the target declares: (its size in keys, per layer in the order they
+        run whether that layer slides: True, False for full attention, None for a layer that is no
+        softmax attention: linear attention, a convolution). A target that declares none: Unsupported."""
         raise Unsupported("declares no sliding window (an Adapter's windows() declares one)", "no_window")
 
     @contextmanager

@@ -214,12 +214,16 @@ class HFCausalLM(Adapter):
 
 # -- the sliding window a config declares (the sliding_window check) -----------------------------
 SLIDING, FULL = "sliding_attention", "full_attention"
+# layer kinds with no softmax attention, hence no attention call of the doctor's: the calls it sees
+# are the other layers' (transformers' names in layer_types)
+NOT_SOFTMAX = {"linear_attention", "conv", "mamba", "recurrent", "mlp", "moe"}
 
 
-def declared_windows(cfg) -> tuple[int, list[bool]]:
-    """(sliding_window, per attention layer whether it slides) as a config declares them: its
-    layer_types where it has them (sliding_attention / full_attention; other kinds, linear or chunked
-    attention, are no softmax window); else its use_sliding_window switch, from max_window_layers on
+def declared_windows(cfg) -> tuple[int, list[bool | None]]:
+    """(sliding_window, per layer whether it slides: None where the layer is no softmax attention) as
+    a config declares them: its layer_types where it has them (sliding_attention / full_attention /
+    a kind of NOT_SOFTMAX; another kind, an attention of its own, cannot be told apart from these
+    by its calls: unreachable); else its use_sliding_window switch, from max_window_layers on
     (Qwen2's rule); else one window for every layer (Mistral's). Unsupported without a window."""
     w = getattr(cfg, "sliding_window", None)
     if isinstance(w, bool) or not isinstance(w, int) or w <= 0:
@@ -227,10 +231,11 @@ def declared_windows(cfg) -> tuple[int, list[bool]]:
     types, n = getattr(cfg, "layer_types", None), getattr(cfg, "num_hidden_layers", None)
     if isinstance(types, (list, tuple)) and types and all(isinstance(t, str) for t in types):
         types = types[:n] if isinstance(n, int) else types   # the model builds layer i from types[i], i < n
-        if any(t not in (SLIDING, FULL) for t in types):
-            raise Unreachable(f"layer_types {sorted(set(types) - {SLIDING, FULL})} beside softmax attention: the "
-                              "doctor cannot tell which attention calls are which layer's")
-        return w, [t == SLIDING for t in types]
+        other = set(types) - {SLIDING, FULL} - NOT_SOFTMAX
+        if other:
+            raise Unreachable(f"layer_types {sorted(other)} beside softmax attention: the doctor cannot tell "
+                              "which attention calls are which layer's")
+        return w, [None if t in NOT_SOFTMAX else t == SLIDING for t in types]
     if not isinstance(n, int):
         raise Unreachable("a sliding_window but no num_hidden_layers: the layers it applies to are unknown")
     if hasattr(cfg, "use_sliding_window"):

@@ -11,7 +11,9 @@ import torch.nn.functional as F
 from attention_doctor import Adapter, examine
 from attention_doctor.hf import declared_windows
 from attention_doctor.result import FAIL, NA, PASS
-from attention_doctor.signals import Unsupported
+from attention_doctor.signals import Unreachable, Unsupported
+
+SCAN = "scan"
 
 
 class Attention(nn.Module):
@@ -30,12 +32,18 @@ class Attention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(B, T, d)
 
 
+class Scan(nn.Module):
+    """A recurrent layer of no softmax attention (a running mean): carries every token past any window."""
+    def forward(self, x):
+        return x.cumsum(1) / torch.arange(1, x.shape[1] + 1)[:, None]
+
+
 class WindowLM(nn.Module):
-    """Token embedding, one attention layer per entry of `applied` (its window), a head."""
+    """Token embedding, one attention layer per entry of `applied` (its window; SCAN: a Scan), a head."""
     def __init__(self, applied, vocab=16, d=16, heads=2):
         super().__init__()
         self.emb, self.head = nn.Embedding(vocab, d), nn.Linear(d, vocab)
-        self.layers = nn.ModuleList(Attention(d, heads, w) for w in applied)
+        self.layers = nn.ModuleList(Scan() if w == SCAN else Attention(d, heads, w) for w in applied)
 
     def forward(self, ids):
         x = self.emb(ids)
@@ -94,6 +102,15 @@ def test_mixed_layers_read_per_call():
     assert r.outcome is FAIL and r.cause == "window_applied", r.detail
 
 
+def test_layers_of_no_softmax_attention_between_windows_read_per_call():
+    # the scan carries the first tokens to every later query: at the output the windows look ignored
+    r = run([4, SCAN, 4], (4, [True, None, True]))
+    assert r.outcome is PASS and len(r.measurements["layers"]) == 2, r.detail
+    r = run([4, SCAN, None], (4, [True, None, True]))   # the second attention layer lost its window
+    assert r.outcome is FAIL and r.cause == "window_ignored", r.detail
+    assert [x["far_keys_visible"] > 0 for x in r.measurements["layers"]] == [False, True]
+
+
 def test_no_window_declared_is_na():
     r = run([None], None)
     assert r.outcome is NA and r.cause == "no_window"
@@ -113,9 +130,15 @@ def cfg(**kw):
     (cfg(sliding_window=8, layer_types=["sliding_attention", "full_attention"] * 4), (8, [True, False, True])),
     (cfg(sliding_window=8, use_sliding_window=False, max_window_layers=0), (8, [False, False, False])),
     (cfg(sliding_window=8, use_sliding_window=True, max_window_layers=1), (8, [False, True, True])),
+    (cfg(sliding_window=8, layer_types=["linear_attention", "sliding_attention", "conv"]), (8, [None, True, None])),
 ])
 def test_declared_windows_from_a_config(config, expected):
     assert declared_windows(config) == expected
+
+
+def test_an_attention_kind_of_its_own_beside_softmax_is_unreachable():
+    with pytest.raises(Unreachable):
+        declared_windows(cfg(sliding_window=8, layer_types=["indexed_attention", "sliding_attention", "full_attention"]))
 
 
 def test_no_window_in_the_config_is_unsupported():

@@ -3,8 +3,9 @@ size and, per attention layer, whether it slides), a sequence longer than the wi
 each layer does what it declares. Declared uniformly (every layer sliding, or a window named and
 switched off on every layer): a query's output must not move (sliding) or must move (switched off)
 when tokens beyond the stacked layers' reach change. Declared per layer (sliding and full layers
-mixed): the perturbation cannot tell the layers apart at the output, so each attention call's own
-mask is read instead (the keys its scores hide)."""
+mixed), or beside layers of no softmax attention (a recurrence or a convolution carries a token past
+any window): the perturbation cannot tell the layers apart at the output, so each attention call's
+own mask is read instead (the keys its scores hide)."""
 import torch
 
 from attention_doctor.checks.common import EXACT_REL, judged, na, rel, unseen
@@ -16,9 +17,10 @@ MARGIN = 8     # queries beyond the reach, compared
 
 
 def _declared(ctx):
-    """(window, slides per attention layer), from the adapter; Unsupported where none is declared."""
-    w, slides = ctx.call(ctx.adapter.windows)
-    return int(w), [bool(s) for s in slides]
+    """(window, slides per attention layer, whether other layers (no softmax attention: linear
+    attention, convolutions) run between them), from the adapter; Unsupported where none is declared."""
+    w, layers = ctx.call(ctx.adapter.windows)
+    return int(w), [bool(s) for s in layers if s is not None], any(s is None for s in layers)
 
 
 def _far(T: int, w: int) -> torch.Tensor:
@@ -69,14 +71,16 @@ def _perturbed(ctx, w: int, slides: list[bool]) -> dict:
 
 
 def sliding_window(ctx):
-    w, slides = _declared(ctx)   # Unsupported (n/a) where the target declares no window
+    w, slides, others = _declared(ctx)   # Unsupported (n/a) where the target declares no window
     if not slides:
         return na("declares a window but no attention layer", "no_window")
     if not ctx.require_causal():
         return na(f"{ctx.description.causal_from}: a sliding window is a causal target's", "not_causal")
     limit = f"<= {EXACT_REL:g} (sliding), > {EXACT_REL:g} (switched off)"
     said = f"window {w}, {sum(slides)} of {len(slides)} attention layers declared sliding"
-    if all(slides) or not any(slides):
+    if others:   # a recurrent or convolutional layer carries any token past every window: read each call's mask
+        said += " beside layers of no softmax attention"
+    if (all(slides) or not any(slides)) and not others:
         p = _perturbed(ctx, w, slides)
         moved = p["change"] > EXACT_REL
         sliding = all(slides)

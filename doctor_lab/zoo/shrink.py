@@ -13,6 +13,11 @@ class NotExamined(Exception):
     """The shrink table says this architecture is not examined (the message says why)."""
 
 
+# generic sizes whose unset default (None) switches the feature off: shrunk only where the default sets
+# one (a window of 16 on Minimax or Nemotron-H, whose defaults have none, would examine another model)
+SWITCHED_BY_VALUE = {"sliding_window"}
+
+
 def load_table(path=TABLE) -> dict:
     t = yaml.safe_load(Path(path).read_text())
     t.setdefault("archs", {})
@@ -41,7 +46,8 @@ def _per_layer(d: dict) -> set:
 
 
 def _shrunk_kwargs(cfg, generic: dict, extra: dict) -> dict:
-    kw = {k: v for k, v in generic.items() if k in _known(cfg)}
+    kw = {k: v for k, v in generic.items() if k in _known(cfg)
+          and not (k in SWITCHED_BY_VALUE and getattr(cfg, k, None) in (None, False))}
     for sub in getattr(cfg, "sub_configs", {}) or {}:
         s = getattr(cfg, sub, None)
         if s is not None and hasattr(s, "to_dict"):
