@@ -73,7 +73,9 @@ REGISTRY: tuple[Check, ...] = (
           does="where the target declares a sliding window (transformers: the config's sliding_window, layer_types, "
                "use_sliding_window and max_window_layers; an Adapter's windows()), T beyond it: declared alike on "
                "every layer, the outputs of the queries beyond every stacked window with the first 4 tokens replaced; "
-               "declared per layer, each attention call's mask against its layer's declaration",
+               "declared per layer, or beside layers of no softmax attention (linear attention, convolutions, "
+               "recurrences: they carry a token past any window), each attention call's mask against its layer's "
+               "declaration",
           fails_when="a sliding layer's query reads a key beyond its window (outputs move, or its call leaves the key "
                      "visible), or a layer declared full (the window switched off) does not",
           tolerance="1e-6: a masked key contributes exactly 0; keys up to w + 1 back count as inside (transformers "
