@@ -40,6 +40,9 @@ def test_auto_threads_reads_the_machine_and_falls_back_to_the_load_average(monke
     monkeypatch.setattr(th, "load_average", lambda: 3.7)
     assert th.auto_threads("auto")[0] == 1
     assert th.auto_threads(2) == (2, "train.threads")
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # it wins: the machine is not read (a tenth of a second)
+    monkeypatch.setattr(th, "runnable_now", lambda: pytest.fail("read although OMP_NUM_THREADS is set"))
+    assert th.auto_threads("auto") == (2, "OMP_NUM_THREADS=2")
 
 
 def test_the_schema_takes_auto_a_count_or_null_and_nothing_else():

@@ -46,14 +46,19 @@ def load_average() -> float | None:
         return None
 
 
+def omp_threads(omp: str | None) -> int | None:
+    """OMP_NUM_THREADS as a thread count, or None where it is unset or not a count >= 1."""
+    return int(omp) if omp and omp.strip().isdigit() and int(omp) >= 1 else None
+
+
 def choose(setting, omp: str | None, cores: int, busy: float | None) -> tuple[int | None, str]:
     """(threads, why) for train.threads `setting` (an int, None: torch's own, or "auto"), with
     OMP_NUM_THREADS `omp`, `cores` usable cores and `busy` other runnable processes (None: unknown).
     An unreadable machine gets one thread: oversubscribing costs far more than one idle core."""
     if setting != "auto":
         return setting, "train.threads" if setting is not None else "torch's default"
-    if omp and omp.strip().isdigit() and int(omp) >= 1:
-        return int(omp), f"OMP_NUM_THREADS={int(omp)}"
+    if (n := omp_threads(omp)) is not None:
+        return n, f"OMP_NUM_THREADS={n}"
     if busy is None:
         return 1, "auto: the machine's load is unknown"
     free = max(1, cores - round(busy))
@@ -62,7 +67,9 @@ def choose(setting, omp: str | None, cores: int, busy: float | None) -> tuple[in
 
 def auto_threads(setting) -> tuple[int | None, str]:
     """choose() with this machine's readings (procs_running, else the load average)."""
-    busy = runnable_now() if setting == "auto" else None
-    if setting == "auto" and busy is None:
+    omp = os.environ.get("OMP_NUM_THREADS")
+    read = setting == "auto" and omp_threads(omp) is None  # OMP_NUM_THREADS wins: nothing to read (0.1 s)
+    busy = runnable_now() if read else None
+    if read and busy is None:
         busy = load_average()
-    return choose(setting, os.environ.get("OMP_NUM_THREADS"), usable_cores(), busy)
+    return choose(setting, omp, usable_cores(), busy)
