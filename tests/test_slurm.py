@@ -22,6 +22,7 @@ from conftest import ROOT, TINY  # noqa: E402
 
 SCRIPT = ROOT / "experiments" / "slurm" / "local_cluster.sh"
 REQUIRED = os.environ.get("CI") == "true" or os.environ.get("ATTN_REQUIRE_SLURM") == "1"
+CLUSTER_WAIT_S = 300  # a fresh machine's apt-get install and start: about a minute; five is a failure
 ENV = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}  # never a job's own env
 ENV.update(OMP_NUM_THREADS="1", WANDB_MODE="disabled", PYTHONWARNINGS="ignore")
 SLURM = ["hydra/launcher=slurm", "hydra.launcher.partition=debug", "hydra.launcher.gpus_per_node=0",
@@ -98,8 +99,13 @@ def events(record: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def cluster():
-    """The local cluster must be up (`.ci/run` brings it up); the tests never start daemons."""
-    p = subprocess.run(["bash", str(SCRIPT), "status"], capture_output=True, text=True, timeout=30)
+    """The local cluster must be up; the tests never start daemons. Where it is required, it may
+    still be coming up (`.ci/run` installs and starts it beside the tests): waited for, up to
+    CLUSTER_WAIT_S, before the tests fail."""
+    deadline = time.monotonic() + (CLUSTER_WAIT_S if REQUIRED else 0)
+    while (p := subprocess.run(["bash", str(SCRIPT), "status"], capture_output=True, text=True,
+                               timeout=30)).returncode != 0 and time.monotonic() < deadline:
+        time.sleep(2)
     if p.returncode != 0:
         why = subprocess.run(["bash", str(SCRIPT), "check"], capture_output=True, text=True, timeout=30)
         reason = (f"no SLURM cluster ({p.stdout.strip()}; {(why.stdout + why.stderr).strip()}); "
