@@ -26,7 +26,7 @@ def job_summaries(sweep: Path) -> list[dict]:
 
 
 @pytest.mark.parametrize("launcher,seeds", [(["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"], [0, 1]),
-                                            # a process per job, each importing torch: two jobs show it
+                                            # submitit_local starts a process per job: two (of four) say as much, for half the CPU
                                             (["hydra/launcher=submitit_local"], [0])], ids=["joblib", "submitit_local"])
 def test_multirun_jobs_and_a_report(launcher, seeds, tmp_path):
     exp = "no_scaling"  # a failure with a control, next to the baseline (the acceptance)
