@@ -194,8 +194,7 @@ REFERENCES = [
 # what none of the references has: a declared sliding window, a save_pretrained / from_pretrained pair
 EVERY_ONE_BY_NATURE = {"sliding_window": "declares no sliding window",
                        "config_roundtrip": "no save and load of its own (no save_pretrained / from_pretrained)"}
-for _r in REFERENCES:
-    _r["by_nature"] = {**EVERY_ONE_BY_NATURE, **_r["by_nature"]}
+REFERENCES = [{**r, "by_nature": {**EVERY_ONE_BY_NATURE, **r["by_nature"]}} for r in REFERENCES]
 BY_NAME = {r["name"]: r for r in REFERENCES}
 PINNED = [
     "pip install --no-deps --target xt-1.22.24 x-transformers==1.22.24 einops==0.8.1",

@@ -20,7 +20,7 @@ def pytest_xdist_auto_num_workers(config):
     """`-n auto` (pytest.ini): a worker per usable core (--maxprocesses caps it). Not one more for
     the SLURM and submitit tests that wait on their jobs: their jobs, the README's commands (two at
     a time) and the tests' own processes keep the cores busy; on 2 cores, one fresh clone each,
-    3 workers took 433 s of pytest and 780 s of CPU, 2 workers 403 s and 692 s."""
+    3 workers took 434 s of pytest and 777 s of CPU, 2 workers 403 s and 692 s."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
