@@ -24,6 +24,25 @@ def pytest_xdist_auto_num_workers(config):
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+# The files that take longest start first (xdist gives each worker whole files, in this order:
+# pytest.ini's --no-loadscope-reorder). Ordered by the test count, xdist started the SLURM file
+# 48th of 66 and the submitit one 54th, so their minutes of waiting on jobs ended the run with one
+# core idle. Measured (`pytest --durations=0`, seconds per file in its worker): the SLURM tests 154
+# (waiting on their jobs: first, so that the wait overlaps everything), the README's commands 232,
+# the launchers 94, then 58-63 each; the rest keep xdist's order, most tests first.
+LONGEST_FIRST = ("test_slurm.py", "test_readme_commands.py", "test_launchers.py", "test_reference.py",
+                 "test_findings.py", "test_zoo.py", "test_zoo_libraries.py", "test_report.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    per_file: dict[str, int] = {}
+    for item in items:
+        per_file[item.path.name] = per_file.get(item.path.name, 0) + 1
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    # stable: each file's tests keep their order
+    items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), -per_file[item.path.name], str(item.path)))
+
+
 # The tiny Shakespeare corpus is not in the repository (users download it once; CI has ../shared).
 # Without it the corpus tests skip, saying so; under ATTN_REQUIRE_CORPUS=1 (.ci/run) they fail.
 SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"

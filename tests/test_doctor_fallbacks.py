@@ -71,18 +71,22 @@ class ExpertsLM(nn.Module):
     into a buffer of the hidden states' dtype with index_add_ (DBRX's experts, X-MOD's adapters):
     in bfloat16 weights it runs, under bfloat16 autocast the buffer stays float32 and the expert's
     output is bfloat16, so it raises (as the model does for a user under autocast). `nan_in_float64`:
-    the outputs are NaN when the weights are float64 (the reference the doctor starts from)."""
-    def __init__(self, index_add=True, nan_in_float64=False):
+    the outputs are NaN when the weights are float64 (the reference the doctor starts from).
+    `into_state`: the expert's output is added into a buffer the module keeps (gpt-fast's KVCache,
+    set up in the weights' dtype), not into a tensor the forward makes."""
+    def __init__(self, index_add=True, nan_in_float64=False, into_state=False):
         super().__init__()
-        self.index_add, self.nan_in_float64 = index_add, nan_in_float64
+        self.index_add, self.nan_in_float64, self.into_state = index_add, nan_in_float64, into_state
         self.emb, self.expert, self.head = nn.Embedding(V, D), nn.Linear(D, D), nn.Linear(D, V)
+        self.register_buffer("acc", torch.zeros(4096, D))
 
     def forward(self, ids, position_ids=None):
         h = self.emb(ids)
         flat = h.reshape(-1, D)
         if self.index_add:
-            out = torch.zeros_like(flat)
+            out = self.acc[:flat.shape[0]].zero_() if self.into_state else torch.zeros_like(flat)
             out.index_add_(0, torch.arange(flat.shape[0]), self.expert(flat))
+            out = out.clone()
         else:
             out = self.expert(flat)
         y = self.head(torch.tanh(out.reshape(h.shape)))
@@ -104,6 +108,24 @@ def test_raising_under_bfloat16_autocast_fails_long_positions_as_low_precision_d
     assert "index_add_" in by_mode["autocast"]["raised"] and by_mode["autocast"]["error_0"] is None, by_mode
     healthy = _long_positions(ExpertsLM(index_add=False))   # the same without the dtype clash: it holds
     assert healthy.outcome == PASS, healthy
+
+
+def test_autocast_raising_on_a_write_into_the_targets_own_state_is_its_limit_not_a_fail():
+    """gpt-fast's KVCache: a buffer set up in the weights' dtype takes no bfloat16 write under
+    autocast. Both precision checks run the weights half and leave the autocast half inconclusive
+    naming the buffer; the same write into a tensor the forward made (DBRX's) fails, above."""
+    torch.manual_seed(0)
+    lm = ExpertsLM(into_state=True)
+    r = examine(lm, checks=["eval_dropout", "low_precision", "long_positions"])
+    assert r["long_positions"].cause == "part_not_run", r["long_positions"]
+    for name in ("low_precision", "long_positions"):   # low_precision also misses the scores of a model without attention
+        row = r[name]
+        assert row.outcome == "inconclusive", row
+        assert "`acc` is float32 and takes no bfloat16 write under autocast" in row.reason, row.reason
+    assert r["low_precision"].measurements["nonfinite_runs"] == [], r["low_precision"].measurements
+    assert {"bfloat16 autocast", "float16 autocast"} <= set(r["low_precision"].measurements["not_run"])
+    by_mode = {b["mode"]: b for b in r["long_positions"].measurements["bfloat16"]}
+    assert set(by_mode) == {"weights"} and by_mode["weights"]["error_0"] is not None, by_mode
 
 
 def test_a_reference_not_finite_in_float64_falls_back_to_float32():

@@ -22,6 +22,7 @@ from attention_doctor.checks.common import (
 )
 from attention_doctor.checks.scale import unit_qk
 from attention_doctor.signals import NotPerformed, TargetRaised, Unsupported
+from attention_doctor.state_writes import state_write_raised
 
 
 def new_scores(ctx, adapter, x, offset, autocast=False) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -184,10 +185,11 @@ def bfloat16_half(ctx, a, at, err, what, parts) -> tuple[list[dict], str, str | 
     the noise, its largest over the short starts near +0 (starts()). at(adapter, offset, autocast): what is
     compared (the outputs, or the scores among the new tokens); err(got, the reference's).
     A mode that raises where the reference ran the same positions is the target's failure
-    (raised_in_low_precision, as low_precision reads it), recorded with `raised` and no errors.
+    (raised_in_low_precision, as low_precision reads it), recorded with `raised` and no errors;
+    autocast raising on a write into the target's own state (state_write_raised) is not run.
     Returns ([{mode, reference, error_0, error_4096, noise, long, limit}], its cause ("" if it
     held), why it could not run (None: it ran)); appends its words to parts."""
-    records, cause = [], ""
+    records, cause, not_run = [], "", None
     short, long = starts(ctx.T)
     try:
         ref_name, ref, passed = _reference(a, at, short + long, err)
@@ -198,6 +200,11 @@ def bfloat16_half(ctx, a, at, err, what, parts) -> tuple[list[dict], str, str | 
             try:
                 e = {o: err(at(low, o, auto), ref[o]) for o in short + long}
             except TargetRaised as ex:   # the reference ran these positions: raising in bfloat16 is the target's
+                limit = auto and state_write_raised(low.module, lambda: [at(low, o, auto) for o in short + long])
+                if limit:   # its state's dtype is fixed at set-up: autocast cannot look, its weights run can
+                    parts.append(f"bfloat16 {mode}: not run ({limit})")
+                    not_run = not_run or limit
+                    continue
                 records.append({"mode": mode, "reference": ref_name, "error_0": None, "error_4096": None,
                                 "noise": None, "long": None, "limit": None, "raised": ex.error})
                 cause = cause or "raised_in_low_precision"
@@ -214,7 +221,7 @@ def bfloat16_half(ctx, a, at, err, what, parts) -> tuple[list[dict], str, str | 
             parts.append(f"bfloat16 {mode}: {what}error against {ref_name} at +0 {e[0]:.3g}, at +{LONG_OFFSET} "
                          f"{e[LONG_OFFSET]:.3g}; at most {es:.3g} over +{short[0]}..+{short[-1]}, smallest "
                          f"over +{long[0]}..+{long[-1]} {el:.3g} (limit {lim:.3g})")
-        return records, cause, None
+        return records, cause, not_run
     except (Unsupported, TargetRaised, NotPerformed) as ex:   # the target cannot run in this precision
         why = ex.why if not isinstance(ex, TargetRaised) else f"the target raised: {ex.error}"
         parts.append(f"bfloat16: not run ({why})")

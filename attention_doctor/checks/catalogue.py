@@ -179,7 +179,10 @@ REGISTRY: tuple[Check, ...] = (
                "run's attention calls name the pattern, and bisection measures the largest score at which the "
                "target stays finite beside the textbook reference's on the same q, k, v",
           fails_when="a real output is not finite, or a call's error exceeds twice that of the textbook attention in "
-                     "the same dtype",
+                     "the same dtype, or a batch it runs in its own precision raises; under autocast, a raise on "
+                     "writing into the target's own state (a cache buffer set up in the weights' dtype, as gpt-fast's) "
+                     "leaves that mode not run (the weights run covers it), while one into a tensor the forward "
+                     "made (DBRX's experts) fails",
           tolerance="FlashAttention's rule (2x the reference's error); ~1e3 makes `finfo.min + score` overflow in "
                     "float16, ~3e4 makes an unscaled `q k^T` pass 65504",
           applies="targets whose scores the doctor sees and can amplify (at init: every target)",

@@ -22,6 +22,7 @@ from attention_doctor.checks.common import (
 )
 from attention_doctor.checks.scale import unit_qk
 from attention_doctor.signals import NotPerformed, Signal, TargetRaised, Unreachable, Unsupported, said
+from attention_doctor.state_writes import state_write_raised
 
 LOW = (torch.float16, torch.bfloat16)
 CAUSES = BY_NAME["low_precision"].causes   # which pattern broke (docs/doctor.md explains the first with numbers)
@@ -80,10 +81,11 @@ def _nonfinite(ctx, amp, lp, autocast_dt, x, padded, run):
     """Non-finite real outputs of `lp` on a plain and a left-padded batch at each of _levels(amp),
     lowest first. Returns (what was found, in words; the same as records, `run` ({dtype, mode})
     and the batch and score added to each; the first failing run: (label, amplifier, batch) or
-    None; why the left-padded runs could not run, or None). A batch that raises is found too
+    None; {the batches that could not run ("": every one): why}). A batch that raises is found too
     ("raised": the plain one, or the left-padded one where the target runs it in its own precision);
-    a target that takes no padding mask has no left-padded runs (by nature)."""
-    found, records, first, not_run = [], [], None, None
+    a target that takes no padding mask has no left-padded runs (by nature). Under autocast, a raise
+    on writing into the target's own state (state_write_raised) leaves the mode not run."""
+    found, records, first, not_run = [], [], None, {}
     own = {}   # does the target run the left-padded batch in its own precision (asked once)
 
     def runs_own(xx, m) -> bool:
@@ -100,17 +102,20 @@ def _nonfinite(ctx, amp, lp, autocast_dt, x, padded, run):
             try:
                 y = _run(ctx, a, lp, autocast_dt, xx, m)
             except Unreachable as e:
-                not_run = not_run or e.why
+                not_run.setdefault(batch, e.why)
                 continue
             except Unsupported:
                 continue
             except TargetRaised as e:
+                limit = autocast_dt and state_write_raised(lp.module, lambda: _run(ctx, a, lp, autocast_dt, xx, m))
+                if limit:   # its state's dtype is fixed at set-up: autocast cannot look, its weights run can
+                    return found, records, first, {"": limit}
                 if m is None or runs_own(xx, m):   # a batch it runs in its own precision raises in this one
                     found.append(f"{label}{lvl} raised {e.error}")
                     records.append({**run, "batch": batch, "scores": aim, "raised": e.error})
                     first = first or ("raised", a, (xx, m))
                 else:           # a mask the target rejects in any precision: those runs did not run
-                    not_run = not_run or f"the target raised on them: {e.error}"
+                    not_run.setdefault(batch, f"the target raised on them: {e.error}")
                 continue
             n = int((~torch.isfinite(y if m is None else y[m])).sum())
             if n:
@@ -278,9 +283,10 @@ def low_precision(ctx):
             runs += records
             nonfinite_any |= bool(found)
             parts.append(f"{_name(dt)} {mode}: " + (", ".join(found) if found else "finite"))
-            if skipped:
-                parts[-1] += f" (left-padded: not run, {skipped})"
-                not_run[f"{_name(dt)} {mode} left-padded"] = skipped
+            for batch, why in skipped.items():   # "": the whole mode
+                part = " ".join(filter(None, (_name(dt), mode, batch.replace("_", "-"))))
+                parts[-1] += f" ({part}: not run, {why})"
+                not_run[part] = why
             if found:
                 bad.append(f"{_name(dt)} {mode}")
                 if not cause:   # the first failing run says which pattern broke, and its size
