@@ -184,3 +184,41 @@ def test_the_readmes_first_line_promises_what_the_committed_threads_bench_measur
     assert t["cores"] == 2 and {r["busy"] for r in t["rows"]} == {0, 2}   # a small shared machine
     worst = max(t["median_s"][f"{b} busy, {t['default_threads']} threads"] for b in (0, 2))
     assert ("under a minute" in first) == (worst < 60), (first, worst)
+
+
+@needs_corpus
+def test_interleaving_the_two_loops_trains_each_as_it_trains_alone(tmp_path):
+    """bench shakespeare times ours and nanoGPT's loop chunk by chunk: each must end with the
+    weights it has when trained straight through (ours resumed in place, chunks ending on its
+    diagnostic steps; nanoGPT's batches from its own RNG state), or the timing compares other runs."""
+    from experiments.bench import nanogpt_reference
+    from experiments.bench.training import NANOGPT, TINY_MODEL, checked, interleaved
+    from experiments.config import compose
+    from experiments.training.loop import Trainer
+    cfg = checked(compose(NANOGPT + TINY_MODEL + ["train.steps=12", "train.diag_every=4", "train.ckpt_every=5"]))
+    cfg["train"]["eval_batches"] = 0   # as the bench sets it: evaluated apart
+
+    def ours(path):
+        return Trainer({**cfg, "train": dict(cfg["train"])}, path, ckpt_path=path / "ckpt.pt")
+
+    def ref(tr):
+        return nanogpt_reference.Loop({s: tr.task.splits[s] for s in ("train", "val")}, tr.task.vocab_size, cfg,
+                                      tr.device, tr.run_dir)
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    alone, chunked = ours(tmp_path / "a"), ours(tmp_path / "b")
+    alone.run()
+    ref_alone = ref(alone)
+    ref_alone.advance(12)
+    assert chunked.res.rows == []
+
+    def step(start, end):
+        chunked.step, chunked.tc["steps"] = start, end
+        chunked.run()
+        chunked.ckpt_path.unlink(missing_ok=True)
+        torch.rand(7)   # whatever ours draws from the global RNG, nanoGPT's batches do not move
+    ref_chunked = ref(chunked)
+    wall = interleaved({"ours": step, "nanoGPT": lambda s, e: ref_chunked.advance(e - s)}, 12, 4, chunked.device)
+    assert set(wall) == {"ours", "nanoGPT"} and all(w > 0 for w in wall.values())
+    for a, b in ((alone.model, chunked.model), (ref_alone.model, ref_chunked.model)):
+        assert all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values()))
+    assert [r["step"] for r in chunked.res.rows] == [r["step"] for r in alone.res.rows]

@@ -6,6 +6,7 @@ init, decay groups, get_lr and get_batch (windows from the global torch RNG), as
 If our loop and this one land on the same val loss, a gap to a published figure is not ours.
 """
 import math
+from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -100,13 +101,50 @@ def train_step(model: GPT, opt, x, y, it: int, o: dict, grad_clip: float) -> tor
     return loss
 
 
-def train(train_data: torch.Tensor, vocab_size: int, cfg: dict, device) -> GPT:
-    """nanoGPT's loop on the composed nanogpt_cpu config."""
-    m, t = cfg["model"], cfg["train"]
-    torch.manual_seed(cfg["seed"])
-    model = GPT(vocab_size, cfg["data"]["seq_len"], m["n_layers"], m["n_heads"], m["d_model"]).to(device)
-    opt = configure_optimizer(model, cfg["optim"])
-    for it in range(t["steps"]):
-        x, y = get_batch(train_data, cfg["data"]["seq_len"], t["batch_size"], device)
-        train_step(model, opt, x, y, it, cfg["optim"], t["grad_clip"])
-    return model.eval()
+# nanoGPT's CPU command for shakespeare_char: --eval_iters=20, and its config's eval_interval = 250
+EVAL_INTERVAL, EVAL_ITERS = 250, 20
+
+
+@torch.no_grad()
+def estimate_loss(model: GPT, splits: dict, block: int, batch_size: int, device) -> dict:
+    """nanoGPT's estimate_loss: EVAL_ITERS batches of each split (from the global RNG, as there)."""
+    model.eval()
+    out = {}
+    for name, data in splits.items():
+        losses = torch.zeros(EVAL_ITERS)
+        for k in range(EVAL_ITERS):
+            x, y = get_batch(data, block, batch_size, device)
+            logits = model(x)
+            losses[k] = F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1)).item()
+        out[name] = losses.mean().item()
+    model.train()
+    return out
+
+
+class Loop:
+    """nanoGPT's loop on the composed nanogpt_cpu config, advanced `n` iterations at a time (the
+    benchmark interleaves it with ours), with what its train.py does every EVAL_INTERVAL
+    iterations and its per-iteration time includes: estimate_loss on train and val, and a
+    checkpoint (model and optimizer) into out_dir when the val loss improved."""
+
+    def __init__(self, splits: dict, vocab_size: int, cfg: dict, device, out_dir):
+        m, t = cfg["model"], cfg["train"]
+        self.splits, self.device, self.out_dir = splits, device, Path(out_dir)
+        self.block, self.bs, self.grad_clip, self.optim_cfg = cfg["data"]["seq_len"], t["batch_size"], t["grad_clip"], cfg["optim"]
+        torch.manual_seed(cfg["seed"])
+        self.model = GPT(vocab_size, self.block, m["n_layers"], m["n_heads"], m["d_model"]).to(device)
+        self.opt = configure_optimizer(self.model, cfg["optim"])
+        self.it, self.best_val = 0, float("inf")
+
+    def advance(self, n: int) -> None:
+        for _ in range(n):
+            if self.it % EVAL_INTERVAL == 0:
+                losses = estimate_loss(self.model, self.splits, self.block, self.bs, self.device)
+                if losses["val"] < self.best_val:
+                    self.best_val = losses["val"]
+                    if self.it > 0:
+                        torch.save({"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+                                    "iter_num": self.it, "best_val_loss": self.best_val}, self.out_dir / "ckpt.pt")
+            x, y = get_batch(self.splits["train"], self.block, self.bs, self.device)
+            train_step(self.model, self.opt, x, y, self.it, self.optim_cfg, self.grad_clip)
+            self.it += 1

@@ -39,27 +39,63 @@ def sync(device):
 
 
 # -- shakespeare -------------------------------------------------------------------------------
+def chunk_ends(steps: int, every: int) -> list[int]:
+    """Where the interleaved loops hand over: after iteration k * every (a diagnostic step of ours
+    when diag_every divides `every`, so cutting adds none) and at the end."""
+    return sorted({min(steps, k * every + 1) for k in range(1, steps // every + 1)} | {steps})
+
+
+def interleaved(loops: dict, steps: int, every: int, device) -> dict[str, float]:
+    """Each loop (name -> advance(start, end)) run chunk by chunk, the order rotated each chunk so
+    that the machine's drift hits them alike, each with its own global RNG state (nanoGPT's
+    batches come from it), the one of the call's start. Returns each loop's wall seconds, summed
+    over its chunks."""
+    names, wall, start = list(loops), dict.fromkeys(loops, 0.0), 0
+    states = dict.fromkeys(loops, torch.get_rng_state())
+    for i, end in enumerate(chunk_ends(steps, every)):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            torch.set_rng_state(states[name])
+            t0 = time.perf_counter()
+            loops[name](start, end)
+            sync(device)
+            wall[name] += time.perf_counter() - t0
+            states[name] = torch.get_rng_state()
+        start = end
+    return wall
+
+
 def bench_shakespeare(tiny=False, overrides=(), reference=False) -> dict:
     """Train nanoGPT's published CPU config; val loss on train.eval_batches (200) val batches.
     reference: also train nanoGPT's own loop (transcribed) from the same seed, scored on the same
-    val batches: if the two agree, a gap to the published figure is not our loop's."""
+    val batches: if the two agree, a gap to the published figure is not our loop's. The two are
+    timed side by side, interleaved in chunks of nanoGPT's eval interval (interleaved())."""
     from experiments.bench import nanogpt_reference
     from experiments.training.loop import Trainer
     over = NANOGPT + (TINY_MODEL + ["train.steps=20", "train.eval_batches=2"] if tiny else []) + list(overrides)
     cfg = checked(compose(over))
     threads, why = default_threads(cfg)
-    n_eval = cfg["train"]["eval_batches"]
+    n_eval, steps = cfg["train"]["eval_batches"], cfg["train"]["steps"]
     cfg["train"]["eval_batches"] = 0  # evaluated below, outside the timed loop
     with tempfile.TemporaryDirectory() as tmp:
         tr = Trainer(cfg, Path(tmp), ckpt_path=Path(tmp) / "ckpt.pt")
         task, bs = tr.task, cfg["train"]["batch_size"]
         print(f"shakespeare: {tr.res.params['total']:,} parameters, vocab {task.vocab_size}, "
-              f"{cfg['train']['steps']} steps of {bs}x{task.input_len} chars "
+              f"{steps} steps of {bs}x{task.input_len} chars "
               f"on {tr.device}, corpus {task.path}", flush=True)
-        t0 = time.perf_counter()
-        res = tr.run()
-        sync(tr.device)
-        wall = time.perf_counter() - t0
+
+        def ours(start, end):   # the real loop, resumed in place: its checkpoints written (and timed), never read
+            if tr.res.status != "completed":   # diverged: it stops there, as a run does
+                return
+            tr.step, tr.tc["steps"] = start, end
+            tr.run()
+            tr.ckpt_path.unlink(missing_ok=True)
+        loops = {"ours": ours}
+        if reference:  # at the same threads: nanoGPT's train.py takes torch's default, all cores, as auto does on a quiet machine
+            ref = nanogpt_reference.Loop({"train": task.splits["train"], "val": task.splits["val"]}, task.vocab_size,
+                                         cfg, tr.device, tmp)   # seeded here: the RNG state interleaved() starts from
+            loops["nanoGPT"] = lambda start, end: ref.advance(end - start)
+        wall = interleaved(loops, steps, nanogpt_reference.EVAL_INTERVAL if reference else steps, tr.device)
+    res = tr.res
     val_batches = batch_losses(tr.model, task, bs, "val", range(n_eval), tr.amp)
     train = statistics.fmean(batch_losses(tr.model, task, bs, "train", range(10 ** 7, 10 ** 7 + n_eval), tr.amp))
     sample = task.decode(tr.model.generate(task.encode("\n").to(tr.device)[None], task.input_len - 1)[0].tolist())
@@ -69,23 +105,23 @@ def bench_shakespeare(tiny=False, overrides=(), reference=False) -> dict:
     est20 = [statistics.fmean(val_batches[i:i + 20]) for i in range(0, len(val_batches) - 19, 20)]
     tokens = res.steps_done * bs * task.input_len
     out = {"status": res.status, "steps": res.steps_done, "seed": cfg["seed"], "val_loss": val,
-           "train_loss": train, "eval_batches": n_eval, "wall_s": wall, "tokens_per_s": tokens / wall,
-           "ms_per_iter": 1000 * wall / max(res.steps_done, 1), "threads_ran": threads, "threads_why": why,
+           "train_loss": train, "eval_batches": n_eval, "wall_s": wall["ours"], "tokens_per_s": tokens / wall["ours"],
+           "ms_per_iter": 1000 * wall["ours"] / max(res.steps_done, 1), "threads_ran": threads, "threads_why": why,
            "val_loss_20": {"n": len(est20), "min": min(est20, default=val), "max": max(est20, default=val)}}
     print(f"val loss {val:.4f} (train {train:.4f}) on {n_eval} batches | {res.status} | "
-          f"{wall:.1f}s training, {out['tokens_per_s']:,.0f} tokens/s")
+          f"{wall['ours']:.1f}s training, {out['tokens_per_s']:,.0f} tokens/s")
     if est20:
         print(f"nanoGPT's 20-batch estimate (eval_iters=20) on {len(est20)} disjoint groups of these "
               f"batches: {min(est20):.4f} .. {max(est20):.4f}")
-    if reference:  # at the same threads: nanoGPT's train.py takes torch's default, all cores, as auto does on a quiet machine
-        t0 = time.perf_counter()
-        ref = nanogpt_reference.train(task.splits["train"], task.vocab_size, cfg, tr.device)
-        sync(tr.device)
-        out["reference_ms_per_iter"] = 1000 * (time.perf_counter() - t0) / max(cfg["train"]["steps"], 1)
-        out["reference_val_loss"] = statistics.fmean(batch_losses(ref, task, bs, "val", range(n_eval), nullcontext))
-        print(f"nanoGPT's own loop (experiments/nanogpt_reference.py), seed {cfg['seed']}, same val "
-              f"batches: val loss {out['reference_val_loss']:.4f}; {out['reference_ms_per_iter']:.1f} ms/iter "
-              f"against ours {out['ms_per_iter']:.1f} (ratio {out['ms_per_iter'] / out['reference_ms_per_iter']:.2f})")
+    if reference:
+        out["reference_ms_per_iter"] = 1000 * wall["nanoGPT"] / max(steps, 1)
+        out["reference_val_loss"] = statistics.fmean(batch_losses(ref.model.eval(), task, bs, "val", range(n_eval),
+                                                                  nullcontext))
+        print(f"nanoGPT's own loop (experiments/nanogpt_reference.py, its estimate_loss every "
+              f"{nanogpt_reference.EVAL_INTERVAL} iterations and its checkpoints included), seed {cfg['seed']}, same "
+              f"val batches: val loss {out['reference_val_loss']:.4f}; {out['reference_ms_per_iter']:.1f} ms/iter "
+              f"against ours {out['ms_per_iter']:.1f} (ratio {out['ms_per_iter'] / out['reference_ms_per_iter']:.2f}; "
+              f"interleaved in chunks of {nanogpt_reference.EVAL_INTERVAL})")
     print(f"target (nanoGPT's published CPU figure): val loss <= 1.88: "
           f"{'met' if val <= 1.88 else 'NOT met'}")
     print("greedy sample:", repr(sample[:120]))

@@ -36,10 +36,13 @@ def _shakespeare(runs: list[dict]) -> str:
                  + f" (mean {sum(r['reference_val_loss'] for r in refs) / len(refs):.4f}).")
     timed = [r for r in refs if r.get("reference_ms_per_iter")]
     if timed:  # side by side in one process, at the threads the default chose (threads_ran)
-        text += (" Time per iteration, ours against nanoGPT's loop at the same threads: "
+        both = sum(r["ms_per_iter"] for r in timed) / sum(r["reference_ms_per_iter"] for r in timed)
+        text += (" Time per iteration, ours against nanoGPT's loop at the same threads, the two interleaved in "
+                 "chunks of 250 iterations (its estimate_loss every 250 iterations and its checkpoints included, "
+                 "as its train.py runs and times them): "
                  + ", ".join(f"{r['ms_per_iter']:.1f} / {r['reference_ms_per_iter']:.1f} ms "
                              f"({r['ms_per_iter'] / r['reference_ms_per_iter']:.2f}x, {r.get('threads_ran', '?')} "
-                             f"thread(s))" for r in timed) + ".")
+                             f"thread(s))" for r in timed) + f"; {both:.2f}x over the {len(timed)} seed(s).")
     return text
 
 
