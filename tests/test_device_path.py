@@ -16,11 +16,24 @@ def test_auto_picks_cuda_with_bf16_when_cuda_is_there(monkeypatch):
     assert autocast_dtype("float16", torch.device("cpu")) is torch.float16
 
 
-def test_adamw_is_fused_on_cuda_only():
+def test_adamw_is_fused_on_cuda_and_cpu_and_steps_as_the_unfused_one():
     model = torch.nn.Linear(4, 4)
-    cfg = {"name": "adamw", "lr": 1e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.0}
+    cfg = {"name": "adamw", "lr": 1e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
     assert build_optimizer(cfg, model, torch.device("cuda")).defaults["fused"] is True
-    assert not build_optimizer(cfg, model, torch.device("cpu")).defaults["fused"]
+    assert not build_optimizer(cfg, model, torch.device("mps")).defaults["fused"]
+    fused = build_optimizer(cfg, model, torch.device("cpu"))
+    assert fused.defaults["fused"] is True
+    twin = torch.nn.Linear(4, 4)
+    twin.load_state_dict(model.state_dict())
+    plain = torch.optim.AdamW([{"params": [twin.weight], "weight_decay": 0.1}, {"params": [twin.bias], "weight_decay": 0.0}],
+                              lr=1e-3, betas=(0.9, 0.95), eps=1e-8, foreach=False)   # build_optimizer's groups
+    for _ in range(3):
+        for m, opt in ((model, fused), (twin, plain)):
+            opt.zero_grad()
+            m(torch.ones(2, 4)).square().sum().backward()
+            opt.step()
+    for p, q in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7)
 
 
 def test_a_missing_config_key_is_an_error_naming_it_not_a_default():
