@@ -27,11 +27,12 @@ def pytest_xdist_auto_num_workers(config):
 # The files that take longest start first (xdist gives each worker whole files, in this order:
 # pytest.ini's --no-loadscope-reorder). Ordered by the test count, xdist started the SLURM file
 # 48th of 66 and the submitit one 54th, so their minutes of waiting on jobs ended the run with one
-# core idle. Measured (`pytest --durations=0`, seconds per file in its worker): the SLURM tests 154
-# (waiting on their jobs: first, so that the wait overlaps everything), the README's commands 232,
-# the launchers 94, then 58-63 each; the rest keep xdist's order, most tests first.
-LONGEST_FIRST = ("test_slurm.py", "test_readme_commands.py", "test_launchers.py", "test_reference.py",
-                 "test_findings.py", "test_zoo.py", "test_zoo_libraries.py", "test_report.py")
+# core idle. Measured (`pytest --durations=0`, seconds per file in its worker, 2 workers): the SLURM
+# tests 154 (waiting on their jobs: first, so that the wait overlaps everything), the README's
+# commands 162, the launchers 97, then 52 down to 22; the rest keep xdist's order, most tests first.
+LONGEST_FIRST = ("test_slurm.py", "test_readme_commands.py", "test_launchers.py", "test_reference.py", "test_zoo.py",
+                 "test_report.py", "test_findings.py", "test_zoo_libraries.py", "test_run.py", "test_resume.py",
+                 "test_bad_input.py", "test_notebooks.py")
 
 
 def pytest_collection_modifyitems(config, items):
