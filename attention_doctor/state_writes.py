@@ -63,6 +63,8 @@ def state_write_raised(module: nn.Module, run) -> str | None:
     if other is None or not dst.is_floating_point():
         return None
     ptr = dst.untyped_storage().data_ptr()
+    if not ptr:   # an empty tensor has no storage to share
+        return None
     name = next((n for n, t in _state(module) if t.untyped_storage().data_ptr() == ptr), None)
     if name is None:
         return None
