@@ -204,7 +204,8 @@ def test_interleaving_the_two_loops_trains_each_as_it_trains_alone(tmp_path):
     def ref(tr):
         return nanogpt_reference.Loop({s: tr.task.splits[s] for s in ("train", "val")}, tr.task.vocab_size, cfg,
                                       tr.device, tr.run_dir)
-    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
     alone, chunked = ours(tmp_path / "a"), ours(tmp_path / "b")
     alone.run()
     ref_alone = ref(alone)
