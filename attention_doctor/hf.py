@@ -223,12 +223,17 @@ def declared_windows(cfg) -> tuple[int, list[bool | None]]:
     """(sliding_window, per layer whether it slides: None where the layer is no softmax attention) as
     a config declares them: its layer_types where it has them (sliding_attention / full_attention /
     a kind of NOT_SOFTMAX; another kind, an attention of its own, cannot be told apart from these
-    by its calls: unreachable); else its use_sliding_window switch, from max_window_layers on
+    by its calls: unreachable), or its layers_block_type (older releases: `attention` layers take
+    the window, `recurrent` / `mamba` ones are NOT_SOFTMAX); else its use_sliding_window switch, from max_window_layers on
     (Qwen2's rule); else one window for every layer (Mistral's). Unsupported without a window."""
     w = getattr(cfg, "sliding_window", None)
     if isinstance(w, bool) or not isinstance(w, int) or w <= 0:
         raise Unsupported("declares no sliding window (its config's sliding_window is not set)", "no_window")
     types, n = getattr(cfg, "layer_types", None), getattr(cfg, "num_hidden_layers", None)
+    if types is None:   # older releases' name (RecurrentGemma, Jamba before transformers 5.2x): `attention`
+        old = getattr(cfg, "layers_block_type", None)   # is a softmax attention layer, which the window is for
+        if isinstance(old, (list, tuple)) and old and all(isinstance(t, str) for t in old):
+            types = [SLIDING if t == "attention" else t for t in old]
     if isinstance(types, (list, tuple)) and types and all(isinstance(t, str) for t in types):
         types = types[:n] if isinstance(n, int) else types   # the model builds layer i from types[i], i < n
         other = set(types) - {SLIDING, FULL} - NOT_SOFTMAX

@@ -131,6 +131,9 @@ def cfg(**kw):
     (cfg(sliding_window=8, use_sliding_window=False, max_window_layers=0), (8, [False, False, False])),
     (cfg(sliding_window=8, use_sliding_window=True, max_window_layers=1), (8, [False, True, True])),
     (cfg(sliding_window=8, layer_types=["linear_attention", "sliding_attention", "conv"]), (8, [None, True, None])),
+    # RecurrentGemma before transformers 5.2x: layers_block_type, no layer_types
+    (cfg(sliding_window=8, layer_types=None, layers_block_type=["recurrent", "recurrent", "attention"]),
+     (8, [None, None, True])),
 ])
 def test_declared_windows_from_a_config(config, expected):
     assert declared_windows(config) == expected
