@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -36,9 +37,7 @@ LONGEST_FIRST = ("test_slurm.py", "test_readme_commands.py", "test_launchers.py"
 
 
 def pytest_collection_modifyitems(config, items):
-    per_file: dict[str, int] = {}
-    for item in items:
-        per_file[item.path.name] = per_file.get(item.path.name, 0) + 1
+    per_file = Counter(item.path.name for item in items)
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     # stable: each file's tests keep their order
     items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), -per_file[item.path.name], str(item.path)))

@@ -192,7 +192,7 @@ def test_interleaving_the_two_loops_trains_each_as_it_trains_alone(tmp_path):
     weights it has when trained straight through (ours resumed in place, chunks ending on its
     diagnostic steps; nanoGPT's batches from its own RNG state), or the timing compares other runs."""
     from experiments.bench import nanogpt_reference
-    from experiments.bench.training import NANOGPT, TINY_MODEL, checked, interleaved
+    from experiments.bench.training import NANOGPT, TINY_MODEL, advance, checked, interleaved
     from experiments.config import compose
     from experiments.training.loop import Trainer
     cfg = checked(compose(NANOGPT + TINY_MODEL + ["train.steps=12", "train.diag_every=4", "train.ckpt_every=5"]))
@@ -213,9 +213,7 @@ def test_interleaving_the_two_loops_trains_each_as_it_trains_alone(tmp_path):
     assert chunked.res.rows == []
 
     def step(start, end):
-        chunked.step, chunked.tc["steps"] = start, end
-        chunked.run()
-        chunked.ckpt_path.unlink(missing_ok=True)
+        advance(chunked, start, end)
         torch.rand(7)   # whatever ours draws from the global RNG, nanoGPT's batches do not move
     ref_chunked = ref(chunked)
     wall = interleaved({"ours": step, "nanoGPT": lambda s, e: ref_chunked.advance(e - s)}, 12, 4, chunked.device)

@@ -39,6 +39,14 @@ def sync(device):
 
 
 # -- shakespeare -------------------------------------------------------------------------------
+def advance(tr, start: int, end: int) -> None:
+    """Our real loop run over steps [start, end), resumed in place (its state in memory): the
+    checkpoints it writes are written (and timed), never read back."""
+    tr.step, tr.tc["steps"] = start, end
+    tr.run()
+    tr.ckpt_path.unlink(missing_ok=True)
+
+
 def chunk_ends(steps: int, every: int) -> list[int]:
     """Where the interleaved loops hand over: after iteration k * every (a diagnostic step of ours
     when diag_every divides `every`, so cutting adds none) and at the end."""
@@ -83,12 +91,9 @@ def bench_shakespeare(tiny=False, overrides=(), reference=False) -> dict:
               f"{steps} steps of {bs}x{task.input_len} chars "
               f"on {tr.device}, corpus {task.path}", flush=True)
 
-        def ours(start, end):   # the real loop, resumed in place: its checkpoints written (and timed), never read
-            if tr.res.status != "completed":   # diverged: it stops there, as a run does
-                return
-            tr.step, tr.tc["steps"] = start, end
-            tr.run()
-            tr.ckpt_path.unlink(missing_ok=True)
+        def ours(start, end):
+            if tr.res.status == "completed":   # diverged: it stops there, as a run does
+                advance(tr, start, end)
         loops = {"ours": ours}
         if reference:  # at the same threads: nanoGPT's train.py takes torch's default, all cores, as auto does on a quiet machine
             ref = nanogpt_reference.Loop({"train": task.splits["train"], "val": task.splits["val"]}, task.vocab_size,
@@ -195,11 +200,9 @@ def bench_throughput(tiny=False, rounds=None, chunk=None, overrides=()) -> dict:
     def run(name, start, n):
         if name == "bare":
             bare_chunk(fwd, model, opt, sched, task, start, n, bs, clip, device, ref.amp)
-        else:  # the real loop, resumed in place: steps [start, start + n)
+        else:
             tr = loops[name]
-            tr.step, tr.tc["steps"] = start, start + n
-            tr.run()
-            tr.ckpt_path.unlink(missing_ok=True)  # checkpoints are written (and timed), never resumed
+            advance(tr, start, start + n)
             if tr.res.status != "completed":
                 raise RuntimeError(f"{name}: {tr.res.status} at step {tr.step}")
         sync(device)
