@@ -219,13 +219,15 @@ SLIDING, FULL = "sliding_attention", "full_attention"
 NOT_SOFTMAX = {"linear_attention", "conv", "mamba", "recurrent", "mlp", "moe"}
 
 
-def declared_windows(cfg) -> tuple[int, list[bool | None]]:
+def declared_windows(cfg) -> tuple[int, list[bool | None] | None]:
     """(sliding_window, per layer whether it slides: None where the layer is no softmax attention) as
     a config declares them: its layer_types where it has them (sliding_attention / full_attention /
     a kind of NOT_SOFTMAX; another kind, an attention of its own, cannot be told apart from these
     by its calls: unreachable), or its layers_block_type (older releases: `attention` layers take
     the window, `recurrent` / `mamba` ones are NOT_SOFTMAX); else its use_sliding_window switch, from max_window_layers on
-    (Qwen2's rule); else one window for every layer (Mistral's). Unsupported without a window."""
+    (Qwen2's rule); else None for the layers: a window alone does not say which layers take it
+    (Mistral slides every layer; Gemma2 before layer_types alternates in its code; the check reads
+    the calls). Unsupported without a window."""
     w = getattr(cfg, "sliding_window", None)
     if isinstance(w, bool) or not isinstance(w, int) or w <= 0:
         raise Unsupported("declares no sliding window (its config's sliding_window is not set)", "no_window")
@@ -241,12 +243,12 @@ def declared_windows(cfg) -> tuple[int, list[bool | None]]:
             raise Unreachable(f"layer_types {sorted(other)} beside softmax attention: the doctor cannot tell "
                               "which attention calls are which layer's")
         return w, [None if t in NOT_SOFTMAX else t == SLIDING for t in types]
-    if not isinstance(n, int):
-        raise Unreachable("a sliding_window but no num_hidden_layers: the layers it applies to are unknown")
     if hasattr(cfg, "use_sliding_window"):
+        if not isinstance(n, int):
+            raise Unreachable("use_sliding_window but no num_hidden_layers: the layers it applies to are unknown")
         first = getattr(cfg, "max_window_layers", None)
         return w, [bool(cfg.use_sliding_window) and (not isinstance(first, int) or i >= first) for i in range(n)]
-    return w, [True] * n
+    return w, None
 
 
 # -- the attention paths of one set of weights (path_agreement) ----------------------------------
@@ -262,7 +264,11 @@ def _rebuilt(adapter, impl):
     key = (id(model), impl)
     if key not in cache:
         cfg = copy.deepcopy(model.config)
-        cfg._attn_implementation = impl
+        # a built model's config is marked as checked; unmarked, the release asks of `impl` what it
+        # asks on a user's from_config / from_pretrained (transformers 4.4x: a model without SDPA
+        # refuses it; marked, it builds with a mask meant for SDPA layers it does not have)
+        if getattr(cfg, "_attn_implementation_autoset", False):
+            cfg._attn_implementation_autoset = False
         try:
             new = type(model)._from_config(cfg, attn_implementation=impl)
             new.load_state_dict(model.state_dict())

@@ -104,3 +104,33 @@ def test_weights_asked_for_without_the_causal_mask_fail():
     assert r.outcome is FAIL and r.cause == "paths_differ", r.detail
     by = {x["path"]: x["plain"] for x in r.measurements["against_first"]}
     assert by["sdpa"] < 1e-5 < by[OUTPUT_ATTENTIONS]
+
+
+class NoSdpa(BuiltLM):
+    """As transformers 4.4x builds a model whose class has no SDPA: _from_config asks of the
+    implementation only where the config is not marked as checked (_attn_implementation_autoset, set on
+    every built model's config); unchecked it builds, config saying sdpa, on layers that do not run it."""
+    @classmethod
+    def _from_config(cls, config, attn_implementation=None):
+        config = copy.deepcopy(config)
+        config._attn_implementation = attn_implementation or config._attn_implementation
+        if not getattr(config, "_attn_implementation_autoset", False):
+            if config._attn_implementation == "sdpa":
+                raise ValueError(f"{cls.__name__} does not support an attention implementation through "
+                                 "torch.nn.functional.scaled_dot_product_attention yet")
+            config._attn_implementation_autoset = True
+        return cls(config)
+
+    def __init__(self, config):
+        super().__init__(types.SimpleNamespace(**{**vars(config), "_attn_implementation": "eager"}))
+        self.config = config
+
+
+def test_a_release_that_refuses_sdpa_for_the_model_has_no_such_path():
+    torch.manual_seed(0)
+    cfg = types.SimpleNamespace(vocab_size=32, _attn_implementation="eager", weights_drop_mask=False)
+    m = NoSdpa._from_config(cfg).eval()
+    assert m.config._attn_implementation_autoset
+    assert HFCausalLM(m).paths() == []   # the release's own gate asked, as on a user's from_config
+    r = examine(HFCausalLM(m), checks=["path_agreement"], strict=True)["path_agreement"]
+    assert r.outcome.value == "n/a" and r.cause == "no_paths", r.detail

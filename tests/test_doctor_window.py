@@ -111,6 +111,18 @@ def test_layers_of_no_softmax_attention_between_windows_read_per_call():
     assert [x["far_keys_visible"] > 0 for x in r.measurements["layers"]] == [False, True]
 
 
+def test_a_window_without_its_layers_is_read_from_the_calls():
+    # a window named without the layers that take it (a config with sliding_window alone)
+    r = run([4, 4], (4, None))                  # every layer slides: nothing beyond the windows moves
+    assert r.outcome is PASS and r.measurements["change"] == 0.0, r.detail
+    r = run([4, None], (4, None))               # alternating by design (Gemma2's code before layer_types)
+    assert r.outcome is PASS, r.detail
+    assert [x["far_keys_visible"] > 0 for x in r.measurements["layers"]] == [False, True]
+    r = run([None, None], (4, None))            # the window applied on no layer
+    assert r.outcome is FAIL and r.cause == "window_ignored", r.detail
+    assert r.measured == 2.0
+
+
 def test_no_window_declared_is_na():
     r = run([None], None)
     assert r.outcome is NA and r.cause == "no_window"
@@ -126,7 +138,7 @@ def cfg(**kw):
 
 
 @pytest.mark.parametrize("config, expected", [
-    (cfg(sliding_window=8), (8, [True, True, True])),                               # one window for every layer
+    (cfg(sliding_window=8), (8, None)),                       # a window alone: which layers take it, not said
     (cfg(sliding_window=8, layer_types=["sliding_attention", "full_attention"] * 4), (8, [True, False, True])),
     (cfg(sliding_window=8, use_sliding_window=False, max_window_layers=0), (8, [False, False, False])),
     (cfg(sliding_window=8, use_sliding_window=True, max_window_layers=1), (8, [False, True, True])),

@@ -75,9 +75,12 @@ REGISTRY: tuple[Check, ...] = (
                "every layer, the outputs of the queries beyond every stacked window with the first 4 tokens replaced; "
                "declared per layer, or beside layers of no softmax attention (linear attention, convolutions, "
                "recurrences: they carry a token past any window), each attention call's mask against its layer's "
-               "declaration",
+               "declaration; a window named without the layers that take it (a config's sliding_window alone: "
+               "Mistral slides every layer, Gemma2 before layer_types alternates in its code), the outputs beyond "
+               "every stacked window, then, where they move, each call's mask",
           fails_when="a sliding layer's query reads a key beyond its window (outputs move, or its call leaves the key "
-                     "visible), or a layer declared full (the window switched off) does not",
+                     "visible), or a layer declared full (the window switched off) does not; a window named without "
+                     "its layers that no layer's call applies",
           tolerance="1e-6: a masked key contributes exactly 0; keys up to w + 1 back count as inside (transformers "
                     "has used both conventions); T at most 512",
           applies="targets that declare a sliding window (n/a elsewhere: the declaration is what is checked)",

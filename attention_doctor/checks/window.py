@@ -5,7 +5,10 @@ switched off on every layer): a query's output must not move (sliding) or must m
 when tokens beyond the stacked layers' reach change. Declared per layer (sliding and full layers
 mixed), or beside layers of no softmax attention (a recurrence or a convolution carries a token past
 any window): the perturbation cannot tell the layers apart at the output, so each attention call's
-own mask is read instead (the keys its scores hide)."""
+own mask is read instead (the keys its scores hide). A window named without the layers that take it
+(a config with a window and no per-layer kinds: Mistral slides every layer, Gemma2 before
+transformers' layer_types alternates in its code): outputs beyond every stacked window that do not
+move pass; where they move, the calls' masks must show the window applied on at least one layer."""
 import torch
 
 from attention_doctor.checks.common import EXACT_REL, judged, na, rel, unseen
@@ -18,8 +21,11 @@ MARGIN = 8     # queries beyond the reach, compared
 
 def _declared(ctx):
     """(window, slides per attention layer, whether other layers (no softmax attention: linear
-    attention, convolutions) run between them), from the adapter; Unsupported where none is declared."""
+    attention, convolutions) run between them), from the adapter; slides None where the layers that
+    take the window are not declared; Unsupported where no window is declared."""
     w, layers = ctx.call(ctx.adapter.windows)
+    if layers is None:
+        return int(w), None, False
     return int(w), [bool(s) for s in layers if s is not None], any(s is None for s in layers)
 
 
@@ -30,8 +36,9 @@ def _far(T: int, w: int) -> torch.Tensor:
     return (i[:, None] - i[None, :]) > w
 
 
-def _per_call(ctx, w: int, slides: list[bool]) -> dict:
-    """Each square attention call's mask against its layer's declaration, calls taken in layer order."""
+def _per_call(ctx, w: int, slides: list[bool] | None) -> dict:
+    """Each square attention call's mask against its layer's declaration (None: undeclared, the masks
+    read alone), calls taken in layer order."""
     T = w + 1 + MARGIN
     if T > MAX_T:
         raise NotPerformed(f"window {w}: the check runs at most {MAX_T} tokens (a smaller window, as the zoo's "
@@ -41,12 +48,12 @@ def _per_call(ctx, w: int, slides: list[bool]) -> dict:
               and c.visible.shape[-2] in (1, T)]
     if not square:
         raise unseen("no attention call whose mask the doctor can read (a fused kernel)")
-    if len(square) != len(slides):
+    if slides is not None and len(square) != len(slides):
         raise unseen(f"{len(square)} attention calls seen against {len(slides)} attention layers declared: "
                      "the calls cannot be matched to the layers")
     far = _far(T, w)
     layers = []
-    for n, (c, s) in enumerate(zip(square, slides)):
+    for n, (c, s) in enumerate(zip(square, slides or [None] * len(square))):
         vis = c.visible.expand(*c.visible.shape[:-2], T, T).reshape(-1, T, T).any(0).cpu()
         seen_far = int((vis & far).sum())
         layers.append({"layer": n, "sliding": s, "far_keys_visible": seen_far, "far_keys": int(far.sum())})
@@ -70,13 +77,40 @@ def _perturbed(ctx, w: int, slides: list[bool]) -> dict:
                                                           "the outputs beyond the window")}
 
 
+def _undeclared(ctx, w: int, limit: str):
+    """A window named without the layers that take it: every seen attention call's layer assumed
+    sliding, outputs beyond the stacked windows that do not move pass; where they move, a layer that
+    does not slide may be the target's design, so each call's mask decides: the window applied on no
+    layer fails, on some passes, unreadable masks leave it inconclusive."""
+    said = f"window {w}, the layers that take it not declared"
+    _, calls = ctx.probe(ctx.sample(T=min(w + 1 + MARGIN, MAX_T), k=60))
+    if not calls:
+        raise unseen("no attention call seen: the layers the window would apply to are unknown")
+    p = _perturbed(ctx, w, [True] * len(calls))
+    how = (f"{said}; T={p['T']}: the outputs from query {p['first_query']} on, beyond the windows of "
+           f"{len(calls)} stacked attention layers, move by {p['change']:.3g} with tokens 0..{CHANGED - 1} replaced")
+    if p["change"] <= EXACT_REL:
+        return judged(False, p["change"], limit, how, window=w, T=p["T"], change=p["change"], limit=EXACT_REL)
+    try:
+        c = _per_call(ctx, w, None)
+    except NotPerformed as e:
+        raise NotPerformed(f"{how}; which layers are full by design cannot be told: {e.why}", e.cause) from None
+    windowed = [x["layer"] for x in c["layers"] if not x["far_keys_visible"]]
+    how += ("; per attention call, the keys beyond the window it leaves visible: "
+            + ", ".join(f"layer {x['layer']} {x['far_keys_visible']} of {x['far_keys']}" for x in c["layers"]))
+    return judged(not windowed, float(len(c["layers"]) - len(windowed)), "the window applied on at least one layer",
+                  how, "window_ignored", window=w, T=c["T"], change=p["change"], layers=c["layers"])
+
+
 def sliding_window(ctx):
     w, slides, others = _declared(ctx)   # Unsupported (n/a) where the target declares no window
-    if not slides:
+    if slides is not None and not slides:
         return na("declares a window but no attention layer", "no_window")
     if not ctx.require_causal():
         return na(f"{ctx.description.causal_from}: a sliding window is a causal target's", "not_causal")
     limit = f"<= {EXACT_REL:g} (sliding), > {EXACT_REL:g} (switched off)"
+    if slides is None:
+        return _undeclared(ctx, w, limit)
     said = f"window {w}, {sum(slides)} of {len(slides)} attention layers declared sliding"
     if others:   # a recurrent or convolutional layer carries any token past every window: read each call's mask
         said += " beside layers of no softmax attention"

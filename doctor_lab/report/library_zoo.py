@@ -63,7 +63,7 @@ def _verdicts(ps: list[dict]) -> str:
 def summary(lib: Library, z: dict, fig_dir: Path) -> str:
     ps = zoo.problems(z, lib.spec)
     rows = sum(len(p["rows"]) for p in ps)
-    line = (f"{lib.library} {releases.release_of(z)}: **{z['examined']} of {z['targets']}** {lib.target}s examined "
+    line = (f"{lib.library} {triage.release_of(z)}: **{z['examined']} of {z['targets']}** {lib.target}s examined "
             f"({_per_path(z)}); {zoo.rows_of(rows)} not a pass or n/a ({_verdicts(ps) or 'none'}) from "
             f"**{zoo.count_of(len(ps), 'problem')}**: " + (zoo.kinds_text(ps, "; ") or "none")
             + f"; the run {zoo.cost_text(z.get('cost', {}))}.")
@@ -80,7 +80,7 @@ def render(lib: Library, z: dict, fig_dir: Path) -> str:
     results, impls = z["results"], z["impls"]
     examined = [r for r in results if r["status"] == "examined"]
     out = [f"## {lib.title}\n",
-           f"`{lib.command}` {lib.about} {lib.library} {releases.release_of(z)}, torch {z['torch']}, CPU; each "
+           f"`{lib.command}` {lib.about} {lib.library} {triage.release_of(z)}, torch {z['torch']}, CPU; each "
            f"{lib.target} in a process of its own. **{z['examined']} of {z['targets']}** {lib.target}s were examined "
            f"on at least one path ({', '.join(impls)}). The run as a whole (imports, builds, checks): "
            f"{zoo.cost_text(z.get('cost', {}))}.\n"]

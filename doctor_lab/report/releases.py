@@ -39,13 +39,8 @@ def load_tables(root: Path) -> dict[str, dict]:
         if p.exists():
             z = json.loads(p.read_text())
             if z.get("results"):
-                found[release_of(z)] = z
+                found[triage.release_of(z)] = z
     return dict(sorted(found.items(), key=lambda kv: version_key(kv[0])))
-
-
-def release_of(z: dict) -> str:
-    """The library release a zoo table was made with (the transformers zoo names it `transformers`)."""
-    return z.get("transformers") or z.get("version") or "unknown"
 
 
 def needs_of(z: dict) -> dict[tuple, list[str]]:
@@ -80,7 +75,7 @@ def cells(z: dict, entries: list[dict], spec: triage.Spec = triage.TRANSFORMERS)
             worse(r["arch"], "pass")
             if any(triage.outcome(c) == "inconclusive" for c in r["checks"]):
                 worse(r["arch"], "inconclusive")
-    for p in triage.problems(spec.flags(z["results"]), entries):
+    for p in triage.problems(spec.table_flags(z), entries):
         kind = problem_kind(p, needs)
         for f in p["rows"]:
             worse(f["arch"], kind)
@@ -97,7 +92,7 @@ def over_releases(tables: dict[str, dict], entries: list[dict] | None = None,
     entries = spec.entries() if entries is None else entries
     versions = list(tables)
     probs: dict[str, dict] = {}
-    flagged = {v: spec.flags(z["results"], v) for v, z in tables.items()}
+    flagged = {v: spec.table_flags(z) for v, z in tables.items()}
     examined = {v: {r["arch"] for r in z["results"] if r["status"] == "examined"}
                 | {f["arch"] for f in flagged[v] if f["verdict"] == "error"} for v, z in tables.items()}
     for v, z in tables.items():

@@ -15,7 +15,7 @@ from attention_doctor.result import Row
 
 TRIAGE = Path(__file__).resolve().parents[1] / "zoo" / "triage.yaml"
 KINDS = {"known": "known behaviour", "false_alarm": "doctor false alarm", "finding": "new finding"}
-RULE_KEYS = {"check", "verdict", "impl", "archs", "sides", "cause", "error", "measures", "not_run"}
+RULE_KEYS = {"check", "verdict", "impl", "archs", "sides", "cause", "error", "measures", "not_run", "releases"}
 ENTRY_KEYS = {"id", "kind", "thread", "finding", "note", "match"}
 OUTCOMES = tuple(o.value for o in ALL_OUTCOMES)
 # a target x path the doctor never examined because it raised first (doctor_lab/zoo/worker.py's
@@ -38,8 +38,17 @@ class Spec:
     def flags(self, results: list[dict], release: str = "") -> list[dict]:
         return flags(results, release, self.kinds, self.absent)
 
+    def table_flags(self, z: dict) -> list[dict]:
+        """flags() of a zoo table (zoo.json), each row knowing the table's release."""
+        return self.flags(z["results"], release_of(z))
+
     def is_absent(self, r: dict) -> bool:
         return r["status"] == "build_error" and any(w in r.get("reason", "") for w in self.absent)
+
+
+def release_of(z: dict) -> str:
+    """The library release a zoo table was made with (the transformers zoo names it `transformers`)."""
+    return z.get("transformers") or z.get("version") or "unknown"
 
 
 def outcome(c: dict) -> str:
@@ -167,6 +176,8 @@ def _rule_matches(rule: dict, f: dict) -> bool:
     if "not_run" in rule and not any(fnmatch.fnmatchcase(part, p) for part in (m.get("not_run") or {})
                                      for p in rule["not_run"]):
         return False  # the part this reason says could not run is not the row's
+    if "releases" in rule and not any(fnmatch.fnmatchcase(f.get("release") or "", p) for p in rule["releases"]):
+        return False  # the thread explains the rows of these releases only (fnmatch patterns: "4.*")
     if "sides" in rule:  # the thread explains only these sides: a row failing another is not its
         sides = padding_sides(m) if f["check"] == "padding" else None
         if not sides or not sides <= set(rule["sides"]):

@@ -99,12 +99,14 @@ def use_release(a) -> str | None:
 def confirm(out: Path, archs: list[str], a, shrink: dict, run_key: str, session) -> None:
     """Rerun every fail and warn that the triage does not call a known behaviour (a new finding,
     a doctor false alarm, an untriaged row) under each condition; done ones are not redone."""
+    import transformers
+
     from doctor_lab.report import triage
     from doctor_lab.zoo import runner, table
     from doctor_lab.zoo.confirm import confirm_path, run_confirm
     entries = triage.load()
     wanted: dict[str, dict[str, list[str]]] = {}
-    for f in triage.flags([r for r in table.load(out) if r["arch"] in set(archs)]):
+    for f in triage.flags([r for r in table.load(out) if r["arch"] in set(archs)], transformers.__version__):
         e = triage.assign(f, entries)
         if e is None or e["kind"] != "known":
             wanted.setdefault(f["arch"], {}).setdefault(f["impl"], []).append(f["check"])

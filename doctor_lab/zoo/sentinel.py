@@ -18,7 +18,7 @@ from pathlib import Path
 
 from attention_doctor.result import FAIL, INCONCLUSIVE, NA, PASS, WARN, Row
 from doctor_lab.report import triage
-from doctor_lab.report.releases import load_tables, release_of
+from doctor_lab.report.releases import load_tables
 
 FLAGGED = (FAIL, WARN)
 
@@ -67,14 +67,14 @@ def _examined(z: dict) -> set[str]:
 
 
 def _problems(z: dict, entries: list[dict]) -> set[str]:
-    return {p["key"] for p in triage.problems(triage.TRANSFORMERS.flags(z["results"]), entries)}
+    return {p["key"] for p in triage.problems(triage.TRANSFORMERS.table_flags(z), entries)}
 
 
 def compare(old: dict, new: dict, entries: list[dict] | None = None) -> Delta:
     """The Delta from zoo table `old` to `new` (zoo.json dicts)."""
     entries = triage.load() if entries is None else entries
     a, b = _rows(old), _rows(new)
-    d = Delta(release_of(old), release_of(new))
+    d = Delta(triage.release_of(old), triage.release_of(new))
     for k in sorted(set(a) | set(b)):
         o, n = a.get(k), b.get(k)
         change = Change(*k, o, n)

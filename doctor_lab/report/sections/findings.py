@@ -19,7 +19,7 @@ def found(z: dict | None, spec: triage.Spec) -> dict[str, tuple[int, str]]:
         return {}
     needs = releases.needs_of(z)
     return {p["key"]: (len(p["rows"]), releases.problem_kind(p, needs))
-            for p in triage.problems(spec.flags(z["results"]), spec.entries()) if p["kind"] == "finding"}
+            for p in triage.problems(spec.table_flags(z), spec.entries()) if p["kind"] == "finding"}
 
 
 def blocks(runs, fig_dir: Path) -> dict[str, str]:
@@ -27,7 +27,7 @@ def blocks(runs, fig_dir: Path) -> dict[str, str]:
     for library, results, spec in ZOOS:
         z = zoo.current(Path(fig_dir).parent / results)
         seen = found(z, spec)
-        release = f"{library} {releases.release_of(z)}" if z else library
+        release = f"{library} {triage.release_of(z)}" if z else library
         for e in spec.entries():
             if e["kind"] == "finding":
                 n, kind = seen.get(e["id"], (0, "finding"))

@@ -68,7 +68,7 @@ def problems(z: dict, spec: triage.Spec = triage.TRANSFORMERS) -> list[dict]:
     """The table's problems, each with its kind as the reruns show it (a finding that passed
     under a condition is an artifact of it)."""
     needs = releases.needs_of(z)
-    ps = triage.problems(spec.flags(z["results"]), spec.entries())
+    ps = triage.problems(spec.table_flags(z), spec.entries())
     for p in ps:
         p["shown"] = releases.problem_kind(p, needs)
     return ps
