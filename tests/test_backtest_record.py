@@ -67,6 +67,7 @@ def _one_entry(tmp_path: Path, **change) -> Path:
     ({"condition": ["left_padding", "moon_phase"]}, "moon_phase"),
     ({"repro": None}, "no repro and no reason"),
     ({"threads": ["#123"]}, "owner/repo #N"),
+    ({"config": {"sliding_window": [16, 32]}}, "config maps config keys to plain values"),
 ])
 def test_a_broken_entry_is_refused_with_what_is_wrong(tmp_path, change, says):
     with pytest.raises(rec.RecordError, match=says):

@@ -156,3 +156,40 @@ def test_a_zoo_call_is_skipped_only_when_its_results_are_current(tmp_path, monke
     assert not runner.current(tmp_path, "4.42.0", "gpt2", ["sdpa", "eager"], ["kv_cache"], shrink)
     monkeypatch.setattr(runner, "_doctor_hash", lambda: "doc2")
     assert not runner.current(tmp_path, "4.42.0", "gpt2", ["sdpa"], ["kv_cache"], shrink)
+
+
+def test_an_entry_with_config_values_runs_apart_and_gives_them_to_the_zoo(tmp_path, monkeypatch):
+    """An entry whose regression needs a value the zoo's shrunk config lacks (a window) runs in a dir of
+    its own, its zoo calls carry the values (--init), and its results are keyed by them."""
+    from doctor_lab.backtest import runner
+    from doctor_lab.zoo.shrink import entry_hash, load_table, parse_values, with_init
+    e = ENTRIES["sliding_window_dropped_cache_position"]
+    assert dict(e.config) == {"sliding_window": 16}
+    p = plan.plan(e, CHECKS)
+    assert plan.run_dir(tmp_path, "4.42.0", p.checks, e.config).name == "sliding_window@sliding_window=16"
+    assert plan.run_dir(tmp_path, "4.42.0", p.checks).name == "sliding_window"
+    cmd = runner.zoo_command("4.42.0", tmp_path, tmp_path, "phi3", ["eager"], p.checks, 300, e.config)
+    assert cmd[cmd.index("--init") + 1:] == ["sliding_window=16"]
+    assert parse_values(cmd[cmd.index("--init") + 1:]) == {"sliding_window": 16}
+    shrink = load_table()
+    given = with_init(shrink, ["phi3"], dict(e.config))
+    assert given["archs"]["phi3"]["init"]["sliding_window"] == 16 and "phi3" not in shrink["archs"]
+    assert entry_hash("phi3", given) != entry_hash("phi3", shrink)
+    monkeypatch.setattr(runner, "_doctor_hash", lambda: "doc1")
+    from experiments.io import write_json
+    write_json(tmp_path / "runs" / "phi3__eager.json",
+               {"arch": "phi3", "impl": "eager", "shrink_hash": f"{entry_hash('phi3', given)}-doc1-tf4.42.0-sliding_window"})
+    write_zoo(tmp_path, "4.42.0", {("phi3", "eager"): PASS})
+    assert runner.current(tmp_path, "4.42.0", "phi3", ["eager"], ["sliding_window"], shrink, e.config)
+    assert not runner.current(tmp_path, "4.42.0", "phi3", ["eager"], ["sliding_window"], shrink)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--init", "sliding_window", "--out", "{tmp}"], "give KEY=VALUE"),
+    (["--init", "sliding_window=16"], "--init needs --out"),
+])
+def test_the_zoos_init_refuses_bad_input_in_one_line(tmp_path, args, says):
+    args = [a.replace("{tmp}", str(tmp_path / "zoo")) for a in args]
+    r = subprocess.run([sys.executable, "-m", "doctor_lab.zoo", "--arch", "gpt2", *args], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, r.stderr

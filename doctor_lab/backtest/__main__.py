@@ -42,17 +42,18 @@ def fail(msg: str) -> int:
     return 2
 
 
-def calls(plans: list[plan.Plan], runs: Path) -> dict[Path, list[tuple[str, str, tuple, tuple]]]:
-    """run dir -> its zoo calls (release, arch, impls, checks), one per architecture, impls merged."""
+def calls(plans: list[plan.Plan], runs: Path) -> dict[Path, list[tuple[str, str, tuple, tuple, tuple]]]:
+    """run dir -> its zoo calls (release, arch, impls, checks, config), one per architecture, impls merged."""
     out: dict[Path, dict[str, tuple]] = {}
     for p in plans:
         if not p.checks:
             continue
         for release in p.releases.values():
-            d = plan.run_dir(runs, release, p.checks)
+            d = plan.run_dir(runs, release, p.checks, p.entry.config)
             for arch in p.entry.architectures:
-                have = out.setdefault(d, {}).get(arch, (release, arch, (), p.checks))
-                out[d][arch] = (release, arch, have[2] + tuple(i for i in p.impls if i not in have[2]), p.checks)
+                have = out.setdefault(d, {}).get(arch, (release, arch, (), p.checks, p.entry.config))
+                out[d][arch] = (release, arch, have[2] + tuple(i for i in p.impls if i not in have[2]), p.checks,
+                                p.entry.config)
     return {d: list(by.values()) for d, by in out.items()}
 
 
@@ -69,13 +70,13 @@ def run(plans: list[plan.Plan], a) -> dict:
     shrink = load_table()
 
     def one_dir(d: Path):
-        for release, arch, impls, checks in todo[d]:
+        for release, arch, impls, checks, config in todo[d]:
             if release not in ok:
                 continue
-            if runner.current(d, release, arch, impls, checks, shrink):
+            if runner.current(d, release, arch, impls, checks, shrink, config):
                 kept.append(arch)
                 continue
-            at = runner.run_arch(release, a.pinned, d, arch, impls, checks, a.cpu)
+            at = runner.run_arch(release, a.pinned, d, arch, impls, checks, a.cpu, config)
             done.append(at)
             print(f"[{len(done) + len(kept)}/{n}] transformers {release} {arch} {','.join(impls)} {'+'.join(checks)}: "
                   f"exit {at['rc']} ({at['seconds']:.0f} s) {at['said'][:160]}", flush=True)

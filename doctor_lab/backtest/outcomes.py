@@ -126,7 +126,7 @@ def cells(p: Plan, root: Path) -> list[Cell]:
     """Every release x architecture x implementation x check of the plan, from root/<release>/<checks>/."""
     out = []
     for role, release in p.releases.items():
-        d = run_dir(root, release, p.checks)
+        d = run_dir(root, release, p.checks, p.entry.config)
         results = _results(d)
         for arch in p.entry.architectures:
             why = "" if any((arch, i) in results for i in p.impls) else _no_result(root, release, d, arch)

@@ -45,8 +45,8 @@ def plan(entry: rec.Regression, registered: frozenset[str], nearest: bool = True
     return Plan(entry, NEAREST.get(entry.check, ()) if nearest else (), True)
 
 
-def run_dir(root: Path, release: str, checks: tuple[str, ...]) -> Path:
-    """One zoo output dir per release and set of checks: a result of other checks is stale to the
-    zoo (its run key names them), so entries that share a release but not their checks never redo
-    each other's runs."""
-    return Path(root) / release / "+".join(checks)
+def run_dir(root: Path, release: str, checks: tuple[str, ...], config: tuple = ()) -> Path:
+    """One zoo output dir per release, set of checks and config values: a result of other checks is
+    stale to the zoo (its run key names them), so entries that share a release but not their checks
+    (or the values they give the configs) never redo each other's runs."""
+    return Path(root) / release / ("+".join(checks) + "".join(f"@{k}={v}" for k, v in config))

@@ -58,7 +58,7 @@ PROBES = frozenset({
 })
 FIELDS = ("id", "title", "threads", "introduced", "fixed", "before", "architectures", "implementations",
           "condition", "check", "repro", "verified")
-OPTIONAL = ("no_repro", "history", "note")
+OPTIONAL = ("no_repro", "history", "note", "config")
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,9 @@ class Regression:
     verified: dict = field(default_factory=dict)  # release -> exit code measured
     history: dict = field(default_factory=dict)   # further releases measured while bisecting
     note: str = ""
+    # values the regression needs on the zoo's shrunk configs (a window where the defaults set none),
+    # given at construction (the zoo's --init); sorted (key, value) pairs
+    config: tuple[tuple[str, object], ...] = ()
 
     @property
     def releases(self) -> tuple[str, ...]:
@@ -161,9 +164,13 @@ def parse(raw: dict, checks: frozenset[str], real: frozenset[str]) -> Regression
             raise RecordError(f"{ident}: exit code {code!r} at {r}")
     if not raw["architectures"]:
         raise RecordError(f"{ident}: no architectures")
+    config = raw.get("config") or {}
+    if not isinstance(config, dict) or not all(isinstance(k, str) and (v is None or isinstance(v, (bool, int, float, str)))
+                                                 for k, v in config.items()):
+        raise RecordError(f"{ident}: config maps config keys to plain values: {config!r}")
     return Regression(ident, raw["title"], threads, str(raw["before"]), str(raw["introduced"]), str(raw["fixed"]),
                       tuple(raw["architectures"]), impls, cond, raw["check"], repro, raw.get("no_repro", ""),
-                      verified, history, raw.get("note", ""))
+                      verified, history, raw.get("note", ""), tuple(sorted(config.items())))
 
 
 def registered_checks() -> frozenset[str]:

@@ -44,11 +44,13 @@ def _last_line(text: str) -> str:
     return lines[-1][:300] if lines else ""
 
 
-def zoo_command(release: str, pinned: Path, out: Path, arch: str, impls, checks, cpu_s: int) -> list[str]:
+def zoo_command(release: str, pinned: Path, out: Path, arch: str, impls, checks, cpu_s: int,
+                config: tuple = ()) -> list[str]:
     return [sys.executable, "-m", "doctor_lab.zoo", "--release", release, "--pinned", str(Path(pinned).resolve()),
             "--arch", arch, "--impl", ",".join(impls), "--checks", ",".join(checks),
             "--out", str(Path(out).resolve()), "--no-confirm", "--workers", "1",
-            "--timeout", str(ZOO_TIMEOUT_S), "--cpu", str(cpu_s)]
+            "--timeout", str(ZOO_TIMEOUT_S), "--cpu", str(cpu_s)] + (
+        ["--init", *(f"{k}={json.dumps(v)}" for k, v in config)] if config else [])
 
 
 @functools.cache
@@ -57,14 +59,14 @@ def _doctor_hash() -> str:
     return doctor_hash()
 
 
-def current(out: Path, release: str, arch: str, impls, checks, shrink: dict) -> bool:
+def current(out: Path, release: str, arch: str, impls, checks, shrink: dict, config: tuple = ()) -> bool:
     """Every implementation of `arch` has a result the zoo would keep and zoo.json holds it: the call can
     be skipped (a resumed backtest costs no import per done architecture). The key is the one the zoo
     stamps on a result (doctor_lab/zoo/__main__.py: shrink entry, doctor, release, checks); should the
     zoo's change, no result matches and the zoo is called: a drift costs a call, never a stale row."""
     from doctor_lab.zoo.runner import done
-    from doctor_lab.zoo.shrink import entry_hash
-    key = f"{entry_hash(arch, shrink)}-{_doctor_hash()}-tf{release}-{','.join(checks)}"
+    from doctor_lab.zoo.shrink import entry_hash, with_init
+    key = f"{entry_hash(arch, with_init(shrink, [arch], dict(config)))}-{_doctor_hash()}-tf{release}-{','.join(checks)}"
     try:
         tabled = {(r["arch"], r["impl"]) for r in json.loads((Path(out) / "zoo.json").read_text())["results"]}
     except (OSError, ValueError, KeyError):
@@ -72,10 +74,11 @@ def current(out: Path, release: str, arch: str, impls, checks, shrink: dict) -> 
     return all(done(out, arch, i, key) and (arch, i) in tabled for i in impls)
 
 
-def run_arch(release: str, pinned: Path, out: Path, arch: str, impls, checks, cpu_s: int = 300) -> dict:
+def run_arch(release: str, pinned: Path, out: Path, arch: str, impls, checks, cpu_s: int = 300,
+             config: tuple = ()) -> dict:
     """One zoo call; its attempt record (exit code, its last line, seconds), also written to attempts/."""
     t0 = time.monotonic()
-    cmd = zoo_command(release, pinned, out, arch, impls, checks, cpu_s)
+    cmd = zoo_command(release, pinned, out, arch, impls, checks, cpu_s, config)
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=ZOO_TIMEOUT_S + SLACK_S)
         rc, said = r.returncode, _last_line(r.stderr if r.returncode else r.stdout) or _last_line(r.stderr)

@@ -6,6 +6,7 @@ the attention doctor with each attention implementation; one table per transform
     python -m doctor_lab.zoo --release 5.17.0 --pinned DIR  # another release, installed in DIR/tf-5.17.0
     python -m doctor_lab.zoo --transformers DIR             # the release installed in DIR (pip --target)
     python -m doctor_lab.zoo --checks none                  # build, forward and a cache step only
+    python -m doctor_lab.zoo --arch phi3 --init sliding_window=16 --out DIR   # a condition the default lacks
     python -m doctor_lab.zoo --table                        # rewrite the tables from the results
     python -m doctor_lab.zoo --release 5.25.0 --pinned DIR --against 5.23.0   # and only what changed since 5.23.0
 
@@ -53,6 +54,9 @@ def parse(argv):
     p.add_argument("--cpu", type=int, default=300, help="CPU seconds per architecture (SIGXCPU past it)")
     p.add_argument("--mem-gb", type=float, default=4.0, help="address-space cap per architecture")
     p.add_argument("--checks", default="all", help="doctor checks, comma-separated; 'none': build and forward only")
+    p.add_argument("--init", nargs="+", metavar="KEY=VALUE", default=[],
+                   help="given to every architecture's shrunk config at construction, over its shrink entry "
+                        "(e.g. sliding_window=16); results keyed apart")
     p.add_argument("--no-confirm", action="store_true", help="skip the reruns of new fails and warns under other conditions")
     p.add_argument("--redo", action="store_true", help="rerun results that exist")
     p.add_argument("--table", action="store_true", help="only rewrite zoo.csv, zoo.json (and the table over releases)")
@@ -134,13 +138,15 @@ def main(argv=None):
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     from doctor_lab.zoo import runner, table
-    from doctor_lab.zoo.shrink import entry_hash, load_table
+    from doctor_lab.zoo.shrink import entry_hash, load_table, parse_values, with_init
     out = a.out or (ROOT / "releases" / version if version else ROOT)
     every = list(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
     archs = [x for s in a.arch for x in s.split(",") if x] if a.arch else every
     unknown = [x for x in archs if x not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES]
     if unknown:
         fail(f"not in transformers {transformers.__version__}'s MODEL_FOR_CAUSAL_LM_MAPPING_NAMES: {', '.join(unknown)}")
+    if a.init and not a.out:
+        fail("--init needs --out: the release's own table holds the shrink table's configs only")
     impls = [i for i in a.impl.split(",") if i]
     if not impls or any(not i.replace("_", "").isalnum() for i in impls):
         fail(f"--impl {a.impl!r}: give names like eager,sdpa")
@@ -151,7 +157,7 @@ def main(argv=None):
         if bad:
             fail(f"unknown check(s) {', '.join(bad)}; known: {', '.join(ORDER)}")
     try:
-        shrink = load_table()
+        shrink = with_init(load_table(), archs, parse_values(a.init))
     except (OSError, ValueError) as e:
         fail(str(e))
     # one table, one doctor, one release: a result of another is stale

@@ -27,6 +27,32 @@ def load_table(path=TABLE) -> dict:
     return t
 
 
+def with_init(table: dict, archs, values: dict) -> dict:
+    """The table with `values` given to each of `archs`' configs at construction, over its own entry
+    (a condition a caller needs, e.g. a window where the default sets none: the backtest's record);
+    their results are keyed apart (entry_hash)."""
+    if not values:
+        return table
+    out = {**table, "archs": dict(table["archs"])}
+    for a in archs:
+        e = dict(out["archs"].get(a) or {"why": "values given by the caller"})
+        e["init"] = {**(e.get("init") or {}), **values}
+        out["archs"][a] = e
+    return out
+
+
+def parse_values(pairs) -> dict:
+    """KEY=VALUE strings -> {KEY: VALUE}, each value read as YAML (16, true, null, a string);
+    ValueError (one line) for a pair without '='."""
+    out = {}
+    for p in pairs or ():
+        k, eq, v = p.partition("=")
+        if not eq or not k.strip():
+            raise ValueError(f"{p!r}: give KEY=VALUE (e.g. sliding_window=16)")
+        out[k.strip()] = yaml.safe_load(v)
+    return out
+
+
 def entry_hash(arch: str, table: dict) -> str:
     """Changes when the shrink that builds `arch` changes: its result is then stale."""
     blob = json.dumps([table["generic"], table["archs"].get(arch)], sort_keys=True)
