@@ -95,12 +95,13 @@ class Adapter:
         raise Unsupported("no switch between attention paths", "no_paths")
         yield
 
-    def windows(self) -> tuple[int, list[bool | None] | None]:
+    def windows(self) -> tuple[int, list[bool | str | None] | None]:
         """The sliding window the target declares: (its size in keys, per layer in the order they
         run whether that layer slides: True, False for full attention, None for a layer that is no
-        softmax attention: linear attention, a convolution; or None for all of them: a window the
-        target names without saying which layers take it, read from the calls). A target that
-        declares none: Unsupported."""
+        softmax attention: linear attention, a convolution; a string naming an attention kind of the
+        target's own, whose calls are counted but whose window is not judged; or None for all of
+        them: a window the target names without saying which layers take it, read from the calls).
+        A target that declares none: Unsupported."""
         raise Unsupported("declares no sliding window (an Adapter's windows() declares one)", "no_window")
 
     @contextmanager

@@ -222,8 +222,8 @@ NOT_SOFTMAX = {"linear_attention", "conv", "mamba", "recurrent", "mlp", "moe"}
 def declared_windows(cfg) -> tuple[int, list[bool | None] | None]:
     """(sliding_window, per layer whether it slides: None where the layer is no softmax attention) as
     a config declares them: its layer_types where it has them (sliding_attention / full_attention /
-    a kind of NOT_SOFTMAX; another kind, an attention of its own, cannot be told apart from these
-    by its calls: unreachable), or its layers_block_type (older releases: `attention` layers take
+    a kind of NOT_SOFTMAX; another kind, an attention of its own, stays its name: its calls are
+    counted, its window not judged), or its layers_block_type (older releases: `attention` layers take
     the window, `recurrent` / `mamba` ones are NOT_SOFTMAX); else its use_sliding_window switch, from max_window_layers on
     (Qwen2's rule); else None for the layers: a window alone does not say which layers take it
     (Mistral slides every layer; Gemma2 before layer_types alternates in its code; the check reads
@@ -238,11 +238,7 @@ def declared_windows(cfg) -> tuple[int, list[bool | None] | None]:
             types = [SLIDING if t == "attention" else t for t in old]
     if isinstance(types, (list, tuple)) and types and all(isinstance(t, str) for t in types):
         types = types[:n] if isinstance(n, int) else types   # the model builds layer i from types[i], i < n
-        other = set(types) - {SLIDING, FULL} - NOT_SOFTMAX
-        if other:
-            raise Unreachable(f"layer_types {sorted(other)} beside softmax attention: the doctor cannot tell "
-                              "which attention calls are which layer's")
-        return w, [None if t in NOT_SOFTMAX else t == SLIDING for t in types]
+        return w, [None if t in NOT_SOFTMAX else t == SLIDING if t in (SLIDING, FULL) else t for t in types]
     if hasattr(cfg, "use_sliding_window"):
         if not isinstance(n, int):
             raise Unreachable("use_sliding_window but no num_hidden_layers: the layers it applies to are unknown")

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from attention_doctor import Adapter, examine
 from attention_doctor.hf import declared_windows
 from attention_doctor.result import FAIL, NA, PASS
-from attention_doctor.signals import Unreachable, Unsupported
+from attention_doctor.signals import Unsupported
 
 SCAN = "scan"
 
@@ -151,9 +151,15 @@ def test_declared_windows_from_a_config(config, expected):
     assert declared_windows(config) == expected
 
 
-def test_an_attention_kind_of_its_own_beside_softmax_is_unreachable():
-    with pytest.raises(Unreachable):
-        declared_windows(cfg(sliding_window=8, layer_types=["indexed_attention", "sliding_attention", "full_attention"]))
+def test_an_attention_kind_of_its_own_is_named_and_counted_not_judged():
+    assert declared_windows(cfg(sliding_window=8, layer_types=["indexed_attention", "sliding_attention", "full_attention"])) \
+        == (8, ["indexed_attention", True, False])
+    r = run([None, 4, None], (4, ["indexed_attention", True, False]))   # the kind's own layer: not judged
+    assert r.outcome is PASS and "kinds of its own: indexed_attention" in r.detail, r.detail
+    r = run([None, None, None], (4, ["indexed_attention", True, False]))   # the sliding layer lost its window
+    assert r.outcome is FAIL and r.cause == "window_ignored", r.detail
+    r = run([None, 4], (4, ["indexed_attention", "indexed_attention"]))   # nothing declared to judge
+    assert r.outcome.value == "inconclusive" and r.cause == "unreachable", r.detail
 
 
 def test_no_window_in_the_config_is_unsupported():

@@ -399,3 +399,11 @@ def test_a_rerun_that_changes_no_verdict_rewrites_nothing(tmp_path):
     rows = {r["arch"]: r for r in csv.DictReader(open(tmp_path / "zoo.csv"))}
     assert rows["gpt2"]["verdict"] == "fail" and rows["gpt2"]["measured"] == "0.5"
     assert rows["llama"]["measured"] == "1e-08"   # unchanged verdict: the committed number, not the rerun's 2e-08
+    # a clone has the table, not the runs: a rerun of one architecture keeps the others' committed rows
+    import shutil
+    shutil.rmtree(tmp_path / "runs")
+    runs(result("gpt2", 1e-09))
+    table.write(tmp_path, ["gpt2", "llama"])
+    rows = {r["arch"]: r for r in csv.DictReader(open(tmp_path / "zoo.csv"))}
+    assert rows["gpt2"]["verdict"] == "pass" and rows["llama"]["measured"] == "1e-08"
+    assert json.loads((tmp_path / "zoo.json").read_text())["examined"] == 2

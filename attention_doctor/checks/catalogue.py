@@ -75,7 +75,8 @@ REGISTRY: tuple[Check, ...] = (
                "every layer, the outputs of the queries beyond every stacked window with the first 4 tokens replaced; "
                "declared per layer, or beside layers of no softmax attention (linear attention, convolutions, "
                "recurrences: they carry a token past any window), each attention call's mask against its layer's "
-               "declaration; a window named without the layers that take it (a config's sliding_window alone: "
+               "declaration (a layer of an attention kind of the target's own is matched to its call, not judged); "
+               "a window named without the layers that take it (a config's sliding_window alone: "
                "Mistral slides every layer, Gemma2 before layer_types alternates in its code), the outputs beyond "
                "every stacked window, then, where they move, each call's mask",
           fails_when="a sliding layer's query reads a key beyond its window (outputs move, or its call leaves the key "

@@ -12,7 +12,7 @@ move pass; where they move, the calls' masks must show the window applied on at 
 import torch
 
 from attention_doctor.checks.common import EXACT_REL, judged, na, rel, unseen
-from attention_doctor.signals import NotPerformed
+from attention_doctor.signals import NotPerformed, Unreachable
 
 MAX_T = 512    # the longest sequence the check runs (a window the stacked layers reach beyond: inconclusive)
 CHANGED = 4    # tokens 0..CHANGED-1 are replaced
@@ -26,7 +26,8 @@ def _declared(ctx):
     w, layers = ctx.call(ctx.adapter.windows)
     if layers is None:
         return int(w), None, False
-    return int(w), [bool(s) for s in layers if s is not None], any(s is None for s in layers)
+    return (int(w), [s if isinstance(s, str) else bool(s) for s in layers if s is not None],
+            any(s is None for s in layers))
 
 
 def _far(T: int, w: int) -> torch.Tensor:
@@ -36,7 +37,7 @@ def _far(T: int, w: int) -> torch.Tensor:
     return (i[:, None] - i[None, :]) > w
 
 
-def _per_call(ctx, w: int, slides: list[bool] | None) -> dict:
+def _per_call(ctx, w: int, slides: list[bool | str] | None) -> dict:
     """Each square attention call's mask against its layer's declaration (None: undeclared, the masks
     read alone), calls taken in layer order."""
     T = w + 1 + MARGIN
@@ -106,15 +107,22 @@ def sliding_window(ctx):
     w, slides, others = _declared(ctx)   # Unsupported (n/a) where the target declares no window
     if slides is not None and not slides:
         return na("declares a window but no attention layer", "no_window")
+    kinds = sorted({s for s in slides or () if isinstance(s, str)})   # attention kinds of the target's own
+    if slides is not None and all(isinstance(s, str) for s in slides):
+        raise Unreachable(f"only attention layers of kinds of its own ({', '.join(kinds)}): what the window "
+                          "does there is not declared")
     if not ctx.require_causal():
         return na(f"{ctx.description.causal_from}: a sliding window is a causal target's", "not_causal")
     limit = f"<= {EXACT_REL:g} (sliding), > {EXACT_REL:g} (switched off)"
     if slides is None:
         return _undeclared(ctx, w, limit)
-    said = f"window {w}, {sum(slides)} of {len(slides)} attention layers declared sliding"
+    judged_layers = [s for s in slides if not isinstance(s, str)]
+    said = f"window {w}, {sum(judged_layers)} of {len(judged_layers)} attention layers declared sliding"
+    if kinds:   # matched to their calls by order, not judged
+        said += f" (beside {len(slides) - len(judged_layers)} of kinds of its own: {', '.join(kinds)})"
     if others:   # a recurrent or convolutional layer carries any token past every window: read each call's mask
         said += " beside layers of no softmax attention"
-    if (all(slides) or not any(slides)) and not others:
+    if not kinds and (all(slides) or not any(slides)) and not others:
         p = _perturbed(ctx, w, slides)
         moved = p["change"] > EXACT_REL
         sliding = all(slides)
@@ -124,10 +132,11 @@ def sliding_window(ctx):
         return judged(bad, p["change"], limit, how, "window_ignored" if sliding else "window_applied",
                       window=w, sliding_layers=slides, T=p["T"], change=p["change"], limit=EXACT_REL)
     c = _per_call(ctx, w, slides)
-    ignored = [x["layer"] for x in c["layers"] if x["sliding"] and x["far_keys_visible"]]
-    applied = [x["layer"] for x in c["layers"] if not x["sliding"] and x["far_keys_visible"] < x["far_keys"]]
+    ignored = [x["layer"] for x in c["layers"] if x["sliding"] is True and x["far_keys_visible"]]
+    applied = [x["layer"] for x in c["layers"] if x["sliding"] is False and x["far_keys_visible"] < x["far_keys"]]
+    name = {True: "sliding", False: "full"}
     how = (f"{said}; T={c['T']}, per attention call, the keys beyond the window it leaves visible: "
-           + ", ".join(f"layer {x['layer']} ({'sliding' if x['sliding'] else 'full'}) {x['far_keys_visible']} "
+           + ", ".join(f"layer {x['layer']} ({name.get(x['sliding'], x['sliding'])}) {x['far_keys_visible']} "
                        f"of {x['far_keys']}" for x in c["layers"]))
     cause = "window_ignored" if ignored else "window_applied"
     return judged(bool(ignored or applied), float(len(ignored) + len(applied)), "0 layers against their declaration",

@@ -104,12 +104,13 @@ def _verdicts(r: dict) -> tuple:
                                tuple(sorted(c.get("measurements") or ()))) for c in r.get("checks", ()))
 
 
-def committed(out: Path, results: list[dict], versions: dict) -> tuple[list[dict] | None, dict | None]:
+def committed(out: Path, results: list[dict], versions: dict, wanted=()) -> tuple[list[dict] | None, dict | None]:
     """The results to write, each (arch, impl) whose status and every check's verdict and cause are
     as the table already there holds them taken as it holds them (a rerun's noise-level numbers,
     9.03e-08 -> 1.81e-07, rewrite nothing: a clone stays clean), with the table's summary; (None,
-    the summary) where nothing changed at all: the files are left as they are. Other `versions`
-    (torch, the library's release) than the table's: every result is new."""
+    the summary) where nothing changed at all: the files are left as they are. An architecture of
+    `wanted` with no result here keeps the table's rows. Other `versions` (torch, the library's
+    release) than the table's: every result is new."""
     p = Path(out) / "zoo.json"
     try:
         old = json.loads(p.read_text()) if p.exists() else None
@@ -118,6 +119,11 @@ def committed(out: Path, results: list[dict], versions: dict) -> tuple[list[dict
     if not old or not isinstance(old.get("results"), list) or any(old.get(k) != v for k, v in versions.items()):
         return results, None
     before = {(r["arch"], r["impl"]): r for r in old["results"]}
+    # an architecture with no result file here (a clone holds the committed table, not the runs; a rerun
+    # of a few with --arch) keeps its committed rows: the table is never cut to what this machine ran
+    ran = {r["arch"] for r in results}
+    results = sorted(results + [r for r in old["results"] if r["arch"] in wanted and r["arch"] not in ran],
+                     key=lambda r: (r["arch"], r["impl"]))
     kept = [before[k] if k in before and _verdicts(before[k]) == _verdicts(r) else r
             for k, r in (((r["arch"], r["impl"]), r) for r in results)]
     unchanged = len(before) == len(results) and all(a is b for a, b in zip(
@@ -139,10 +145,14 @@ def write(out: Path, archs: list[str], key: str = "") -> dict:
         return json.loads((Path(out) / "zoo.json").read_text()) if (Path(out) / "zoo.json").exists() else {
             "archs": len(archs), "examined": 0}
     versions = {"transformers": transformers.__version__, "torch": torch.__version__, "with": _beside()}
-    results, old = committed(out, results, versions)
+    here = {r["arch"] for r in results}
+    results, old = committed(out, results, versions, wanted)
     if results is None:
         return old
     reran = reruns(results, [r for r in load(out, "confirm") if r["arch"] in wanted])
+    if old:   # the committed reruns of the architectures kept from the table (none ran here)
+        reran = sorted(reran + [e for e in old.get("confirm", []) if e["arch"] in wanted - here],
+                       key=lambda e: (e["arch"], e["impl"], e["check"]))
     rows = flat(results, reran)
 
     def w(f):
