@@ -219,7 +219,7 @@ SLIDING, FULL = "sliding_attention", "full_attention"
 NOT_SOFTMAX = {"linear_attention", "conv", "mamba", "recurrent", "mlp", "moe"}
 
 
-def declared_windows(cfg) -> tuple[int, list[bool | None] | None]:
+def declared_windows(cfg) -> tuple[int, list[bool | str | None] | None]:
     """(sliding_window, per layer whether it slides: None where the layer is no softmax attention) as
     a config declares them: its layer_types where it has them (sliding_attention / full_attention /
     a kind of NOT_SOFTMAX; another kind, an attention of its own, stays its name: its calls are
