@@ -407,3 +407,29 @@ def test_a_rerun_that_changes_no_verdict_rewrites_nothing(tmp_path):
     rows = {r["arch"]: r for r in csv.DictReader(open(tmp_path / "zoo.csv"))}
     assert rows["gpt2"]["verdict"] == "pass" and rows["llama"]["measured"] == "1e-08"
     assert json.loads((tmp_path / "zoo.json").read_text())["examined"] == 2
+
+
+def test_a_library_zoo_rerun_of_one_target_keeps_the_others_committed_rows(tmp_path):
+    """x-transformers' and diffusers' zoos write through library.write: on a clone (the table, no runs)
+    `--target A --redo` rewrites A's rows and keeps every other target's, as the transformers zoo does."""
+    from doctor_lab.zoo import library
+
+    def result(arch, verdict):
+        return {"arch": arch, "impl": "self", "status": "examined",
+                "checks": [{"name": "padding", "verdict": verdict, "cause": "" if verdict == "pass" else "left_padding",
+                            "measured": 0.0 if verdict == "pass" else 0.5, "tolerance": "<= 1e-05", "detail": ""}]}
+
+    def runs(*results):
+        (tmp_path / "runs").mkdir(exist_ok=True)
+        for r in results:
+            (tmp_path / "runs" / f"{r['arch']}__self.json").write_text(json.dumps(r))
+
+    meta = {"library": "lib", "version": "1.0"}
+    runs(result("A", "pass"), result("B", "pass"))
+    library.write(tmp_path, ["A", "B"], meta)
+    import shutil
+    shutil.rmtree(tmp_path / "runs")
+    runs(result("A", "fail"))
+    library.write(tmp_path, ["A", "B"], meta)
+    rows = {r["target"]: r["verdict"] for r in csv.DictReader(open(tmp_path / "zoo.csv"))}
+    assert rows == {"A": "fail", "B": "pass"}

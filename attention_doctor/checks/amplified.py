@@ -14,11 +14,10 @@ from attention_doctor.checks.common import (
     finite_max_abs,
     judged,
     rel,
-    unseen,
     visible_scores,
 )
 from attention_doctor.layouts import scaled_sites
-from attention_doctor.signals import NotPerformed
+from attention_doctor.signals import NotPerformed, Signal
 
 
 class Amplifier:
@@ -112,14 +111,15 @@ def amplifier(ctx):
     matmuls = frozenset(c.extra["qk_matmul"] for c in calls if c.module in unsited and "qk_matmul" in c.extra)
     in_call |= {m for m, _ in matmuls}
     if not calls:
-        ctx.cache["amp"] = unseen("needs to see the scores (no softmax or SDPA call seen)")
+        ctx.cache["amp"] = ctx.unseen("needs to see the scores (no softmax or SDPA call seen)")
         return ctx.cache["amp"]
     if m0 == 0.0:   # no factor moves a zero: a scale initialised to 0 (ZAYA's key temperature)
         ctx.cache["amp"] = NotPerformed("every visible score is 0 at init (a scale initialised to zero): no factor "
                                         "on q and k moves them", "scores_zero")
         return ctx.cache["amp"]
     if not at and not in_call:
-        ctx.cache["amp"] = unseen("needs q and k (no known q/k layout, no SDPA call, no q k^T before a softmax)")
+        ctx.cache["amp"] = NotPerformed("needs q and k (no known q/k layout, no SDPA call, no q k^T before a "
+                                        "softmax)", "scores_unseen")
         return ctx.cache["amp"]
     tries = [(at, in_call, matmuls, False)]
     every = frozenset(c.extra["qk_matmul"] for c in calls if "qk_matmul" in c.extra)
@@ -204,8 +204,8 @@ def _hull(out, v, vis, live):
 def amplified_logits(ctx):
     ctx.require_repeatable()
     amp = amplifier(ctx)
-    if isinstance(amp, NotPerformed):
-        raise NotPerformed(amp.why, amp.cause)
+    if isinstance(amp, Signal):
+        raise type(amp)(amp.why, amp.cause)
     x = ctx.sample(k=30)
     _, init_calls = ctx.probe(x)
     y, calls = amp.probe(ctx, x)

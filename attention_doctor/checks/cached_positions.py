@@ -18,7 +18,6 @@ from attention_doctor.checks.common import (
     held_in_part,
     inconclusive,
     judged,
-    unseen,
 )
 from attention_doctor.checks.scale import unit_qk
 from attention_doctor.signals import NotPerformed, TargetRaised, Unsupported
@@ -97,8 +96,8 @@ def long_positions_through_cache(ctx, a, x):
         return inconclusive(f"the target raised on positions {LONG_OFFSET}.. ({e.error})", "unreachable",
                             through_cache=True, error=e.error)
     if not s0 or not s1:
-        raise unseen("positions move its KV cache: the check compares the attention scores, and no call's scores "
-                     "were seen")
+        raise ctx.unseen("positions move its KV cache: the check compares the attention scores, and no call's "
+                         "scores were seen")
     # keys a new query sees that changed with the shift (a read of another length: all its entries)
     moved = sum(int((va != vb).sum()) if va.shape == vb.shape else max(va.numel(), vb.numel())
                 for (_, va), (_, vb) in zip(s1, s0))

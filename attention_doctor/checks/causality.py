@@ -14,7 +14,6 @@ from attention_doctor.checks.common import (
     na,
     rel,
     row,
-    unseen,
 )
 from attention_doctor.result import FAIL, PASS
 from attention_doctor.signals import Signal, TargetRaised, doctor_hook
@@ -346,7 +345,7 @@ def self_visibility(ctx):
         if ok.any():
             smallest = min(smallest, float(own_w[ok].min()))
     if not n:
-        raise unseen("needs the attention weights (no softmax or SDPA call seen)")
+        raise ctx.unseen("needs the attention weights (no softmax or SDPA call seen)")
     smallest = None if smallest == math.inf else smallest
     r = judged(hidden > 0, hidden, "== 0 queries with their own key masked",
                f"{hidden} of {rows} queries (that see some key) over {n} attention call(s) have their own key "

@@ -7,12 +7,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from attention_doctor import measured
+from attention_doctor import measured, mixing
 from attention_doctor.adapters import Adapter, call, forget_history
 from attention_doctor.layouts import attention_modules, measured_sites
 from attention_doctor.probes import Probe
 from attention_doctor.result import FAIL, INCONCLUSIVE, NA, PASS, Row
-from attention_doctor.signals import DoctorBug, NotPerformed
+from attention_doctor.signals import DoctorBug, NotPerformed, Signal, TargetRaised, Unsupported
 
 # float32 tolerances, relative to the largest |output| of the reference (see docs/doctor.md)
 EXACT_REL = 1e-6       # same computation, other tokens changed: masked keys contribute exactly 0
@@ -221,6 +221,27 @@ class Context:
             raise DoctorBug(p.errors[0], "the probe") from p.errors[0]
         return out.detach(), p.calls
 
+    def mixing(self) -> mixing.Mixing:
+        """What a plain forward dispatches (mixing.py: attention weights anywhere, or an op the
+        doctor cannot look into), computed once. A forward that raises under the watch rules
+        nothing out."""
+        if "mixing" not in self.cache:
+            x = self.sample(T=mixing.LENGTH, k=50)
+            try:
+                self.cache["mixing"] = mixing.watched(lambda: self.run(x), mixing.LENGTH)
+            except (Exception, TargetRaised) as e:  # noqa: BLE001 -- the watch could not run: attention not ruled out (the check stays inconclusive)
+                self.cache["mixing"] = mixing.Mixing("", f"the forward under the watch ({type(e).__name__})", 0)
+        return self.cache["mixing"]
+
+    def unseen(self, why: str, cause: str = "scores_unseen") -> Signal:
+        """What a check that needs an attention call says where the probe saw none (raise it):
+        n/a where the forward has no attention weights at all (a state-space or recurrent mixer:
+        the check's interface does not exist), else inconclusive, `why`."""
+        m = self.mixing()
+        if m.none:
+            return Unsupported(f"no attention weights in its forward ({m.said()})", "no_attention")
+        return NotPerformed(why, cause)
+
     # -- the description, decided before the checks --------------------------------------------
     def require_repeatable(self):
         """A check that compares outputs needs them repeatable: NotPerformed (not_repeatable) if not."""
@@ -271,11 +292,6 @@ def inconclusive(why, cause, measured=None, tolerance="", detail="", **measureme
     """`inconclusive: why`: the check applies, or may apply, but the doctor could not perform it.
     Never a pass: exit code 3, and assert_healthy raises."""
     return Row("", INCONCLUSIVE, why, cause, _number(measured), tolerance, measurements, detail=detail)
-
-
-def unseen(why) -> NotPerformed:
-    """The doctor saw no attention call where the check needs one (raise it)."""
-    return NotPerformed(why, "scores_unseen")
 
 
 def held_in_part(r: Row, not_run: dict) -> Row:

@@ -4,8 +4,8 @@ import math
 
 import torch
 
-from attention_doctor.checks.common import AGREE_REL, held_in_part, judged, na, rel, row, unseen
-from attention_doctor.result import FAIL
+from attention_doctor.checks.common import AGREE_REL, held_in_part, judged, na, rel, row
+from attention_doctor.result import FAIL, NA
 from attention_doctor.signals import TargetRaised, Unreachable, Unsupported
 
 
@@ -84,8 +84,14 @@ def path_agreement(ctx):
     cause = cause or ("paths_differ" if split else "")
     detail = "; ".join(parts) + " (padded batch: real tokens only)"
     bad = worst > AGREE_REL or split
+    na_parts = {}
     if not bad and not compared:   # the paths agree; against the textbook, nothing was seen
-        raise unseen("the paths agree, but no attention call of theirs was seen to compare against the textbook")
-    r = judged(bad, worst, f"<= {AGREE_REL:g}", detail, cause, limit=AGREE_REL, paths=textbook, against_first=against)
+        unseen = ctx.unseen("the paths agree, but no attention call of theirs was seen to compare against the textbook")
+        if unseen.outcome is not NA:
+            raise unseen
+        na_parts = {"not_applicable": ["textbook"]}   # no attention weights at all: the paths' agreement is the check
+        detail += f"; against the textbook: n/a, {unseen.why}"
+    r = judged(bad, worst, f"<= {AGREE_REL:g}", detail, cause, limit=AGREE_REL, paths=textbook, against_first=against,
+               **na_parts)
     return held_in_part(r, {"the padded batch": "; ".join(f"{p}: {w}" for p, w in padded_why.items())}
                         if padded_why else {})

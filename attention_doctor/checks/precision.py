@@ -21,6 +21,7 @@ from attention_doctor.checks.common import (
     rel,
 )
 from attention_doctor.checks.scale import unit_qk
+from attention_doctor.result import NA
 from attention_doctor.signals import NotPerformed, Signal, TargetRaised, Unreachable, Unsupported, said
 from attention_doctor.state_writes import state_write_raised
 
@@ -56,9 +57,9 @@ def _levels(amp):
     """(label, the score aimed at (None: at init), amplifier or None) in rising order: at init, scores
     ~1e3 (finfo(float16).min + a score below -16 overflows to -inf), ~3e4 (an unscaled q k^T passes
     65504 in float16); for capped scores, at init and at the most the target's scores reach."""
-    if not isinstance(amp, NotPerformed) and amp.capped:
+    if not isinstance(amp, Signal) and amp.capped:
         return [("", None, None), (f" at its capped scores ~{amp.reached:.3g}", amp.reached, amp)]
-    return [("", None, None)] + ([] if isinstance(amp, NotPerformed) else
+    return [("", None, None)] + ([] if isinstance(amp, Signal) else
                                  [(" at scores ~1e3", AMP_MODERATE, amp.scaled_to(AMP_MODERATE)),
                                   (" at scores ~3e4", AMP_TARGET, amp)])
 
@@ -222,7 +223,7 @@ def _size(ctx, amp, lp, auto, dt, first) -> tuple[str, str, dict]:
         _, calls = _run(ctx, a, lp, auto, xx, m, calls=True)
         _, calls32 = _run(ctx, a, ctx.adapter, None, xx, m, calls=True)
         cause, why = _cause(calls, calls32, dt)
-        if isinstance(amp, NotPerformed):
+        if isinstance(amp, Signal):
             return cause, why + f"; sizes not measured ({amp.why})", sizes
         init = ctx.probe(xx, m)[1]
         ref_calls = amp.probe(ctx, xx, m)[1]
@@ -308,20 +309,24 @@ def low_precision(ctx):
                 cause = cause or "error_ratio"
         parts.append(f"{_name(dt)} attention error / reference attention's, worst of {len(errs)} call(s): "
                      + (f"{ratio:.3g}" if ratio is not None else "n/a (q, k, v of the calls not seen)"))
-    missing = {}   # part -> what it needed, in words
-    if isinstance(amp, NotPerformed):
+    missing, na_parts = {}, []   # part -> what it needed, in words; the parts that do not apply by nature
+    if isinstance(amp, Signal) and amp.outcome is NA:   # no attention weights at all: no scores, no calls
+        na_parts = ["amplified_scores"] + (["error_ratio"] if all(r is None for r in ratios.values()) else [])
+        parts.append(f"amplified scores and the error ratio: n/a, {amp.why}")
+    elif isinstance(amp, Signal):
         missing["amplified_scores"] = f"amplified q.k ({amp.why})"
-    if all(r is None for r in ratios.values()):
+    if all(r is None for r in ratios.values()) and "error_ratio" not in na_parts:
         missing["error_ratio"] = "q, k, v of the calls for the error ratio"
     if uncompared:
         missing["error_ratio_references"] = (f"float64 references that are finite for the error ratio ({uncompared} "
                                              "call(s) not compared)")
     missing.update({part: f"{part} ({why})" for part, why in not_run.items()})
     tol = f"finite; error <= {LOW_PRECISION_RATIO:g}x ref"
-    meas = dict(nonfinite_runs=runs, error_ratio=ratios, **sizes)
+    meas = dict(nonfinite_runs=runs, error_ratio=ratios, **sizes, **({"not_applicable": na_parts} if na_parts else {}))
     if not bad and missing:   # what ran passed, but not all of it could run: never a pass
         why = "needs " + "; ".join(missing.values())
-        cause = amp.cause if isinstance(amp, NotPerformed) else "part_not_run"
+        unamplified = isinstance(amp, Signal) and amp.outcome is not NA
+        cause = amp.cause if unamplified else "part_not_run"
         return inconclusive(why, cause, None, tol, "; ".join(parts), **meas, not_run=sorted(missing))
     detail = "; ".join(parts)
     if bad:

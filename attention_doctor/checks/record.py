@@ -87,6 +87,11 @@ COMMON_CAUSES = {
     "no_positions": not_applicable("it takes no position ids, or not as far as the check needs"),
     "no_paths": not_applicable("it has no switch between attention paths"),
     "not_causal": not_applicable("a bidirectional target cannot leak the future"),
+    "no_attention": not_applicable("no attention weights anywhere in its forward, seen at the dispatcher "
+                                   "(attention_doctor/mixing.py: no softmax, SDPA or flex op, no token-by-token "
+                                   "matrix, scripted code included, and no op the doctor cannot look into): a "
+                                   "state-space or recurrent mixer, or a linear attention that never forms its "
+                                   "weights, has no scores to examine"),
     "doctor_error": cannot("the doctor's own code raised (a built-in adapter outside the target's forward, a probe "
                            "or hook inside it): a doctor bug; strict=True re-raises it"),
     "adapter_error": cannot("a user-written Adapter's own code raised outside the target's forward; strict=True "

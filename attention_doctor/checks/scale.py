@@ -4,7 +4,7 @@ from contextlib import contextmanager
 
 import torch
 
-from attention_doctor.checks.common import SCALE_BAND, judged, na, unseen, visible_scores
+from attention_doctor.checks.common import SCALE_BAND, judged, na, visible_scores
 from attention_doctor.layouts import measured_sites, scaled_sites
 from attention_doctor.probes import MASKED
 from attention_doctor.signals import NotPerformed
@@ -189,7 +189,7 @@ def score_scale(ctx):
         return _judged(stds, " (q and k as the attention calls get them: scaling the q/k sites did not scale q "
                              "k^T, normalised after them)")
     if not sites:
-        raise NotPerformed("needs the q and k projections (no known q/k layout)", "no_qk_layout")
+        raise ctx.unseen("needs the q and k projections (no known q/k layout)", "no_qk_layout")
     f = unit_factors(ctx)
     if f is None:
         raise NotPerformed("a q/k site was not called in the forward", "no_qk_layout")
@@ -214,7 +214,7 @@ def score_scale(ctx):
         return na("scores are not a fixed multiple of q . k (additive or bilinear scores, a learned scale): no "
                   "1/sqrt(d_k) to miss", "not_dot_product")
     if not stds:
-        raise unseen("needs dot-product scores of a known q/k site's calls (none seen)")
+        raise ctx.unseen("needs dot-product scores of a known q/k site's calls (none seen)")
     return _judged(stds)
 
 

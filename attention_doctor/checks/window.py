@@ -11,7 +11,7 @@ transformers' layer_types alternates in its code): outputs beyond every stacked 
 move pass; where they move, the calls' masks must show the window applied on at least one layer."""
 import torch
 
-from attention_doctor.checks.common import EXACT_REL, judged, na, rel, unseen
+from attention_doctor.checks.common import EXACT_REL, judged, na, rel
 from attention_doctor.signals import NotPerformed, Unreachable
 
 MAX_T = 512    # the longest sequence the check runs (a window the stacked layers reach beyond: inconclusive)
@@ -48,10 +48,10 @@ def _per_call(ctx, w: int, slides: list[bool | str] | None) -> dict:
     square = [c for c in calls if c.visible is not None and c.visible.shape[-1] == T
               and c.visible.shape[-2] in (1, T)]
     if not square:
-        raise unseen("no attention call whose mask the doctor can read (a fused kernel)")
+        raise ctx.unseen("no attention call whose mask the doctor can read (a fused kernel)")
     if slides is not None and len(square) != len(slides):
-        raise unseen(f"{len(square)} attention calls seen against {len(slides)} attention layers declared: "
-                     "the calls cannot be matched to the layers")
+        raise ctx.unseen(f"{len(square)} attention calls seen against {len(slides)} attention layers declared: "
+                         "the calls cannot be matched to the layers")
     far = _far(T, w)
     layers = []
     for n, (c, s) in enumerate(zip(square, slides or [None] * len(square))):
@@ -86,7 +86,7 @@ def _undeclared(ctx, w: int, limit: str):
     said = f"window {w}, the layers that take it not declared"
     _, calls = ctx.probe(ctx.sample(T=min(w + 1 + MARGIN, MAX_T), k=60))
     if not calls:
-        raise unseen("no attention call seen: the layers the window would apply to are unknown")
+        raise ctx.unseen("no attention call seen: the layers the window would apply to are unknown")
     p = _perturbed(ctx, w, [True] * len(calls))
     how = (f"{said}; T={p['T']}: the outputs from query {p['first_query']} on, beyond the windows of "
            f"{len(calls)} stacked attention layers, move by {p['change']:.3g} with tokens 0..{CHANGED - 1} replaced")

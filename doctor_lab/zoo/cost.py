@@ -55,4 +55,5 @@ def total(out: Path, key: str) -> dict:
     if not mine:
         return {}
     return {"wall_s": round(sum(s["wall_s"] for s in mine), 1), "cpu_s": round(sum(s["cpu_s"] for s in mine), 1),
-            "sessions": len(mine), "workers": sorted({s.get("workers") for s in mine})}
+            "sessions": len(mine), "workers": sorted({s.get("workers") for s in mine}),
+            "archs_run": sum(s.get("archs_run", 0) for s in mine)}

@@ -112,10 +112,11 @@ def write(out: Path, names: list[str], meta: dict) -> dict:
     clean clone has the committed table and no result files: the table is kept."""
     wanted = set(names)
     results = [r for r in table.load(out) if r["arch"] in wanted]
+    here = {r["arch"] for r in results}
     if not results:
         p = Path(out) / "zoo.json"
         return json.loads(p.read_text()) if p.exists() else {**meta, "targets": len(names), "examined": 0}
-    results, old = table.committed(out, results, meta)
+    results, old = table.committed(out, results, meta, wanted)
     if results is None:
         return old
     rows = [{COLUMNS.get(k, k): v for k, v in r.items()} for r in table.flat(results)]
@@ -127,7 +128,7 @@ def write(out: Path, names: list[str], meta: dict) -> dict:
     atomic_write(Path(out) / "zoo.csv", w)
     seen, ran = table.examined_archs(results), {r["arch"] for r in results}
     summary = {**meta, "targets": len(names), "examined": len(seen), "impls": sorted({r["impl"] for r in results}),
-               "cost": cost(out),
+               "cost": (old.get("cost") or {}) if old and wanted - here else cost(out),   # as table.write says why
                "not_examined": {a: table._why_not(results, a) for a in sorted(wanted - seen) if a in ran},
                "not_run": sorted(wanted - ran),
                "results": [table._slim(r) for r in results]}
