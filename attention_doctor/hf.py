@@ -158,6 +158,8 @@ class HFCausalLM(Adapter):
         if not _takes(self.module.forward, "use_cache") and not takes & CACHE_ARGS:
             raise Unsupported("no KV cache (its forward takes no use_cache or cache argument)", "no_kv_cache")
         out = self.module(input_ids=x, use_cache=True)
+        if getattr(out, name, None) is None and name == "past_key_values" and name in takes:
+            out = self._with_empty_cache(x) or out
         if getattr(out, name, None) is None:
             own = sorted(takes & (CACHE_ARGS - {"use_cache", name}))
             if own or name in takes:   # a cache of its own kind (Mamba's cache_params, RWKV's state)
@@ -166,6 +168,19 @@ class HFCausalLM(Adapter):
             raise Unsupported(f"no KV cache (use_cache=True returned no {name} and its forward takes no "
                               "cache argument)", "no_kv_cache")
         return getattr(out, name), out.logits
+
+    def _with_empty_cache(self, x):
+        """The prefill given an empty DynamicCache, as generate() gives one (Nemotron in 4.x makes none
+        of its own), or None where the release has none or the model refuses it (then the cache
+        stays one the doctor does not drive, never the target's failure)."""
+        try:
+            from transformers import DynamicCache
+        except ImportError:
+            return None
+        try:
+            return self.module(input_ids=x, use_cache=True, past_key_values=DynamicCache())
+        except (TargetRaised, Exception):  # noqa: BLE001 -- a cache this model does not take: left undriven (inconclusive, unreachable)
+            return None
 
     def step(self, state, x):
         name = self._state_name()
