@@ -4,6 +4,7 @@ of it; a hand-made normalisation between two such products, handmade.py) and thr
 project's Recorder where its explicit path runs. A call holds what could be seen of it: the scores
 the softmax got, the weights, q, k, v and the output."""
 import math
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -116,6 +117,19 @@ def _like(t, lead):
     return t.reshape(tuple(lead) + tuple(t.shape[-2:]))
 
 
+def _heads_inner(prod, s, dim) -> bool:
+    """The softmax's scores s (..., T_q, h, T_k), over the keys, are q k^T's rows (..., T_q h, T_k)
+    regrouped, queries outer and heads inner (multi-query attention packed as GPT-BigCode packs it)."""
+    return (s.dim() >= 4 and dim == s.dim() - 1 and prod.dim() == s.dim() - 1 and prod.shape[-1] == s.shape[-1]
+            and prod.shape[-2] == s.shape[-3] * s.shape[-2] and prod.shape[-2] != s.shape[-2]
+            and prod.numel() == s.numel())
+
+
+def _heads_first(t, T, h):
+    """t (..., T h, X), rows queries outer and heads inner, as (..., h, T, X); or (..., T, h, X) likewise."""
+    return t.reshape(*t.shape[:-2 if t.shape[-2] == T * h else -3], T, h, t.shape[-1]).transpose(-3, -2)
+
+
 def _widened(t, block, width):
     """t (..., n, d) as rows `block` of (..., width, d), the other rows zero."""
     out = t.new_zeros(t.shape[:-2] + (width, t.shape[-1]))
@@ -162,6 +176,7 @@ class Probe(TorchFunctionMode):
         self._pending_cat = None   # (the cat's width, where the q k^T block starts in it)
         self._flex = None          # the context that routes flex_attention's calls to the probe
         self._in_flex = False      # inside a flex_attention call: its own ops are not the target's
+        self._unscripted = None    # the context that runs the modules' TorchScript functions as Python
 
     # -- module scope ------------------------------------------------------------------------
     def __enter__(self):
@@ -174,9 +189,14 @@ class Probe(TorchFunctionMode):
             self._hooks.append(m.register_forward_hook(doctor_hook(lambda mod, a, out: self._stack.pop() and None)))
         self._flex = flex.intercepted(self._flex_attention)
         self._flex.__enter__()
+        self._unscripted = unscripted([m for _, m in self.modules])
+        self._unscripted.__enter__()
         return super().__enter__()
 
     def __exit__(self, *exc):
+        if self._unscripted is not None:
+            self._unscripted.__exit__(*exc)
+            self._unscripted = None
         if self._flex is not None:
             self._flex.__exit__(*exc)
             self._flex = None
@@ -393,6 +413,21 @@ class Probe(TorchFunctionMode):
             call.q, call.k = graph[0].detach(), _widened(graph[1].detach(), block, cat[0])
             call.extra["key_block"] = block
             call.scale = fitted_scale(s.detach()[..., block], prod, call.visible[..., block])   # a row maximum may be off
+        elif qk is not None and _heads_inner(qk[2], s, dim):
+            # multi-query attention packed queries outer, heads inner (GPT-BigCode: (B, T_q h, d) @ (B, d, T_k)
+            # viewed as (B, T_q, h, T_k)): the call as (B, h, T_q, T_k), the one k (and v) for every head
+            if qk[3] is not None:
+                call.extra["qk_matmul"] = qk[3]
+            T, h = s.shape[-3], s.shape[-2]
+            call.extra["heads_inner"] = (T, h)
+            call.scores, call.weights = _heads_first(s.detach(), T, h), _heads_first(out.detach(), T, h)
+            call.visible = call.scores > MASKED
+            k = qk[1].transpose(-2, -1)
+            graph = (_heads_first(qk[0], T, h), k.unsqueeze(-3).expand(*k.shape[:-2], h, *k.shape[-2:]))
+            call.q, call.k = graph[0].detach(), graph[1].detach()
+            prod = _heads_first(qk[2], T, h)
+            ratio = (call.scores.double() / prod.double())[call.visible & (prod.abs() > 1e-12)]
+            call.scale = float(ratio.median()) if ratio.numel() else None
         self._pending_qk = self._pending_cat = None
         self._pending_call = call
         self._add(call, *graph)
@@ -417,7 +452,15 @@ class Probe(TorchFunctionMode):
             return
         c = self._pending_call
         block = c.extra.get("key_block") if c is not None else None
-        if c is not None and c.weights is not None and (a.shape[-2:] == c.weights.shape[-2:] or block is not None and (
+        packed = c.extra.get("heads_inner") if c is not None else None
+        if packed is not None and c.weights is not None and a.shape[-2] == packed[0] * packed[1] \
+                and a.shape[-1] == c.weights.shape[-1] and a.numel() == c.weights.numel():
+            # the packed weights @ the one v (B, T_k, d_v): every head reads it
+            v = b.detach()
+            c.v = v.unsqueeze(-3).expand(*v.shape[:-2], packed[1], *v.shape[-2:])
+            c.out = _heads_first(out.detach(), *packed)
+            self._pending_call = None
+        elif c is not None and c.weights is not None and (a.shape[-2:] == c.weights.shape[-2:] or block is not None and (
                 a.shape[-2] == c.weights.shape[-2] and a.shape[-1] == block.stop - block.start)):
             lead = c.weights.shape[:-2]
             c.v = _expand(_like(b.detach(), lead), c.q.shape[-3] if c.q is not None and c.q.dim() >= 3 else 1)
@@ -481,6 +524,28 @@ def _scaled_matmul(func, args, kwargs, f):
         else:
             args[i] = args[i] * f
     return tuple(args), kwargs
+
+
+@contextmanager
+def unscripted(modules):
+    """For the block, every global of the attention modules' own code modules that is bound to a
+    TorchScript function runs its Python original instead (torch.jit.script keeps it as
+    `_torchdynamo_inline`): a function mode sees nothing inside a script, and GPT-BigCode's upcast
+    softmax (transformers 4.x, in half precision) is one. The arithmetic is the same; only what the
+    probe sees changes."""
+    homes = {id(d): d for d in (getattr(sys.modules.get(type(m).__module__), "__dict__", None) for m in modules)
+             if isinstance(d, dict)}
+    swapped = []
+    for d in homes.values():
+        for k, v in list(d.items()):
+            if isinstance(v, torch.jit.ScriptFunction) and callable(getattr(v, "_torchdynamo_inline", None)):
+                d[k] = v._torchdynamo_inline
+                swapped.append((d, k, v))
+    try:
+        yield
+    finally:
+        for d, k, v in reversed(swapped):
+            d[k] = v
 
 
 def _project_explicit(m) -> bool:

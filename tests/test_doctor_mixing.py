@@ -1,7 +1,10 @@
 """Attention ruled out at the dispatcher (attention_doctor/mixing.py): a forward that mixes tokens
 without attention weights (a state-space recurrence) makes the score checks n/a, by measurement;
-a softmax the probe cannot see (a TorchScript function) or an op from outside torch keeps them
-inconclusive, never n/a."""
+a softmax the probe cannot see (a TorchScript function out of its reach) or an op from outside
+torch keeps them inconclusive, never n/a. A TorchScript function of the attention module's own
+code runs as Python while the probe looks (probes.unscripted), so its softmax is seen."""
+import types
+
 import torch
 import torch.nn as nn
 
@@ -37,14 +40,23 @@ def scripted_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tor
 
 
 class ScriptedAttention(nn.Module):
-    """Causal attention whose softmax runs inside a TorchScript function (the function modes do
-    not see into it, the dispatcher does: GPT-BigCode's upcast softmax in transformers 4.x)."""
+    """Causal attention whose softmax runs inside a TorchScript function of its own module (GPT-BigCode's
+    upcast softmax in transformers 4.x)."""
     def __init__(self, d):
         super().__init__()
         self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
 
     def forward(self, x):
         return self.proj(scripted_attention(*self.qkv(x).chunk(3, -1)))
+
+
+ELSEWHERE = types.SimpleNamespace(attention=scripted_attention)   # held by an object: no global of the module
+
+
+class FarScriptedAttention(ScriptedAttention):
+    """The same script reached through another object: no global to run as Python."""
+    def forward(self, x):
+        return self.proj(ELSEWHERE.attention(*self.qkv(x).chunk(3, -1)))
 
 
 class LM(nn.Module):
@@ -72,9 +84,17 @@ def test_a_recurrence_has_no_attention_and_its_score_checks_are_na():
     assert rows["future_leak"].outcome is PASS   # the black-box checks judge it as any other target
 
 
-def test_a_softmax_inside_torchscript_is_attention_and_stays_inconclusive():
+def test_a_script_of_the_modules_own_code_is_seen_as_python():
     torch.manual_seed(0)
-    model = LM(ScriptedAttention)
+    r = examine(LM(ScriptedAttention))
+    rows = {c.name: c for c in r.checks}
+    assert rows["self_visibility"].outcome is PASS and r.info["attention_calls"], r.table()
+    assert isinstance(scripted_attention, torch.jit.ScriptFunction)   # put back after each probe
+
+
+def test_a_script_out_of_reach_is_attention_and_stays_inconclusive():
+    torch.manual_seed(0)
+    model = LM(FarScriptedAttention)
     ids = torch.randint(0, 32, (2, 13))
     m = watched(lambda: model(ids), 13)
     assert "13 x 13" in m.weights and not m.none   # its scores, inside the script

@@ -3,7 +3,7 @@ written here, not the architecture that showed it: a kernel without float64 (MoE
 a module class whose __new__ takes arguments (x-transformers' LoRALinear), a float32 router
 (transformers' _keep_in_fp32_modules), q/k norms after the projections, a fused q|k|v beside idle
 to_q / to_k, joint attention over two streams, attention sinks concatenated to the scores, memory
-keys before the tokens' own, and cross-attention."""
+keys before the tokens' own, cross-attention, and multi-query attention packed queries outer, heads inner."""
 import math
 import types
 
@@ -541,3 +541,32 @@ def test_scores_all_zero_at_init_are_said_so():
                 strict=True)
     for c in ("amplified_logits", "low_precision"):
         assert r[c].outcome is INCONCLUSIVE and r[c].cause == "scores_zero", (c, r[c].verdict)
+
+
+class PackedMQA(nn.Module):
+    """Multi-query attention as GPT-BigCode's eager path (transformers 4.x) packs it: queries (B, T h, d)
+    against the one key (B, d, T) by baddbmm, the scores viewed (B, T, h, T), the weights @ the one value."""
+    def __init__(self, d=16, h=4, off_by_one=False):
+        super().__init__()
+        self.h, self.dh, self.off_by_one = h, d // h, off_by_one
+        self.c_attn, self.c_proj = nn.Linear(d, d + 2 * (d // h)), nn.Linear(d, d)
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        q, k, v = self.c_attn(x).split((self.h * self.dh, self.dh, self.dh), -1)
+        s = torch.baddbmm(q.new_zeros(B, T * self.h, T), q.reshape(B, T * self.h, self.dh), k.transpose(1, 2),
+                          beta=1, alpha=self.dh ** -0.5).view(B, T, self.h, T)
+        s = torch.where(causal(T, self.off_by_one)[None, :, None, :], s, torch.finfo(s.dtype).min)
+        w = F.softmax(s, -1)
+        return self.c_proj(torch.bmm(w.view(B, T * self.h, T), v).view(B, T, -1))
+
+
+@pytest.mark.parametrize("off_by_one", [False, True])
+def test_multi_query_packed_queries_outer_heads_inner(off_by_one):
+    torch.manual_seed(0)
+    r = examine(Layer(PackedMQA(off_by_one=off_by_one), causal=True), checks=["self_visibility", "path_agreement",
+                                                                               "low_precision"])
+    assert r.info["attention_calls"] == {"softmax": 1}
+    assert r["self_visibility"].outcome.value == ("fail" if off_by_one else "pass"), r.table()
+    if not off_by_one:   # the call is complete: q, k, v and out, read against the textbook
+        assert r["low_precision"].outcome.value == "pass", r.table()
