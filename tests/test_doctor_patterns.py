@@ -570,3 +570,27 @@ def test_multi_query_packed_queries_outer_heads_inner(off_by_one):
     assert r["self_visibility"].outcome.value == ("fail" if off_by_one else "pass"), r.table()
     if not off_by_one:   # the call is complete: q, k, v and out, read against the textbook
         assert r["low_precision"].outcome.value == "pass", r.table()
+
+
+class MappedQK(nn.Module):
+    """q and k through a map that is not a multiple of the projections (softplus magnitudes times a
+    rotation, as polar embeddings do), then SDPA: the sites are no q/k layout, the calls are plain."""
+    def __init__(self, d=16, heads=2, scale=None):
+        super().__init__()
+        self.heads, self.scale = heads, scale
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(d, d) for _ in range(4))
+
+    def forward(self, x):
+        B, T, d = x.shape
+        q, k, v = (p(x).view(B, T, self.heads, -1).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        angle = torch.arange(T)[:, None] * 0.1
+        q, k = (F.softplus(t) * torch.cos(angle) for t in (q, k))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, d))
+
+
+@pytest.mark.parametrize("scale, outcome", [(None, "pass"), (1.0, "fail")])
+def test_score_scale_in_the_calls_where_q_k_are_mapped_after_their_projections(scale, outcome):
+    torch.manual_seed(0)
+    r = examine(Layer(MappedQK(scale=scale), causal=True), checks=["score_scale"])["score_scale"]
+    assert r.outcome.value == outcome, (r.reason, r.detail)

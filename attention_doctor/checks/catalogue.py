@@ -270,8 +270,9 @@ REGISTRY: tuple[Check, ...] = (
                "softmax (where something is added to q . k x scale, a relative bias or ALiBi: the part of the scores "
                "linear in q, measured with q doubled and tripled); where q and k are normalised after every "
                "candidate site (q doubled there moves q k^T by under 5%, a norm's eps keeping it from exactly 0), "
-               "the q and k the attention calls get, scaled inside the calls (the part of the scores quadratic in "
-               "them) over their rms",
+               "or mapped otherwise into calls whose scores are their own q k^T x scale (polar embeddings' "
+               "softplus, an l2 distance's augmented q and k in SDPA), the q and k the attention calls get, scaled "
+               "inside the calls (the part of the scores quadratic in them) over their rms",
           fails_when="std outside [0.5, 2]",
           tolerance="a missing 1/sqrt(d_k) gives sqrt(d_k) (detectable for d_k >= 5); cosine scores without a "
                     "temperature give about 1/sqrt(d_k)",

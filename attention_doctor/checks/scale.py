@@ -151,12 +151,16 @@ def _normalised_after(ctx, x, base) -> bool:
 def _in_calls(ctx):
     """[score std per call at unit-variance q and k], measured on q and k as the attention calls get
     them (after whatever normalises them: Llama 4's weightless RMS norm, whose eps leaves q k^T
-    neither scaled nor kept when its input is scaled), or None where no call takes q and k that the
-    probe can scale. q and k times f inside the calls give scores f^2 A + f B + C (A: q . k x scale;
+    neither scaled nor kept when its input is scaled; or maps them, where the calls' scores are their
+    q k^T x scale), or None where no call takes q and k that the probe can scale. q and k times f inside the calls give scores f^2 A + f B + C (A: q . k x scale;
     B: a term linear in q or k; C: a bias); A = (s(3) - s(1)) / 2 - (s(2) - s(1)), over rms q x rms k."""
     x = ctx.sample(k=60)
     _, base = ctx.probe(x)
-    if not _normalised_after(ctx, x, base):
+    seen = [c for c in base if c.q is not None and c.k is not None]
+    # calls whose scores are their own q k^T x scale and nothing else (a kernel's contract): what they
+    # dot is what the scale applies to, whatever mapped q and k after their projections (polar
+    # embeddings' softplus, an l2 distance's augmented q and k); otherwise only q and k normalised after
+    if not seen or not (all(_plain(c) for c in seen) or _normalised_after(ctx, x, base)):
         return None
     every = frozenset(c.extra["qk_matmul"] for c in base if "qk_matmul" in c.extra)
     inside = frozenset(c.module for c in base if c.fused) | {n for n, _ in every}
@@ -187,7 +191,7 @@ def score_scale(ctx):
                                "not scale q k^T: a non-linear map after the projections, polar embeddings' "
                                "softplus)", "no_qk_layout")
         return _judged(stds, " (q and k as the attention calls get them: scaling the q/k sites did not scale q "
-                             "k^T, normalised after them)")
+                             "k^T, normalised or mapped after them)")
     if not sites:
         raise ctx.unseen("needs the q and k projections (no known q/k layout)", "no_qk_layout")
     f = unit_factors(ctx)
