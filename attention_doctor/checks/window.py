@@ -47,11 +47,12 @@ def _per_call(ctx, w: int, slides: list[bool | str] | None) -> dict:
     _, calls = ctx.probe(ctx.sample(T=T, k=60))
     square = [c for c in calls if c.visible is not None and c.visible.shape[-1] == T
               and c.visible.shape[-2] in (1, T)]
-    if not square:
-        raise ctx.unseen("no attention call whose mask the doctor can read (a fused kernel)")
+    if not square:   # calls seen (a fused kernel) are attention already: no forward to rule it out
+        why = "no attention call whose mask the doctor can read (a fused kernel)"
+        raise NotPerformed(why, "scores_unseen") if calls else ctx.unseen(why)
     if slides is not None and len(square) != len(slides):
-        raise ctx.unseen(f"{len(square)} attention calls seen against {len(slides)} attention layers declared: "
-                         "the calls cannot be matched to the layers")
+        raise NotPerformed(f"{len(square)} attention calls seen against {len(slides)} attention layers declared: "
+                           "the calls cannot be matched to the layers", "scores_unseen")
     far = _far(T, w)
     layers = []
     for n, (c, s) in enumerate(zip(square, slides or [None] * len(square))):
