@@ -5,6 +5,7 @@ import copy
 import difflib
 import re
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
@@ -118,6 +119,20 @@ def _takes(fn, name) -> bool:
 STATE_NAMES = ("past_key_values", "cache")
 
 
+def _capacity(cache) -> int | None:
+    """The fixed capacity of a preallocated cache (its own max_cache_len: 4.x's StaticCache, HybridCache,
+    SlidingWindowCache), None for one that grows."""
+    n = vars(cache).get("max_cache_len") if hasattr(cache, "__dict__") else None
+    return n if isinstance(n, int) and not isinstance(n, bool) else None
+
+
+@dataclass(frozen=True)
+class FixedCache:
+    """A preallocated cache the adapter built, and the tokens it holds: their positions go with each step."""
+    cache: object
+    seen: int
+
+
 class HFCausalLM(Adapter):
     """Any transformers causal LM: logits from forward(input_ids, attention_mask, position_ids);
     the cache through past_key_values / use_cache; paths through set_attn_implementation."""
@@ -160,6 +175,10 @@ class HFCausalLM(Adapter):
         out = self.module(input_ids=x, use_cache=True)
         if getattr(out, name, None) is None and name == "past_key_values" and name in takes:
             out = self._with_empty_cache(x) or out
+        if _capacity(getattr(out, name, None)) is not None and "cache_position" in takes:
+            roomy = self._with_room(x, getattr(out, name))
+            if roomy is not None:
+                return roomy
         if getattr(out, name, None) is None:
             own = sorted(takes & (CACHE_ARGS - {"use_cache", name}))
             if own or name in takes:   # a cache of its own kind (Mamba's cache_params, RWKV's state)
@@ -182,10 +201,49 @@ class HFCausalLM(Adapter):
         except (TargetRaised, Exception):  # noqa: BLE001 -- a cache this model does not take: left undriven (inconclusive, unreachable)
             return None
 
+    def _with_room(self, x, cache):
+        """A cache of fixed capacity that the model sized to the prompt (Gemma2's HybridCache in 4.4x,
+        a StaticCache) takes no step: the prefill again into one of its class with room for the steps
+        and their positions, as generate() builds it and passes cache_position (such a cache cannot
+        count what it holds once a sliding layer wraps): (state, logits), or None where the cache has
+        room, or its class is not built so."""
+        n = x.shape[1]
+        if _capacity(cache) > n:
+            return None   # room enough: the model's own
+        try:
+            p = next(self.module.parameters())
+            room = type(cache)(config=self.module.config, max_batch_size=x.shape[0], max_cache_len=2 * n + 8,
+                               device=p.device, dtype=p.dtype)
+        except Exception:  # noqa: BLE001 -- a cache class not built from (config, max_batch_size, max_cache_len): the model's own kept
+            return None
+        out = self.module(input_ids=x, use_cache=True, past_key_values=room,
+                          cache_position=torch.arange(n, device=x.device))
+        return FixedCache(out.past_key_values, n), out.logits
+
     def step(self, state, x):
         name = self._state_name()
+        if isinstance(state, FixedCache):
+            pos = torch.arange(state.seen, state.seen + x.shape[1], device=x.device)
+            out = self.module(input_ids=x, past_key_values=state.cache, use_cache=True, cache_position=pos)
+            return FixedCache(out.past_key_values, state.seen + x.shape[1]), out.logits
         out = self.module(input_ids=x, **{name: state}, use_cache=True)
         return getattr(out, name), out.logits
+
+    def static_decode(self, x, n):
+        """Greedy decoding of n tokens after the prompt x through the preallocated cache generate()
+        builds for cache_implementation="static" (StaticCache): (each step's logits (B, n, V), the
+        sequence). Unsupported where the release or the model has no such cache: generate() refuses
+        it before any forward."""
+        if not hasattr(self.module, "generate"):
+            raise Unsupported("no generate(): no static cache to decode through", "no_kv_cache")
+        try:
+            out = self.module.generate(x, attention_mask=torch.ones_like(x), cache_implementation="static",
+                                       max_new_tokens=n, min_new_tokens=n, do_sample=False, output_logits=True,
+                                       return_dict_in_generate=True, pad_token_id=self.pad_id or 0, eos_token_id=None)
+        except Exception as e:  # noqa: BLE001 -- generate()'s own refusal (no static cache for this model or release), before the model's forward (its raise is TargetRaised): the static half not applicable
+            raise Unsupported(f"generate(cache_implementation='static') refused: {str(e).splitlines()[0][:160]}",
+                              "no_kv_cache") from None
+        return torch.stack(out.logits, 1), out.sequences
 
     def embedding(self):
         return self.module.get_input_embeddings()

@@ -82,14 +82,15 @@ def test_a_warn_is_caught_and_a_failed_install_or_a_refusing_zoo_says_why_not(tm
 
 
 def test_a_probe_entry_is_missed_whatever_its_nearest_checks_say(tmp_path):
-    e = ENTRIES["flex_attention_mask_padding"]
+    e = ENTRIES["gemma3_image_attends_next_image"]
     assert e.check in record.PROBES and e.check not in CHECKS
     p = plan.plan(e, CHECKS)
     assert p.nearest and p.checks == plan.NEAREST[e.check]
     moved = {"name": "padding", "outcome": "fail", "cause": "left_padding", "measured": 0.5}
-    zoo_table(tmp_path, e.introduced, {(a, "flex_attention"): moved for a in e.architectures}, p.checks)
+    zoo_table(tmp_path, e.introduced, {(a, i.value): moved for a in e.architectures for i in e.implementations},
+              p.checks)
     v = outcomes.verdict(p, outcomes.cells(p, tmp_path))
-    assert v.kind == "missed" and v.text.startswith("needs probe flex_path; nearest padding: caught")
+    assert v.kind == "missed" and v.text.startswith("needs probe bidirectional_prefix; nearest padding: caught")
     bare = plan.plan(e, CHECKS, nearest=False)
     assert bare.checks == () and outcomes.verdict(bare, outcomes.cells(bare, tmp_path)).text.endswith("no nearest check run")
 

@@ -53,3 +53,76 @@ def test_a_step_placed_at_position_zero_fails():
     torch.manual_seed(0)
     r = examine(HFCausalLM(GivenCacheLM(positions_from_zero=True).eval()), checks=["kv_cache"], strict=True)["kv_cache"]
     assert r.outcome is FAIL and r.cause == "new_tokens_differ", r.detail
+
+
+def _tiny_llama(impl):
+    from transformers import AutoModelForCausalLM, LlamaConfig
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.2, pad_token_id=0)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(cfg, attn_implementation=impl).eval()
+
+
+def test_the_static_half_decodes_through_a_static_cache():
+    r = examine(HFCausalLM(_tiny_llama("sdpa")), checks=["kv_cache"], strict=True)["kv_cache"]
+    assert r.outcome is PASS and r.measurements["static_cache"] <= 1e-5, r.detail
+    assert "through a static cache" in r.detail
+
+
+def test_a_decode_step_that_drops_its_mask_fails_only_through_a_static_cache():
+    """The pattern of transformers #30400: one new token attends to every key without a mask, right
+    while the cache grows with the tokens (the dynamic trials pass), wrong in a preallocated cache whose
+    empty slots are keys too."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    def decode_unmasked(module, query, key, value, attention_mask, **kw):
+        if query.shape[2] == 1:
+            attention_mask = None   # "a single new token sees every key": true of a cache that holds only tokens
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kw)
+    AttentionInterface.register("decode_unmasked", decode_unmasked)
+    AttentionMaskInterface.register("decode_unmasked", sdpa_mask)   # the masks SDPA gets, which it drops
+    r = examine(HFCausalLM(_tiny_llama("decode_unmasked")), checks=["kv_cache"], strict=True)["kv_cache"]
+    assert r.outcome is FAIL and r.cause == "static_cache_differs", r.detail
+    assert max(t["new"] for t in r.measurements["trials"]) <= 1e-5 < 1e-2 < r.measurements["static_cache"]
+
+
+class PromptSizedCache:
+    """A preallocated cache as transformers 4.4x's HybridCache / StaticCache: its capacity fixed at
+    construction (max_cache_len), slots written at cache_position, every slot a key (empty ones too)."""
+    def __init__(self, config, max_batch_size, max_cache_len, device=None, dtype=None):
+        self.max_cache_len = max_cache_len
+        self.k = [torch.zeros(max_batch_size, 2, max_cache_len, 8) for _ in range(2)]
+        self.v = [torch.zeros(max_batch_size, 2, max_cache_len, 8) for _ in range(2)]
+
+    def update(self, k, v, i, cache_position):
+        self.k[i][:, :, cache_position] = k   # IndexError past its capacity, as HybridCache's
+        self.v[i][:, :, cache_position] = v
+        return self.k[i], self.v[i]
+
+
+class PromptSizedCacheLM(GivenCacheLM):
+    """Gemma2 in transformers 4.4x: use_cache=True with no cache makes one sized to the prompt (a step
+    past it raises); generate() gives one with room and passes cache_position, which the mask needs."""
+    def forward(self, input_ids, attention_mask=None, past_key_values=None, use_cache=False, cache_position=None,
+                **kwargs):
+        B, T = input_ids.shape
+        if use_cache and past_key_values is None:
+            past_key_values = PromptSizedCache(self.config, B, T)
+        pos = torch.arange(T) if cache_position is None else cache_position
+        x = self.embed(input_ids) + self.pos(pos)
+        for i, qkv in enumerate(self.qkv):
+            q, k, v = (t.view(B, T, self.h, -1).transpose(1, 2) for t in qkv(x).chunk(3, -1))
+            if past_key_values is not None:
+                k, v = past_key_values.update(k, v, i, pos)
+            visible = torch.arange(k.shape[-2]) <= pos[:, None]   # the slots written so far, causally
+            x = x + F.scaled_dot_product_attention(q, k, v, attn_mask=visible).transpose(1, 2).reshape(B, T, -1)
+        return types.SimpleNamespace(logits=self.head(x), past_key_values=past_key_values if use_cache else None)
+
+
+def test_a_cache_sized_to_the_prompt_is_given_room_as_generate_gives_it():
+    torch.manual_seed(0)
+    r = examine(HFCausalLM(PromptSizedCacheLM().eval()), checks=["kv_cache"], strict=True)["kv_cache"]
+    assert r.outcome is PASS and r.measured <= 1e-5, r.detail
+    assert [t["new_tokens"] for t in r.measurements["trials"]] == [1, 3]

@@ -433,3 +433,14 @@ def test_a_library_zoo_rerun_of_one_target_keeps_the_others_committed_rows(tmp_p
     library.write(tmp_path, ["A", "B"], meta)
     rows = {r["target"]: r["verdict"] for r in csv.DictReader(open(tmp_path / "zoo.csv"))}
     assert rows == {"A": "fail", "B": "pass"}
+
+
+def test_flex_attention_runs_eagerly_and_is_examined(tmp_path):
+    """--impl flex_attention: compiled, transformers' flex forward raises on CPU (no return_lse there);
+    the zoo runs it eagerly, and the doctor's padding and cache checks pass on Llama as on SDPA."""
+    p = zoo("--arch", "llama", "--impl", "flex_attention", "--checks", "padding,kv_cache", "--no-confirm", out=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = list(csv.DictReader(open(tmp_path / "zoo.csv")))
+    assert sorted((r["impl"], r["status"], r["check"], r["verdict"]) for r in rows) == [
+        ("flex_attention", "examined", "kv_cache", "pass"), ("flex_attention", "examined", "padding", "pass")]
+    assert all(float(r["measured"]) <= 1e-5 for r in rows)

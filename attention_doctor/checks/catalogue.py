@@ -57,7 +57,9 @@ REGISTRY: tuple[Check, ...] = (
                     "queries": "queries that see some key", "calls": "attention calls read",
                     "smallest_own_weight": "the smallest weight on an own key that is visible (None: none)"}),
     Check("kv_cache", "causality", "cache",
-          does="prefill T-1 (T-3) tokens, then 1 (3) new ones (T_q != T_k), against the full forward",
+          does="prefill T-1 (T-3) tokens, then 1 (3) new ones (T_q != T_k), against the full forward; where the "
+               "target decodes through a preallocated cache (transformers' StaticCache under generate()), 3 tokens "
+               "decoded through it against one full forward over the sequence",
           fails_when="logits differ",
           tolerance="1e-5: the same sums in another order",
           applies="LMs with a KV cache (transformers' past_key_values, this project's KVCache, an Adapter's "
@@ -65,10 +67,14 @@ REGISTRY: tuple[Check, ...] = (
           thread="pytorch/pytorch #108108", targets=("causal_kv_cache",),
           causes={"prefill_differs": fails("the prefill's outputs differ from the full forward's"),
                   "new_tokens_differ": fails("the new tokens' outputs after the cache differ (a causal mask aligned "
-                                             "top-left when T_q != T_k)")},
+                                             "top-left when T_q != T_k)"),
+                  "static_cache_differs": fails("tokens decoded through a preallocated cache differ from the full "
+                                                "forward (its empty slots seen: a mask dropped for is_causal)")},
           measures={"trials": "per trial: {prefill_tokens, new_tokens, prefill, new}: the prefill's and the new "
                               "tokens' outputs, relative difference from the full forward",
-                    "raised_in": "where the target raised: {prefill_tokens, new_tokens, call: prefill or step}"}),
+                    "raised_in": "where the target raised: {prefill_tokens, new_tokens, call: prefill or step}",
+                    "static_cache": "the tokens decoded through a static cache, relative difference from the full "
+                                    "forward (None: the target offers no static cache)"}),
     Check("sliding_window", "window", "window",
           does="where the target declares a sliding window (transformers: the config's sliding_window, layer_types, "
                "use_sliding_window and max_window_layers; an Adapter's windows()), T beyond it: declared alike on "

@@ -11,9 +11,7 @@ ROLES = ("before", "introduced", "fixed")
 # not assumed: if one of them flags the regression, the record's check is wrong)
 NEAREST = {
     "bidirectional_prefix": ("padding",),                 # pads unmasked: padding, without the image prefix or labels
-    "flex_path": ("padding",),                            # flex_attention raised under a padding mask
     "encoder_decoder": ("padding",),                      # right padding under generate(); the zoo has causal LMs only
-    "static_cache": ("kv_cache",),                        # the cache check, on the dynamic cache use_cache=True returns
 }
 
 

@@ -32,9 +32,12 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 # requires the `kernels` package; offline they replace nothing, so the zoo loads without them
 os.environ.setdefault("USE_HUB_KERNELS", "NO")
 
-# flex_attention also runs on CPU, but torch.compile builds it anew for every input shape (seconds
-# of CPU each, and the doctor uses dozens of shapes): `--impl flex_attention` for a few architectures
+# flex_attention is not among the defaults (`--impl flex_attention` adds it): a third pass over every
+# architecture. It runs eagerly, torch.compile off for the run (FLEX_EAGER): transformers compiles it,
+# and the compiled kernel on CPU takes neither a backward nor the return_lse transformers asks for
+# (every forward raises there), nor would a compile per input shape fit the zoo's time
 IMPLS = ("eager", "sdpa")
+FLEX, FLEX_EAGER = "flex_attention", ("TORCHDYNAMO_DISABLE", "1")
 ROOT = Path("results/zoo")  # the installed release's table; other releases under ROOT/releases/
 
 
@@ -133,6 +136,8 @@ def confirm(out: Path, archs: list[str], a, shrink: dict, run_key: str, session)
 
 def main(argv=None):
     a = parse(argv)
+    if FLEX in a.impl.split(","):   # read when torch._dynamo is first imported: before any torch import here
+        os.environ.setdefault(*FLEX_EAGER)
     version = use_release(a)
     import transformers
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES

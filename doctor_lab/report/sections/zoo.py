@@ -176,8 +176,8 @@ def render_zoo(z: dict, fig_dir: Path) -> str:
            f"a process of its own. **{z['examined']} of {z['archs']}** architectures were examined with at "
            f"least one implementation. The run as a whole (imports, builds, checks, reruns): "
            f"{cost_text(z.get('cost', {}))}; the checks alone {z.get('cpu_s', 0):,.0f} CPU seconds. "
-           "Of transformers' other implementations, `flex_attention` runs on CPU but compiles for every new "
-           "input shape (`--impl flex_attention` runs it; it is not in this reference), `paged|eager` needs "
+           "Of transformers' other implementations, `flex_attention` runs on CPU eagerly, torch.compile off "
+           "(`--impl flex_attention` runs it; it is not in this reference: a third pass), `paged|eager` needs "
            "the continuous-batching cache, and the flash-attention kernels need CUDA.\n"]
     cnt = Counter((r["impl"], r["status"]) for r in results)
     cols = [s for s in STATUSES if any(cnt[(i, s)] for i in impls)]
