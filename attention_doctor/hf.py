@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from attention_doctor.adapters import CACHE_ARGS, Adapter, TargetError, Unreachable, Unsupported, _params
+from attention_doctor.module_state import restored
 from attention_doctor.signals import NotPerformed, TargetRaised
 
 # how to get transformers, in every message that needs it (README and --help say the same)
@@ -114,6 +115,10 @@ def _takes(fn, name) -> bool:
     return any(p.name == name or p.kind is p.VAR_KEYWORD for p in ps)
 
 
+# transformers' preallocated cache kinds (generate()'s cache_implementation): a model whose generation
+# config names one decodes through it by default, with no grown cache to compare a static one against
+PREALLOCATED = ("static", "hybrid", "sliding_window", "hybrid_chunked", "offloaded_static", "offloaded_hybrid")
+IMAGE_TOKEN = ("image_token_index", "image_token_id")   # a config's image token: its token types mark images
 # the keyword a causal LM takes its cache under, and the output field it returns it in: transformers
 # 5.25 renamed some models' past_key_values to cache (Mamba, FalconMamba, Mamba2)
 STATE_NAMES = ("past_key_values", "cache")
@@ -128,7 +133,8 @@ def _capacity(cache) -> int | None:
 
 @dataclass(frozen=True)
 class FixedCache:
-    """A preallocated cache the adapter built, and the tokens it holds: their positions go with each step."""
+    """A preallocated cache the adapter built, and the tokens it holds: their positions go with each step,
+    and a step of several tokens goes in one token at a time (step)."""
     cache: object
     seen: int
 
@@ -163,6 +169,19 @@ class HFCausalLM(Adapter):
         if getattr(self, "_output_attentions", False):   # the output_attentions path (attention_path)
             kw["output_attentions"] = True
         return self.module(input_ids=x, **kw).logits
+
+    def typed_forward(self, x, types):
+        """The logits with token_type_ids, where the config declares image tokens: a run of 1s is an
+        image (Gemma3), attended within itself. Elsewhere types mean other things (HRM's prefix LM: every
+        1 one block), which the doctor cannot tell from a forward: Unsupported."""
+        cfg = self.module.config
+        if "token_type_ids" not in _params(self.module.forward):
+            raise Unsupported("its forward takes no token_type_ids", "no_token_types")
+        if not any(isinstance(getattr(cfg, k, None), int) for k in IMAGE_TOKEN):   # what a type means is declared
+            raise Unsupported("its config declares no image token: what its token types mean is not declared "
+                              "(a prefix LM's one block, a segment)", "no_token_types")
+        kw = {"use_cache": False} if _takes(self.module.forward, "use_cache") else {}
+        return self.module(input_ids=x, token_type_ids=types, **kw).logits
 
     def _state_name(self) -> str:
         takes = _params(self.module.forward)
@@ -222,28 +241,42 @@ class HFCausalLM(Adapter):
 
     def step(self, state, x):
         name = self._state_name()
-        if isinstance(state, FixedCache):
-            pos = torch.arange(state.seen, state.seen + x.shape[1], device=x.device)
-            out = self.module(input_ids=x, past_key_values=state.cache, use_cache=True, cache_position=pos)
-            return FixedCache(out.past_key_values, state.seen + x.shape[1]), out.logits
+        if isinstance(state, FixedCache):   # one token at a time, as generate() decodes into these classes:
+            logits = []                      # transformers refuses a multi-token step there (assisted generate:
+            for i in range(x.shape[1]):      # "not supported with Static cache classes"), which 4.4x's sliding
+                pos = torch.arange(state.seen, state.seen + 1, device=x.device)   # layers write at one slot
+                out = self.module(input_ids=x[:, i:i + 1], past_key_values=state.cache, use_cache=True,
+                                  cache_position=pos)
+                state = FixedCache(out.past_key_values, state.seen + 1)
+                logits.append(out.logits)
+            return state, torch.cat(logits, 1)
         out = self.module(input_ids=x, **{name: state}, use_cache=True)
         return getattr(out, name), out.logits
 
     def static_decode(self, x, n):
-        """Greedy decoding of n tokens after the prompt x through the preallocated cache generate()
-        builds for cache_implementation="static" (StaticCache): (each step's logits (B, n, V), the
-        sequence). Unsupported where the release or the model has no such cache: generate() refuses
-        it before any forward."""
+        """Greedy decoding of n tokens after the prompt x by generate(), through the StaticCache it builds
+        for cache_implementation="static", and through the cache it grows by default (the same generate():
+        its positions and masks, so that only the cache differs): each step's logits (B, n, V), both.
+        Unsupported where the release or the model has no static cache (generate() refuses it before any
+        forward), or where its generate() preallocates by default (Gemma2's hybrid in 4.4x): nothing
+        grown to compare with."""
         if not hasattr(self.module, "generate"):
             raise Unsupported("no generate(): no static cache to decode through", "no_kv_cache")
-        try:
-            out = self.module.generate(x, attention_mask=torch.ones_like(x), cache_implementation="static",
-                                       max_new_tokens=n, min_new_tokens=n, do_sample=False, output_logits=True,
-                                       return_dict_in_generate=True, pad_token_id=self.pad_id or 0, eos_token_id=None)
+        default = getattr(getattr(self.module, "generation_config", None), "cache_implementation", None)
+        if default in PREALLOCATED:
+            raise Unsupported(f"its generate() preallocates its cache by default ({default}): none grown to compare "
+                              "with", "no_kv_cache")
+        kw = dict(attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                  output_logits=True, return_dict_in_generate=True, pad_token_id=self.pad_id or 0, eos_token_id=None)
+        try:   # each in a model put back after it: generate() may leave a cache there (4.39's _setup_cache on
+            with restored(self.module):   # every layer, later releases' _cache)
+                grown = self.module.generate(x, **kw)
+            with restored(self.module):
+                static = self.module.generate(x, cache_implementation="static", **kw)
         except Exception as e:  # noqa: BLE001 -- generate()'s own refusal (no static cache for this model or release), before the model's forward (its raise is TargetRaised): the static half not applicable
             raise Unsupported(f"generate(cache_implementation='static') refused: {str(e).splitlines()[0][:160]}",
                               "no_kv_cache") from None
-        return torch.stack(out.logits, 1), out.sequences
+        return torch.stack(static.logits, 1), torch.stack(grown.logits, 1)
 
     def embedding(self):
         return self.module.get_input_embeddings()

@@ -82,7 +82,7 @@ def test_a_warn_is_caught_and_a_failed_install_or_a_refusing_zoo_says_why_not(tm
 
 
 def test_a_probe_entry_is_missed_whatever_its_nearest_checks_say(tmp_path):
-    e = ENTRIES["gemma3_image_attends_next_image"]
+    e = ENTRIES["paligemma_training_pads_unmasked"]
     assert e.check in record.PROBES and e.check not in CHECKS
     p = plan.plan(e, CHECKS)
     assert p.nearest and p.checks == plan.NEAREST[e.check]

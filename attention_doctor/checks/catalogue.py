@@ -26,20 +26,27 @@ REGISTRY: tuple[Check, ...] = (
     Check("future_leak", "causality", "leak",
           does="replaces the tokens from t on (t = 1, T/2, T-1); the gradient of outputs before t w.r.t. inputs from "
                "t on (a backward the target refuses in eval mode leaves that half not run: inconclusive; a forward "
-               "under inference mode has no gradient to leak: that half n/a)",
+               "under inference mode has no gradient to leak: that half n/a); where the target takes token types "
+               "(transformers' token_type_ids), two runs of type 1 and the later one's tokens replaced",
           fails_when="an earlier output moves, or the gradient is not exactly 0",
           tolerance="1e-6: masked keys contribute exp(-huge) = 0 exactly, so a healthy model moves by 0; runs "
                     "after eval_dropout (dropout left on is not a leak)",
           applies="causal targets (LMs; a layer said or found causal)",
           thread="jsbaan/transformer-from-scratch #6", targets=("head_merge_no_transpose",),
           causes={"outputs_move": fails("an earlier output moves when later tokens change"),
+                  "later_block_seen": fails("with token types given, an output moves when a later run of type-1 "
+                                            "tokens changes (a block that sees the next one)"),
+                  "no_token_types": not_applicable("the token-types half: the forward takes no token_type_ids, or its "
+                                                   "config declares no image token (what a type means is unknown)"),
                   "gradient_nonzero": fails("outputs do not move measurably, but an earlier output's gradient reaches "
                                             "a later input")},
           measures={"outputs": "per t: {t, change}: the outputs before t, relative change with the tokens from t on "
                                "replaced",
                     "gradient_max": "the largest finite |d earlier outputs / d later inputs| over the t's (None: not "
                                     "measured)",
-                    "gradient_nonfinite": "how many of those gradients are not finite (None: not measured)"}),
+                    "gradient_nonfinite": "how many of those gradients are not finite (None: not measured)",
+                    "later_block": "with token types: the outputs before the later run of type 1, relative change with "
+                                   "its tokens replaced (None: the target takes no token types)"}),
     Check("self_visibility", "causality", "self",
           does="whether each query's own key is masked (the call's mask, or a fill in the scores its softmax got; the "
                "weights where no mask is known); where keys are added to the tokens' own (memory keys, attention "
@@ -59,7 +66,7 @@ REGISTRY: tuple[Check, ...] = (
     Check("kv_cache", "causality", "cache",
           does="prefill T-1 (T-3) tokens, then 1 (3) new ones (T_q != T_k), against the full forward; where the "
                "target decodes through a preallocated cache (transformers' StaticCache under generate()), 3 tokens "
-               "decoded through it against one full forward over the sequence",
+               "decoded through it against the same decoding through the cache grown token by token",
           fails_when="logits differ",
           tolerance="1e-5: the same sums in another order",
           applies="LMs with a KV cache (transformers' past_key_values, this project's KVCache, an Adapter's "
@@ -68,13 +75,14 @@ REGISTRY: tuple[Check, ...] = (
           causes={"prefill_differs": fails("the prefill's outputs differ from the full forward's"),
                   "new_tokens_differ": fails("the new tokens' outputs after the cache differ (a causal mask aligned "
                                              "top-left when T_q != T_k)"),
-                  "static_cache_differs": fails("tokens decoded through a preallocated cache differ from the full "
-                                                "forward (its empty slots seen: a mask dropped for is_causal)")},
+                  "static_cache_differs": fails("tokens decoded through a static cache differ from the same "
+                                                "decoding through a grown cache (its empty slots seen: a mask "
+                                                "dropped for is_causal)")},
           measures={"trials": "per trial: {prefill_tokens, new_tokens, prefill, new}: the prefill's and the new "
                               "tokens' outputs, relative difference from the full forward",
                     "raised_in": "where the target raised: {prefill_tokens, new_tokens, call: prefill or step}",
-                    "static_cache": "the tokens decoded through a static cache, relative difference from the full "
-                                    "forward (None: the target offers no static cache)"}),
+                    "static_cache": "the tokens decoded through a static cache, relative difference from the same "
+                                    "decoding through a grown cache (None: the target offers none)"}),
     Check("sliding_window", "window", "window",
           does="where the target declares a sliding window (transformers: the config's sliding_window, layer_types, "
                "use_sliding_window and max_window_layers; an Adapter's windows()), T beyond it: declared alike on "

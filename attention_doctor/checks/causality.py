@@ -278,13 +278,46 @@ def future_leak(ctx):
               (f"; gradient of earlier outputs w.r.t. later inputs{' (against ' + via + ')' if via else ''}: "
                f"max |g| = {g:.3g}, {nonfinite} non-finite"
                if g is not None else f"; gradient: {'n/a' if half.na else 'not run'} ({half.why})"))
-    cause = "outputs_move" if worst > EXACT_REL else "gradient_nonzero"
-    r = judged(worst > EXACT_REL or bad_grad, measured, f"<= {EXACT_REL:g}; gradient == 0", detail, cause,
-               limit=EXACT_REL, outputs=outputs, gradient_max=g, gradient_nonfinite=None if g is None else nonfinite)
+    typed, said = _typed_blocks(ctx, x)
+    detail += f"; {said}" if said else ""
+    cause = "outputs_move" if worst > EXACT_REL else "later_block_seen" if (typed or 0) > EXACT_REL else "gradient_nonzero"
+    if (typed or 0) > EXACT_REL and worst <= EXACT_REL:
+        measured = typed
+    r = judged(worst > EXACT_REL or bad_grad or (typed or 0) > EXACT_REL, measured, f"<= {EXACT_REL:g}; gradient == 0",
+               detail, cause, limit=EXACT_REL, outputs=outputs, gradient_max=g,
+               gradient_nonfinite=None if g is None else nonfinite, later_block=typed)
     if half is not None and half.na:
         r.measurements["not_applicable"] = ["gradient"]
         return r
     return held_in_part(r, {"the gradient half": half.why} if half is not None else {})
+
+
+BLOCKS = ((3, 7), (9, 13))   # two runs of token type 1, two tokens of type 0 between them (T >= 16)
+
+
+def _typed_blocks(ctx, x) -> tuple[float | None, str]:
+    """Where the target takes token types that mark images (the adapter's typed_forward: transformers'
+    token_type_ids where the config declares an image token; Gemma3 attends each contiguous run
+    within itself), two runs of type 1: the later run's tokens replaced, every output before it must
+    stay (an image may see itself, never a later one). (None, "") where the adapter has no
+    typed_forward, (None, why) where the target's types mark no images."""
+    fwd = getattr(ctx.adapter, "typed_forward", None)
+    if not callable(fwd) or x.shape[1] <= BLOCKS[-1][1]:
+        return None, ""
+    types = torch.zeros_like(x)
+    for a, b in BLOCKS:
+        types[:, a:b] = 1
+    later = BLOCKS[-1][0]
+    x2 = x.clone()
+    x2[:, later:BLOCKS[-1][1]] = ctx.sample(k=40)[:, later:BLOCKS[-1][1]]
+    try:
+        with torch.no_grad():
+            y, y2 = ctx.call(fwd, x, types), ctx.call(fwd, x2, types)
+    except Unsupported as e:   # no token_type_ids, or types the config says nothing of: that half n/a
+        return None, f"token types: n/a ({e.why})"
+    d = rel(y2[:, :later], y[:, :later], "the outputs before the later block")
+    return d, (f"with token types (runs of type 1 at {BLOCKS[0][0]}-{BLOCKS[0][1] - 1} and {later}-{BLOCKS[-1][1] - 1}), "
+               f"the outputs before the later run with its tokens replaced: {d:.3g}")
 
 
 def _own_keys(c, other):
@@ -411,16 +444,17 @@ STATIC_NEW = 3   # tokens decoded through the static cache: each a step of its o
 
 def _static_decode(ctx, a, x) -> tuple[float | None, str]:
     """Where the adapter decodes through a preallocated cache (static_decode: transformers' StaticCache
-    under generate()), each decoded token's logits against one full forward over the sequence: the
-    cache holds empty slots past the tokens, which a mask must hide. (None, why) where it has none."""
+    under generate()), each decoded token's logits against the same decoding through the cache grown
+    token by token: the static cache holds empty slots past the tokens, which a mask must hide. (None,
+    why) where it has none."""
     decode = getattr(a, "static_decode", None)
     if not callable(decode):
         return None, "no static cache (the adapter offers none)"
     try:
         with torch.no_grad():
-            steps, seq = ctx.call(decode, x[:, :-STATIC_NEW], STATIC_NEW)
-            full = ctx.call(a.forward, seq[:, :-1])[:, -STATIC_NEW:]
+            static, grown = ctx.call(decode, x[:, :-STATIC_NEW], STATIC_NEW)
     except Unsupported as e:   # the release or the model has none: that half is not applicable, the rest stands
         return None, f"static cache: n/a ({e.why})"
-    d = rel(steps, full, "the full forward's outputs")
-    return d, f"decoded {STATIC_NEW} through a static cache after {x.shape[1] - STATIC_NEW}: {d:.3g}"
+    d = rel(static, grown, "the logits decoded through the grown cache")
+    return d, (f"decoded {STATIC_NEW} after {x.shape[1] - STATIC_NEW} through a static cache against the grown one: "
+               f"{d:.3g}")
