@@ -158,8 +158,11 @@ class HFCausalLM(Adapter):
         absolute = any(hasattr(cfg, k) for k in ("n_positions",)) or getattr(cfg, "position_embedding_type", "") == "absolute"
         self.max_len = getattr(cfg, "max_position_embeddings", None) if absolute else None
 
+    def _uncached(self) -> dict:
+        return {"use_cache": False} if _takes(self.module.forward, "use_cache") else {}   # older GPT, XLM: no cache
+
     def forward(self, x, mask=None, positions=None):
-        kw = {"use_cache": False} if _takes(self.module.forward, "use_cache") else {}   # older GPT, XLM: no cache
+        kw = self._uncached()
         if mask is not None:
             kw["attention_mask"] = mask.long()
         if positions is not None:
@@ -180,8 +183,7 @@ class HFCausalLM(Adapter):
         if not any(isinstance(getattr(cfg, k, None), int) for k in IMAGE_TOKEN):   # what a type means is declared
             raise Unsupported("its config declares no image token: what its token types mean is not declared "
                               "(a prefix LM's one block, a segment)", "no_token_types")
-        kw = {"use_cache": False} if _takes(self.module.forward, "use_cache") else {}
-        return self.module(input_ids=x, token_type_ids=types, **kw).logits
+        return self.module(input_ids=x, token_type_ids=types, **self._uncached()).logits
 
     def _state_name(self) -> str:
         takes = _params(self.module.forward)
@@ -194,7 +196,8 @@ class HFCausalLM(Adapter):
         out = self.module(input_ids=x, use_cache=True)
         if getattr(out, name, None) is None and name == "past_key_values" and name in takes:
             out = self._with_empty_cache(x) or out
-        if _capacity(getattr(out, name, None)) is not None and "cache_position" in takes:
+        capacity = _capacity(getattr(out, name, None))
+        if capacity is not None and capacity <= x.shape[1] and "cache_position" in takes:
             roomy = self._with_room(x, getattr(out, name))
             if roomy is not None:
                 return roomy
@@ -224,16 +227,14 @@ class HFCausalLM(Adapter):
         """A cache of fixed capacity that the model sized to the prompt (Gemma2's HybridCache in 4.4x,
         a StaticCache) takes no step: the prefill again into one of its class with room for the steps
         and their positions, as generate() builds it and passes cache_position (such a cache cannot
-        count what it holds once a sliding layer wraps): (state, logits), or None where the cache has
-        room, or its class is not built so."""
+        count what it holds once a sliding layer wraps): (state, logits), or None where its class is
+        not built so."""
         n = x.shape[1]
-        if _capacity(cache) > n:
-            return None   # room enough: the model's own
         try:
             p = next(self.module.parameters())
             room = type(cache)(config=self.module.config, max_batch_size=x.shape[0], max_cache_len=2 * n + 8,
                                device=p.device, dtype=p.dtype)
-        except Exception:  # noqa: BLE001 -- a cache class not built from (config, max_batch_size, max_cache_len): the model's own kept
+        except Exception:  # noqa: BLE001 -- a cache class not built from (config, max_batch_size, max_cache_len): None, the model's own cache kept, whose step then raises (fail: target_raised, as before this path); the class's refusal is no verdict of its own
             return None
         out = self.module(input_ids=x, use_cache=True, past_key_values=room,
                           cache_position=torch.arange(n, device=x.device))
@@ -273,7 +274,7 @@ class HFCausalLM(Adapter):
                 grown = self.module.generate(x, **kw)
             with restored(self.module):
                 static = self.module.generate(x, cache_implementation="static", **kw)
-        except Exception as e:  # noqa: BLE001 -- generate()'s own refusal (no static cache for this model or release), before the model's forward (its raise is TargetRaised): the static half not applicable
+        except Exception as e:  # noqa: BLE001 -- generate()'s own code refused (no static cache for this model or release; generate unusable here), not the model's forward (whose raise is TargetRaised, a fail): Unsupported, the static half n/a with generate's words in the detail, the rest of kv_cache stands
             raise Unsupported(f"generate(cache_implementation='static') refused: {str(e).splitlines()[0][:160]}",
                               "no_kv_cache") from None
         return torch.stack(static.logits, 1), torch.stack(grown.logits, 1)

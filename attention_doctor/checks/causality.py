@@ -280,10 +280,11 @@ def future_leak(ctx):
                if g is not None else f"; gradient: {'n/a' if half.na else 'not run'} ({half.why})"))
     typed, said = _typed_blocks(ctx, x)
     detail += f"; {said}" if said else ""
-    cause = "outputs_move" if worst > EXACT_REL else "later_block_seen" if (typed or 0) > EXACT_REL else "gradient_nonzero"
-    if (typed or 0) > EXACT_REL and worst <= EXACT_REL:
+    block_seen = typed is not None and typed > EXACT_REL
+    cause = "outputs_move" if worst > EXACT_REL else "later_block_seen" if block_seen else "gradient_nonzero"
+    if block_seen and worst <= EXACT_REL:
         measured = typed
-    r = judged(worst > EXACT_REL or bad_grad or (typed or 0) > EXACT_REL, measured, f"<= {EXACT_REL:g}; gradient == 0",
+    r = judged(worst > EXACT_REL or bad_grad or block_seen, measured, f"<= {EXACT_REL:g}; gradient == 0",
                detail, cause, limit=EXACT_REL, outputs=outputs, gradient_max=g,
                gradient_nonfinite=None if g is None else nonfinite, later_block=typed)
     if half is not None and half.na:
