@@ -139,7 +139,12 @@ def main(argv=None):
     if FLEX in a.impl.split(","):   # read when torch._dynamo is first imported: before any torch import here
         os.environ.setdefault(*FLEX_EAGER)
     version = use_release(a)
-    import transformers
+    from attention_doctor.hf import TargetError
+    from attention_doctor.hf import transformers as need_transformers
+    try:
+        transformers = need_transformers()
+    except TargetError as e:   # not installed: one line naming the install command, exit 2
+        fail(str(e))
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     from doctor_lab.zoo import runner, table
