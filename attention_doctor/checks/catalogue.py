@@ -66,7 +66,9 @@ REGISTRY: tuple[Check, ...] = (
     Check("kv_cache", "causality", "cache",
           does="prefill T-1 (T-3) tokens, then 1 (3) new ones (T_q != T_k), against the full forward; where the "
                "target decodes through a preallocated cache (transformers' StaticCache under generate()), 3 tokens "
-               "decoded through it against the same decoding through the cache grown token by token",
+               "decoded through it against the same decoding through the cache grown token by token; where the "
+               "target's cache is of its own kind (Mamba's cache_params, RWKV's state), 3 tokens decoded by its "
+               "generate() with the cache against without it",
           fails_when="logits differ",
           tolerance="1e-5: the same sums in another order",
           applies="LMs with a KV cache (transformers' past_key_values, this project's KVCache, an Adapter's "
@@ -82,7 +84,9 @@ REGISTRY: tuple[Check, ...] = (
                               "tokens' outputs, relative difference from the full forward",
                     "raised_in": "where the target raised: {prefill_tokens, new_tokens, call: prefill or step}",
                     "static_cache": "the tokens decoded through a static cache, relative difference from the same "
-                                    "decoding through a grown cache (None: the target offers none)"}),
+                                    "decoding through a grown cache (None: the target offers none)",
+                    "generated": "a cache of the target's own kind: the tokens its generate() decodes with the cache, "
+                                 "relative difference from the same decoding without it"}),
     Check("sliding_window", "window", "window",
           does="where the target declares a sliding window (transformers: the config's sliding_window, layer_types, "
                "use_sliding_window and max_window_layers; an Adapter's windows()), T beyond it: declared alike on "

@@ -16,7 +16,7 @@ from attention_doctor.checks.common import (
     row,
 )
 from attention_doctor.result import FAIL, PASS
-from attention_doctor.signals import Signal, TargetRaised, Unsupported, doctor_hook
+from attention_doctor.signals import Signal, TargetRaised, Unreachable, Unsupported, doctor_hook
 
 # -- the description ------------------------------------------------------------------------------
 
@@ -411,7 +411,11 @@ def kv_cache(ctx):
         P, where = ctx.T - n, "prefill"
         try:
             with torch.no_grad():
-                state, pre = ctx.call(a.prefill, x[:, :-n])
+                try:
+                    state, pre = ctx.call(a.prefill, x[:, :-n])
+                except Unreachable as e:   # a cache of the target's own kind: decoded where the adapter can
+                    _end_cache(a)
+                    return _generated(ctx, a, x, e)
                 where = "step"
                 state, new = ctx.call(a.step, state, x[:, -n:])
         except TargetRaised as e:
@@ -441,6 +445,31 @@ def kv_cache(ctx):
 
 
 STATIC_NEW = 3   # tokens decoded through the static cache: each a step of its own, as generate() decodes
+
+
+def _generated(ctx, a, x, undriven):
+    """A cache the doctor does not drive (Unreachable from prefill), where the adapter decodes through
+    it (generated_decode: transformers' generate() passes Mamba's cache_params, RWKV's state): STATIC_NEW
+    tokens decoded greedily with the cache against the same decoding without it, each step's logits.
+    The prefill and multi-token steps are not seen there; without such a driver, or where it cannot
+    read the cache, `undriven` stands (inconclusive)."""
+    decode = getattr(a, "generated_decode", None)
+    if not callable(decode):
+        raise undriven
+    try:
+        with torch.no_grad():
+            cached, uncached = ctx.call(decode, x[:, :-STATIC_NEW], STATIC_NEW)
+    except Unreachable as e:
+        raise Unreachable(f"{undriven.why}; {e.why}") from None
+    except TargetRaised as e:
+        return row(FAIL, None, "", f"the target raised on a valid input: {e.error} (decoding {STATIC_NEW} tokens "
+                   "with its cache through generate())", "target_raised", limit=AGREE_REL, error=e.error,
+                   raised_in={"prefill_tokens": x.shape[1] - STATIC_NEW, "new_tokens": 1, "call": "generate"})
+    d = rel(cached, uncached, "the logits decoded without the cache")
+    return judged(d > AGREE_REL, d, f"<= {AGREE_REL:g}",
+                  f"its own cache, driven by its generate(): {STATIC_NEW} tokens decoded after {x.shape[1] - STATIC_NEW} "
+                  f"with the cache against without it: {d:.3g} (the prefill and multi-token steps not seen)",
+                  "new_tokens_differ" if d > AGREE_REL else "", limit=AGREE_REL, generated=d)
 
 
 def _static_decode(ctx, a, x) -> tuple[float | None, str]:
