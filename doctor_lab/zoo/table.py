@@ -41,7 +41,7 @@ def reruns(results: list[dict], reran: list[dict]) -> list[dict]:
     for rec in reran:
         for check in rec.get("checks", []):
             row = verdicts.get((rec["arch"], rec["impl"], check))
-            if row is None:
+            if row is None or outcome(row) not in ("fail", "warn"):   # a rerun of a row that now passes is stale
                 continue
             conds = {}
             for c in CONDITIONS:
