@@ -254,10 +254,24 @@ class HFCausalLM(Adapter):
         out = self.module(input_ids=x, **{name: state}, use_cache=True)
         return getattr(out, name), out.logits
 
-    def _greedy(self, x, n) -> dict:
-        """generate()'s arguments for exactly n greedy tokens after x, every step's logits returned."""
-        return dict(attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                    output_logits=True, return_dict_in_generate=True, pad_token_id=self.pad_id or 0, eos_token_id=None)
+    def _decoded(self, x, n, fed: list | None = None, **how):
+        """The logits (B, n, V) of n tokens greedily decoded after x by generate() (`how`: its cache
+        options), in a model put back after it: generate() may leave a cache there (4.39's _setup_cache on
+        every layer, later releases' _cache). `fed`, where given, collects the tokens each forward was fed."""
+        def seen(_, args, kwargs):
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            fed.append(ids.shape[1] if isinstance(ids, torch.Tensor) and ids.dim() == 2 else None)
+
+        with restored(self.module):
+            hook = self.module.register_forward_pre_hook(seen, with_kwargs=True) if fed is not None else None
+            try:
+                out = self.module.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n,
+                                           do_sample=False, output_logits=True, return_dict_in_generate=True,
+                                           pad_token_id=self.pad_id or 0, eos_token_id=None, **how)
+            finally:
+                if hook is not None:
+                    hook.remove()
+        return torch.stack(out.logits, 1)
 
     def static_decode(self, x, n):
         """Greedy decoding of n tokens after the prompt x by generate(), through the StaticCache it builds
@@ -272,16 +286,12 @@ class HFCausalLM(Adapter):
         if default in PREALLOCATED:
             raise Unsupported(f"its generate() preallocates its cache by default ({default}): none grown to compare "
                               "with", "no_kv_cache")
-        kw = self._greedy(x, n)
-        try:   # each in a model put back after it: generate() may leave a cache there (4.39's _setup_cache on
-            with restored(self.module):   # every layer, later releases' _cache)
-                grown = self.module.generate(x, **kw)
-            with restored(self.module):
-                static = self.module.generate(x, cache_implementation="static", **kw)
+        try:
+            grown = self._decoded(x, n)
+            return self._decoded(x, n, cache_implementation="static"), grown
         except Exception as e:  # noqa: BLE001 -- generate()'s own code refused (no static cache for this model or release; generate unusable here), not the model's forward (whose raise is TargetRaised, a fail): Unsupported, the static half n/a with generate's words in the detail, the rest of kv_cache stands
             raise Unsupported(f"generate(cache_implementation='static') refused: {str(e).splitlines()[0][:160]}",
                               "no_kv_cache") from None
-        return torch.stack(static.logits, 1), torch.stack(grown.logits, 1)
 
     def generated_decode(self, x, n):
         """Greedy decoding of n tokens after the prompt x by generate() with its cache and without
@@ -292,36 +302,23 @@ class HFCausalLM(Adapter):
         decodes with its cache either way: XLNet's mems)."""
         if not hasattr(self.module, "generate"):
             raise Unreachable("no generate() to drive its cache")
-        kw = self._greedy(x, n)
-        lengths = {True: [], False: []}   # the tokens each forward was fed, per run
-
-        def run(use_cache):
-            def seen(_, args, kwargs):
-                ids = kwargs.get("input_ids", args[0] if args else None)
-                lengths[use_cache].append(ids.shape[1] if isinstance(ids, torch.Tensor) and ids.dim() == 2 else None)
-            with restored(self.module):   # each in a model put back after it (generate() may leave a cache there)
-                hook = self.module.register_forward_pre_hook(seen, with_kwargs=True)
-                try:
-                    return self.module.generate(x, use_cache=use_cache, **kw)
-                finally:
-                    hook.remove()
-
+        fed = {True: [], False: []}   # the tokens each forward was fed, per run
         try:
-            cached = run(True)   # the target raising here is a cached decoding that fails (TargetRaised)
+            cached = self._decoded(x, n, fed[True], use_cache=True)   # the target raising here fails (TargetRaised)
             try:
-                uncached = run(False)
+                uncached = self._decoded(x, n, fed[False], use_cache=False)
             except TargetRaised as e:   # no reference: not the cache's failure
                 raise Unreachable(f"generate(use_cache=False) raised: {e.error}") from None
         except Exception as e:  # noqa: BLE001 -- generate()'s own code refused (the model's forward raising is TargetRaised, a fail): Unreachable, kv_cache inconclusive with generate's words, as without this driver
             raise Unreachable(f"generate() refused to decode: {str(e).splitlines()[0][:160] if str(e) else type(e).__name__}") from None
-        whole = [[isinstance(k, int) and k >= x.shape[1] + i for i, k in enumerate(lengths[c])] for c in (True, False)]
-        if all(whole[0]):
-            raise Unreachable(f"generate() fed every step the whole sequence (inputs of {lengths[True]} tokens): "
+        whole = {c: [isinstance(k, int) and k >= x.shape[1] + i for i, k in enumerate(fed[c])] for c in fed}
+        if all(whole[True]):
+            raise Unreachable(f"generate() fed every step the whole sequence (inputs of {fed[True]} tokens): "
                               "its cache was never read")
-        if not all(whole[1]):
-            raise Unreachable(f"generate(use_cache=False) still fed only new tokens (inputs of {lengths[False]} tokens): "
+        if not all(whole[False]):
+            raise Unreachable(f"generate(use_cache=False) still fed only new tokens (inputs of {fed[False]} tokens): "
                               "it decodes with its cache either way, nothing uncached to compare with")
-        return torch.stack(cached.logits, 1), torch.stack(uncached.logits, 1)
+        return cached, uncached
 
     def embedding(self):
         return self.module.get_input_embeddings()

@@ -411,18 +411,15 @@ def kv_cache(ctx):
         P, where = ctx.T - n, "prefill"
         try:
             with torch.no_grad():
-                try:
-                    state, pre = ctx.call(a.prefill, x[:, :-n])
-                except Unreachable as e:   # a cache of the target's own kind: decoded where the adapter can
-                    _end_cache(a)
-                    return _generated(ctx, a, x, e)
+                state, pre = ctx.call(a.prefill, x[:, :-n])
                 where = "step"
                 state, new = ctx.call(a.step, state, x[:, -n:])
+        except Unreachable as e:   # a cache of the target's own kind: decoded where the adapter can
+            _end_cache(a)
+            return _generated(ctx, a, x, e)
         except TargetRaised as e:
             _end_cache(a)
-            return row(FAIL, None, "", f"the target raised on a valid input: {e.error} (in {where}, prefill {P} then "
-                       f"{n} new)", "target_raised", limit=AGREE_REL, trials=trials, error=e.error,
-                       raised_in={"prefill_tokens": P, "new_tokens": n, "call": where})
+            return _raised(e, f"in {where}, prefill {P} then {n} new", P, n, where, trials=trials)
         for what, got, want in (("prefill", pre, full[:, :-n]), ("step", new, full[:, -n:])):
             if tuple(got.shape) != tuple(want.shape):   # e.g. a step that returns every token's logits
                 _end_cache(a)
@@ -444,6 +441,13 @@ def kv_cache(ctx):
                   static_cache=static)
 
 
+def _raised(e, how, prefill, new, call, **measurements):
+    """kv_cache's fail where the target raised on a valid input: where (`how`), and the call it raised in."""
+    return row(FAIL, None, "", f"the target raised on a valid input: {e.error} ({how})", "target_raised",
+               limit=AGREE_REL, error=e.error, raised_in={"prefill_tokens": prefill, "new_tokens": new, "call": call},
+               **measurements)
+
+
 STATIC_NEW = 3   # tokens decoded through the static cache: each a step of its own, as generate() decodes
 
 
@@ -462,9 +466,8 @@ def _generated(ctx, a, x, undriven):
     except Unreachable as e:
         raise Unreachable(f"{undriven.why}; {e.why}") from None
     except TargetRaised as e:
-        return row(FAIL, None, "", f"the target raised on a valid input: {e.error} (decoding {STATIC_NEW} tokens "
-                   "with its cache through generate())", "target_raised", limit=AGREE_REL, error=e.error,
-                   raised_in={"prefill_tokens": x.shape[1] - STATIC_NEW, "new_tokens": 1, "call": "generate"})
+        return _raised(e, f"decoding {STATIC_NEW} tokens with its cache through generate()", x.shape[1] - STATIC_NEW,
+                       1, "generate")
     d = rel(cached, uncached, "the logits decoded without the cache")
     return judged(d > AGREE_REL, d, f"<= {AGREE_REL:g}",
                   f"its own cache, driven by its generate(): {STATIC_NEW} tokens decoded after {x.shape[1] - STATIC_NEW} "
