@@ -11,7 +11,7 @@ import torch
 
 from attention_doctor.adapters import CACHE_ARGS, Adapter, TargetError, Unreachable, Unsupported, _params
 from attention_doctor.module_state import restored
-from attention_doctor.signals import NotPerformed, TargetRaised
+from attention_doctor.signals import NotPerformed, TargetRaised, said
 
 # how to get transformers, in every message that needs it (README and --help say the same)
 INSTALL = "pip install -r requirements-validation.txt (in the clone: the transformers release the zoo pins)"
@@ -502,7 +502,8 @@ def saved_and_loaded(adapter):
             new = type(model).from_pretrained(d, **kw)
         except Exception as e:  # noqa: BLE001 -- the library's save or load raised (not the forward): inconclusive, named
             raise NotPerformed(f"save_pretrained / from_pretrained raised {type(e).__name__}: "
-                               f"{str(e).splitlines()[0][:160] if str(e) else ''}", "not_reloaded") from None
+                               f"{str(e).splitlines()[0][:160] if str(e) else ''}", "not_reloaded",
+                               {"error": said(e)}) from None
         b = copy.copy(adapter)
         b.module = new.to(device=adapter.device, dtype=adapter.dtype).eval()
         yield b

@@ -6,6 +6,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from attention_doctor import Adapter, examine
+from attention_doctor.project import ProjectLM
 from attention_doctor.result import FAIL, PASS
 
 V, D = 16, 16
@@ -178,3 +179,22 @@ def test_score_scale_is_measured_inside_the_calls_where_q_and_k_are_normalised_a
     torch.manual_seed(0)
     row = examine(NormedQK(eager=eager, scale=1.0), causal=True, checks=["score_scale"])["score_scale"]
     assert row.outcome == FAIL and row.cause == "too_large", row   # std ~ sqrt(16)
+
+
+class OffsetInPlace(ProjectLM):
+    """XGLM's pattern in transformers 4.x: the forward adds its offset to the caller's position ids in
+    place (`position_ids += self.offset`): a view that shares one row between the batch raises there."""
+
+    def forward(self, x, mask=None, positions=None):
+        if positions is not None:
+            positions += 2          # the target's offset, written into what it was given
+            positions = positions - 2
+        return super().forward(x, mask, positions)
+
+
+def test_positions_given_in_their_own_memory_take_an_in_place_offset():
+    from attention.lm import ModelConfig, TransformerLM
+    torch.manual_seed(0)
+    lm = TransformerLM(ModelConfig(vocab_size=V, block_size=32, d_model=32, n_layers=2, n_heads=2, pos="rope")).eval()
+    row = examine(OffsetInPlace(lm), checks=["eval_dropout", "long_positions"])["long_positions"]
+    assert row.outcome == PASS, row

@@ -88,6 +88,26 @@ def test_a_decode_step_that_drops_its_mask_fails_only_through_a_static_cache():
     assert max(t["new"] for t in r.measurements["trials"]) <= 1e-5 < 1e-2 < r.measurements["static_cache"]
 
 
+def test_a_forward_that_raises_only_through_a_static_cache_fails_there():
+    """The pattern of transformers 5.0.0's XGLM and BERT decoders: a mask sized to the tokens seen, which
+    a static cache's slots outnumber. The dynamic trials pass; the row says the static decoding raised."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    def seen_tokens_only(module, query, key, value, attention_mask, **kw):
+        if attention_mask is not None and bool((~attention_mask.bool()).any(-2).any()) and query.shape[2] == 1:
+            raise ValueError("the keys outnumber the tokens seen")   # a static cache's empty slots
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kw)
+    AttentionInterface.register("seen_tokens_only", seen_tokens_only)
+    AttentionMaskInterface.register("seen_tokens_only", sdpa_mask)
+    r = examine(HFCausalLM(_tiny_llama("seen_tokens_only")), checks=["kv_cache"], strict=True)["kv_cache"]
+    assert r.outcome is FAIL and r.cause == "target_raised", r.detail
+    assert r.measurements["raised_in"]["call"] == "static_generate", r.measurements
+    assert "the keys outnumber the tokens seen" in r.measurements["error"]
+    assert max(t["new"] for t in r.measurements["trials"]) <= 1e-5
+
+
 class PromptSizedCache:
     """A preallocated cache as transformers 4.4x's HybridCache / StaticCache: its capacity fixed at
     construction (max_cache_len), slots written at cache_position, every slot a key (empty ones too)."""

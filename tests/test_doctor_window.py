@@ -32,6 +32,27 @@ class Attention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(B, T, d)
 
 
+class SinkAttention(Attention):
+    """The same attention written by hand with a learned sink logit per head concatenated after the
+    keys' scores before the softmax, and dropped after it (GPT-OSS's and MiMo's eager pattern)."""
+    def __init__(self, d, heads, window):
+        super().__init__(d, heads, window)
+        self.sinks = nn.Parameter(torch.zeros(heads))
+
+    def forward(self, x):
+        B, T, d = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.h, d // self.h).permute(2, 0, 3, 1, 4)
+        i = torch.arange(T)
+        mask = i[:, None] >= i[None, :]
+        if self.window is not None:
+            mask = mask & (i[:, None] - i[None, :] < self.window)
+        s = (q @ k.transpose(-2, -1)) / (d // self.h) ** 0.5
+        s = s.masked_fill(~mask, torch.finfo(s.dtype).min)
+        s = torch.cat([s, self.sinks.view(1, -1, 1, 1).expand(B, -1, T, 1)], dim=-1)
+        w = torch.softmax(s, dim=-1)[..., :-1]
+        return (w @ v).transpose(1, 2).reshape(B, T, d)
+
+
 class Scan(nn.Module):
     """A recurrent layer of no softmax attention (a running mean): carries every token past any window."""
     def forward(self, x):
@@ -43,7 +64,8 @@ class WindowLM(nn.Module):
     def __init__(self, applied, vocab=16, d=16, heads=2):
         super().__init__()
         self.emb, self.head = nn.Embedding(vocab, d), nn.Linear(d, vocab)
-        self.layers = nn.ModuleList(Scan() if w == SCAN else Attention(d, heads, w) for w in applied)
+        self.layers = nn.ModuleList(Scan() if w == SCAN else SinkAttention(d, heads, w[1]) if isinstance(w, tuple)
+                                    else Attention(d, heads, w) for w in applied)
 
     def forward(self, ids):
         x = self.emb(ids)
@@ -100,6 +122,16 @@ def test_mixed_layers_read_per_call():
     assert r.outcome is FAIL and r.cause == "window_ignored", r.detail
     r = run([4, 4], (4, [True, False]))         # the full layer got one
     assert r.outcome is FAIL and r.cause == "window_applied", r.detail
+
+
+def test_sinks_concatenated_to_the_scores_leave_the_mask_readable():
+    # each call's mask over the tokens' keys is the block before the sink column (GPT-OSS, MiMo)
+    r = run([("sink", 4), ("sink", None)], (4, [True, False]))
+    assert r.outcome is PASS, r.detail
+    assert [x["far_keys_visible"] > 0 for x in r.measurements["layers"]] == [False, True]
+    r = run([("sink", None), 4], (4, [True, False]))   # the sliding sink layer lost its window, the full one got one
+    assert r.outcome is FAIL and r.cause == "window_ignored", r.detail
+    assert [x["far_keys_visible"] > 0 for x in r.measurements["layers"]] == [True, False]
 
 
 def test_layers_of_no_softmax_attention_between_windows_read_per_call():

@@ -149,7 +149,9 @@ def test_report_section_counts_problems_and_rows(tmp_path):
     # each verdict class its own column: pass / fail / warn / n/a / inconclusive
     assert "pass / fail / warn / n/a / inconclusive" in md
     assert "| padding | 2 / 0 / 1 / 0 / 0 | 1 / 0 / 1 / 0 / 0 |" in md
-    assert "### Inconclusive (1 rows)" in md and "llama (eager)" in md
+    # the inconclusive row no entry of inconclusive.yaml explains: untriaged, loud, its share of the check rows
+    assert "### Inconclusive (1 of 12 check rows, 8.33%)" in md
+    assert "| untriaged:llama:score_scale | **untriaged** (score_scale) | 1 | llama (eager) |" in md
     # problems: gpt2's two warns are one problem (#21080), the two eager low_precision fails one (#33317),
     # newarch's two kv_cache fails one untriaged problem: 6 rows, 3 problems
     assert "6 fail or warn rows, **3 problems**" in md

@@ -28,7 +28,7 @@ def new_scores(ctx, adapter, x, offset, autocast=False) -> list[tuple[torch.Tens
     """[(scores, visible)] of the first attention call: its T new queries against the T new keys
     (float64), at positions offset.., q and k unit-variance; [] if no call's scores were seen."""
     T = x.shape[1]
-    pos = torch.arange(offset, offset + T, device=adapter.device).expand(x.shape[0], -1)
+    pos = torch.arange(offset, offset + T, device=adapter.device).repeat(x.shape[0], 1)   # its own memory (see precision._at)
     cast = torch.autocast(adapter.device.type, dtype=torch.bfloat16) if autocast else nullcontext()
     with unit_qk(ctx, adapter), cast:
         _, calls = ctx.probe(x, positions=pos, adapter=adapter)

@@ -82,7 +82,7 @@ REGISTRY: tuple[Check, ...] = (
                                                 "dropped for is_causal)")},
           measures={"trials": "per trial: {prefill_tokens, new_tokens, prefill, new}: the prefill's and the new "
                               "tokens' outputs, relative difference from the full forward",
-                    "raised_in": "where the target raised: {prefill_tokens, new_tokens, call: prefill or step}",
+                    "raised_in": "where the target raised: {prefill_tokens, new_tokens, call: prefill, step, generate (its own cache driven by generate()) or static_generate (generate() through a static cache)}",
                     "static_cache": "the tokens decoded through a static cache, relative difference from the same "
                                     "decoding through a grown cache (None: the target offers none)",
                     "generated": "a cache of the target's own kind: the tokens its generate() decodes with the cache, "
@@ -328,9 +328,10 @@ REGISTRY: tuple[Check, ...] = (
                                           "configuration value not written, or overwritten on load)"),
                   "no_save_load": not_applicable("the target has no save and load of its own"),
                   "not_reloaded": cannot("saving or loading raised (the library's code, not the forward): named in "
-                                         "the reason")},
+                                         "the reason and in `error`")},
           measures={"plain": "the plain batch's outputs reloaded against before saving: relative difference",
-                    "padded": "the same, left-padded, real tokens (None: no padding mask)"}),
+                    "padded": "the same, left-padded, real tokens (None: no padding mask)",
+                    "error": "where saving or loading raised (not_reloaded): its exception in one line"}),
 )
 ORDER: tuple[str, ...] = tuple(c.name for c in REGISTRY)
 BY_NAME: dict[str, Check] = {c.name: c for c in REGISTRY}

@@ -433,7 +433,11 @@ def kv_cache(ctx):
     detail = "cached against the full forward: " + "; ".join(
         f"prefill {t['prefill_tokens']} then {t['new_tokens']} new: prefill {t['prefill']:.3g}, new tokens {t['new']:.3g}"
         for t in trials)
-    static, said = _static_decode(ctx, a, x)
+    try:
+        static, said = _static_decode(ctx, a, x)
+    except TargetRaised as e:   # the model's forward raised inside generate()'s static decoding: the row says so
+        return _raised(e, f"decoding {STATIC_NEW} tokens through a static cache with generate()", x.shape[1] - STATIC_NEW,
+                       1, "static_generate", trials=trials)
     if static is not None:
         worst = max(worst, static)
         cause = cause or ("static_cache_differs" if static > AGREE_REL else "")

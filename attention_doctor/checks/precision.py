@@ -337,7 +337,7 @@ def low_precision(ctx):
 def _at(ctx, adapter, x, offset, autocast=False):
     """Outputs at positions offset.., with q and k unit-variance (scores of std ~1 make the
     outputs depend on the positions; at init they barely do); autocast: under bfloat16 autocast."""
-    pos = torch.arange(offset, offset + x.shape[1], device=adapter.device).expand(x.shape[0], -1)
+    pos = torch.arange(offset, offset + x.shape[1], device=adapter.device).repeat(x.shape[0], 1)   # its own memory: a target may add to it in place (XGLM in 4.x)
     amp = torch.autocast(adapter.device.type, dtype=torch.bfloat16) if autocast else nullcontext()
     with unit_qk(ctx, adapter), amp:
         return ctx.run(x, positions=pos, adapter=adapter).float()
@@ -351,7 +351,7 @@ def _per_query_residual(ctx, adapter, x):
     are not finite where those at +0 are visible leave inf; those at +0 not finite: NotPerformed."""
     calls = []
     for o in (0, LONG_OFFSET):
-        pos = torch.arange(o, o + x.shape[1], device=adapter.device).expand(x.shape[0], -1)
+        pos = torch.arange(o, o + x.shape[1], device=adapter.device).repeat(x.shape[0], 1)
         with unit_qk(ctx, adapter):
             calls.append(ctx.probe(x, positions=pos, adapter=adapter)[1])
     pairs = [(c0, c1) for c0, c1 in zip(*calls) if c0.weights is not None or c0.complete]

@@ -37,6 +37,13 @@ def _far(T: int, w: int) -> torch.Tensor:
     return (i[:, None] - i[None, :]) > w
 
 
+def _token_mask(c):
+    """A call's mask over the tokens' keys: where other columns were concatenated to q k^T's scores
+    (attention sinks' logits: GPT-OSS, MiMo), only the block of the tokens' keys; None: not known."""
+    block = c.extra.get("key_block")
+    return c.visible if c.visible is None or block is None else c.visible[..., block]
+
+
 def _per_call(ctx, w: int, slides: list[bool | str] | None) -> dict:
     """Each square attention call's mask against its layer's declaration (None: undeclared, the masks
     read alone), calls taken in layer order."""
@@ -45,8 +52,8 @@ def _per_call(ctx, w: int, slides: list[bool | str] | None) -> dict:
         raise NotPerformed(f"window {w}: the check runs at most {MAX_T} tokens (a smaller window, as the zoo's "
                            "shrunk configs set, enables it)", "window_too_long")
     _, calls = ctx.probe(ctx.sample(T=T, k=60))
-    square = [c for c in calls if c.visible is not None and c.visible.shape[-1] == T
-              and c.visible.shape[-2] in (1, T)]
+    masks = [_token_mask(c) for c in calls]
+    square = [m for m in masks if m is not None and m.shape[-1] == T and m.shape[-2] in (1, T)]
     if not square:   # calls seen (a fused kernel) are attention already: no forward to rule it out
         why = "no attention call whose mask the doctor can read (a fused kernel)"
         raise NotPerformed(why, "scores_unseen") if calls else ctx.unseen(why)
@@ -55,8 +62,8 @@ def _per_call(ctx, w: int, slides: list[bool | str] | None) -> dict:
                            "the calls cannot be matched to the layers", "scores_unseen")
     far = _far(T, w)
     layers = []
-    for n, (c, s) in enumerate(zip(square, slides or [None] * len(square))):
-        vis = c.visible.expand(*c.visible.shape[:-2], T, T).reshape(-1, T, T).any(0).cpu()
+    for n, (m, s) in enumerate(zip(square, slides or [None] * len(square))):
+        vis = m.expand(*m.shape[:-2], T, T).reshape(-1, T, T).any(0).cpu()
         seen_far = int((vis & far).sum())
         layers.append({"layer": n, "sliding": s, "far_keys_visible": seen_far, "far_keys": int(far.sum())})
     return {"T": T, "layers": layers}

@@ -104,6 +104,7 @@ def render(lib: Library, z: dict, fig_dir: Path) -> str:
         what = (f"{zoo.KIND_NAMES[p['shown']]}: {e['note']}" if e else
                 f"**untriaged** ({', '.join(sorted({f['check'] for f in p['rows']}))})")
         out.append(f"| {p['key']} | {what} | {len(p['rows'])} | {triage.where(p['rows'])} | {zoo.ref(e)} |")
+    out += _inconclusive(z, ps)
     ne = {a: why for a, why in z.get("not_examined", {}).items()}
     if ne:
         out.append(f"\n### {lib.library}: {lib.target}s not examined ({len(ne)})\n\nEach with why (by design, a path the library refuses, "
@@ -113,6 +114,19 @@ def render(lib: Library, z: dict, fig_dir: Path) -> str:
         out.append(f"\nNot run in this table: {', '.join(z['not_run'])}.")
     out += _over_releases(lib, fig_dir)
     return "\n".join(out) + "\n"
+
+
+def _inconclusive(z: dict, ps: list[dict]) -> list[str]:
+    """The inconclusive rows' share of the check rows, and the problem each is under (a library zoo
+    triages them with its fails: what stops the check there is the target's, known or found)."""
+    by = [(p, sum(f["verdict"] == "inconclusive" for f in p["rows"])) for p in ps]
+    by = [(p, n) for p, n in by if n]
+    if not by:
+        return []
+    i = {"rows": sum(n for _, n in by),
+         "checks": sum(len(r.get("checks", [])) for r in z["results"] if r["status"] == "examined")}
+    return [f"\nInconclusive: {zoo.share_text(i)}, each under the problem above that stops the check there: "
+            + ", ".join(f"{p['key']} ({n}, {zoo.KIND_NAMES[p['shown']]})" for p, n in by) + "."]
 
 
 def _over_releases(lib: Library, fig_dir: Path) -> list[str]:

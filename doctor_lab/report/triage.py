@@ -1,7 +1,8 @@
 """A zoo's triage: every flagged row of a zoo table (any release) assigned to a problem, one cause
 each, by the zoo's rules file (the transformers zoo: doctor_lab/zoo/triage.yaml, its fail and warn
-rows; a library zoo, doctor_lab/zoo_xt/ and doctor_lab/zoo_diffusers/: every row that is not a
-pass or n/a, see Spec). Rows of one problem are counted once as a problem and each as a row. Pure
+rows, and doctor_lab/zoo/inconclusive.yaml, its inconclusive rows, each as a limit of the target,
+of this machine or of the doctor; a library zoo, doctor_lab/zoo_xt/ and doctor_lab/zoo_diffusers/:
+every row that is not a pass or n/a, see Spec). Rows of one problem are counted once as a problem and each as a row. Pure
 Python (the report never loads torch)."""
 import fnmatch
 import re
@@ -14,7 +15,13 @@ from attention_doctor.result import OUTCOMES as ALL_OUTCOMES
 from attention_doctor.result import Row
 
 TRIAGE = Path(__file__).resolve().parents[1] / "zoo" / "triage.yaml"
+INCONCLUSIVE = TRIAGE.with_name("inconclusive.yaml")
 KINDS = {"known": "known behaviour", "false_alarm": "doctor false alarm", "finding": "new finding"}
+# why a check could not look (inconclusive rows): the target's nature or its source says so (thread:
+# where), this machine lacks what the target needs (note: what), or the doctor cannot yet (note: what
+# it needs); only the last is the doctor's to mend
+LIMITS = {"target_limit": "limit of the target", "machine_limit": "limit of this machine",
+          "doctor_limit": "limit of the doctor"}
 RULE_KEYS = {"check", "verdict", "impl", "archs", "sides", "cause", "error", "measures", "not_run", "releases"}
 ENTRY_KEYS = {"id", "kind", "thread", "finding", "note", "match"}
 OUTCOMES = tuple(o.value for o in ALL_OUTCOMES)
@@ -31,9 +38,10 @@ class Spec:
     rules: Path
     kinds: tuple = ("fail", "warn")
     absent: tuple = ()
+    allowed: tuple = tuple(KINDS)
 
     def entries(self) -> list[dict]:
-        return load(self.rules)
+        return load(self.rules, self.allowed)
 
     def flags(self, results: list[dict], release: str = "") -> list[dict]:
         return flags(results, release, self.kinds, self.absent)
@@ -58,9 +66,10 @@ def outcome(c: dict) -> str:
     return Row.from_dict({"name": "", **c}).outcome.value
 
 
-def load(path=TRIAGE) -> list[dict]:
-    """The entries, checked: a unique id, a kind, its thread or finding, and its rules (the
-    entry's own rule keys, or a `match:` list of rules)."""
+def load(path=TRIAGE, allowed=tuple(KINDS)) -> list[dict]:
+    """The entries, checked: a unique id, a kind of `allowed`, its thread or finding (a limit of
+    the target its thread too), a limit its note, and its rules (the entry's own rule keys, or a
+    `match:` list of rules)."""
     entries = yaml.safe_load(Path(path).read_text()) or [] if Path(path).exists() else []
     seen = set()
     for e in entries:
@@ -68,12 +77,14 @@ def load(path=TRIAGE) -> list[dict]:
         if not e.get("id") or e["id"] in seen:
             raise ValueError(f"{where}: needs an id of its own")
         seen.add(e["id"])
-        if e.get("kind") not in KINDS:
-            raise ValueError(f"{where}: kind must be one of {', '.join(KINDS)}")
+        if e.get("kind") not in allowed:
+            raise ValueError(f"{where}: kind must be one of {', '.join(allowed)}")
         if e["kind"] == "finding" and not e.get("finding"):
             raise ValueError(f"{where}: a finding names its docs/findings/ page")
-        if e["kind"] == "known" and not e.get("thread"):
-            raise ValueError(f"{where}: a known behaviour names its thread (or the source that says it)")
+        if e["kind"] in ("known", "target_limit") and not e.get("thread"):
+            raise ValueError(f"{where}: a {(KINDS | LIMITS)[e['kind']]} names its thread (or the source that says it)")
+        if e["kind"] in LIMITS and not e.get("note"):
+            raise ValueError(f"{where}: needs a note (what stops the check, and what would let it look)")
         if set(e) - RULE_KEYS - ENTRY_KEYS:
             raise ValueError(f"{where}: unknown keys {', '.join(sorted(set(e) - RULE_KEYS - ENTRY_KEYS))}")
         e["rules"] = e.get("match") or [{k: e[k] for k in RULE_KEYS if k in e}]
@@ -218,3 +229,4 @@ def where(rows: list[dict]) -> str:
 
 
 TRANSFORMERS = Spec(TRIAGE)
+TRANSFORMERS_INCONCLUSIVE = Spec(INCONCLUSIVE, ("inconclusive",), allowed=tuple(LIMITS))

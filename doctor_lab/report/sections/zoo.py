@@ -7,7 +7,6 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from attention_doctor.result import Row
 from doctor_lab.report import releases, triage
 
 NAME = "zoo"
@@ -16,6 +15,7 @@ STATUSES = ["examined", "unsupported", "build_error", "forward_error", "doctor_t
 KIND_NAMES = {**triage.KINDS, "artifact": "finding that needs a random-init condition", "untriaged": "untriaged"}
 PLURAL = {"finding": "new findings", "artifact": "findings that need a random-init condition",
           "false_alarm": "doctor false alarms", "known": "known behaviours", "untriaged": "untriaged"}
+LIMIT_NAMES = {**triage.LIMITS, "untriaged": "untriaged"}
 FIGURE = "zoo_releases.png"
 
 
@@ -113,6 +113,10 @@ def summary(z: dict, fig_dir: Path | None = None) -> str:
         e = big["entry"] or {}
         line += (f" The largest, {len(big['rows'])} rows, is one cause: {e.get('note', big['key']).split(':')[0]}"
                  + (f" ({e['thread']})" if e.get("thread") else "") + ".")
+    i = inconclusive(z)
+    if i["rows"]:
+        line += (f" Inconclusive: {share_text(i)} ("
+                 + ", ".join(f"{r} a {LIMIT_NAMES[k]}" for k, (_, r) in i["kinds"].items()) + ").")
     tables = releases.load_tables(root(fig_dir)) if fig_dir else {}
     if len(tables) > 1:
         over = releases.over_releases(tables)
@@ -148,18 +152,41 @@ def verdict_table(examined: list[dict], impls: list[str], unit: str = "architect
     return out
 
 
-def _inconclusive(examined: list[dict]) -> list[str]:
-    """Rows where a check could not look (the doctor's inconclusive, or its own error): loud."""
-    by: dict[tuple, list[str]] = {}
-    for r in examined:
-        for c in r["checks"]:
-            if triage.outcome(c) == "inconclusive":
-                by.setdefault((c["name"], Row.from_dict(c).verdict[:120]), []).append(f"{r['arch']} ({r['impl']})")
-    if not by:
+def inconclusive(z: dict) -> dict:
+    """The table's inconclusive rows triaged by doctor_lab/zoo/inconclusive.yaml: {rows, checks
+    (the check rows of examined architectures), problems, kinds: {kind: (problems, rows)}}."""
+    spec = triage.TRANSFORMERS_INCONCLUSIVE
+    ps = triage.problems(spec.table_flags(z), spec.entries())
+    for p in ps:
+        p["shown"] = p["kind"]
+    checks = sum(len(r.get("checks", [])) for r in z["results"] if r["status"] == "examined")
+    kinds = {k: count(ps, k) for k in (*triage.LIMITS, "untriaged") if count(ps, k)[0]}
+    return {"rows": sum(len(p["rows"]) for p in ps), "checks": checks, "problems": ps, "kinds": kinds}
+
+
+def share_text(i: dict) -> str:
+    """'27 of 5,055 check rows, 0.53%'."""
+    return f"{i['rows']} of {i['checks']:,} check rows, {100 * i['rows'] / max(i['checks'], 1):.2f}%"
+
+
+def _inconclusive(z: dict) -> list[str]:
+    """Rows where a check could not look, each grouped by why: a limit of the target, of this
+    machine or of the doctor (doctor_lab/zoo/inconclusive.yaml); an untriaged one loud."""
+    i = inconclusive(z)
+    if not i["rows"]:
         return []
-    out = [f"\n### Inconclusive ({sum(map(len, by.values()))} rows)\n",
-           "| check | verdict | where |\n|---|---|---|"]
-    out += [f"| {c} | {v} | {', '.join(sorted(w))} |" for (c, v), w in sorted(by.items())]
+    by = ", ".join(f"{LIMIT_NAMES[k]}: {n} {'problem' if n == 1 else 'problems'} ({rows_of(r)})"
+                   for k, (n, r) in i["kinds"].items())
+    out = [f"\n### Inconclusive ({share_text(i)})\n",
+           f"Each grouped by why the check could not look (`doctor_lab/zoo/inconclusive.yaml`): {by}. A limit of the "
+           "target is its nature or its source's word (the thread says where); a limit of this machine, what the "
+           "target needs and this machine cannot have; a limit of the doctor, what the doctor would need to look.\n",
+           "| reason | why | rows | where (architecture, implementations) | source |\n|---|---|---|---|---|"]
+    for p in i["problems"]:
+        e = p["entry"]
+        checks = ", ".join(sorted({f["check"] for f in p["rows"]}))
+        what = (f"{LIMIT_NAMES[p['kind']]} ({checks}): {e['note']}" if e else f"**untriaged** ({checks})")
+        out.append(f"| {p['key']} | {what} | {len(p['rows'])} | {triage.where(p['rows'])} | {ref(e)} |")
     return out
 
 
@@ -202,7 +229,7 @@ def render_zoo(z: dict, fig_dir: Path) -> str:
         e = p["entry"]
         what = f"{KIND_NAMES[p['shown']]}: {e['note']}" if e else f"**untriaged** ({', '.join(sorted({f['check'] for f in p['rows']}))})"
         out.append(f"| {p['key']} | {what} | {len(p['rows'])} | {triage.where(p['rows'])} | {ref(e)} | {_reruns(p, z)} |")
-    out += _inconclusive(examined)
+    out += _inconclusive(z)
     none = sorted({r["arch"] for r in examined if r.get("info", {}).get("attention_modules") == 0
                    and r.get("info", {}).get("qk_sites", 0) == 0})
     if none:
@@ -232,8 +259,9 @@ def _over_releases(fig_dir: Path) -> list[str]:
             "first release examined that has it, and the first release after its last that no longer has it while "
             "its architectures are examined there.\n",
             f"![architectures x releases]({Path(fig_dir).name}/{FIGURE})\n", *over_releases_table(over),
-            "\nWhat each release's zoo cost as a whole (imports, builds, checks, reruns; 2 CPU cores shared):\n",
-            *cost_table(over)]
+            "\nWhat each release's zoo cost as a whole (imports, builds, checks, reruns; 2 CPU cores shared), and its "
+            "inconclusive rows (grouped as above, each release's own):\n",
+            *cost_table(over, tables=tables)]
 
 
 def over_releases_table(over: dict) -> list[str]:
@@ -247,12 +275,19 @@ def over_releases_table(over: dict) -> list[str]:
     return out
 
 
-def cost_table(over: dict, unit: str = "architectures") -> list[str]:
-    out = [f"| release | with | {unit} | examined | wall | CPU |\n|---|---|---|---|---|---|"]
+def cost_table(over: dict, unit: str = "architectures", tables: dict | None = None) -> list[str]:
+    """Each release's cost; with its tables, its inconclusive rows and how many are the doctor's."""
+    extra = " inconclusive | of them the doctor's |" if tables else ""
+    out = [f"| release | with | {unit} | examined | wall | CPU |{extra}\n|---|---|---|---|---|---|"
+           + ("---|---|" if tables else "")]
     for v, c in over["cost"].items():
         beside = ", ".join(f"{k} {x}" for k, x in sorted((c.get("with") or {}).items()) if x)
-        out.append(f"| {v} | {beside} | {c['archs']} | {c['examined']} | "
-                   + (f"{c['wall_s'] / 60:.1f} min | {c['cpu_s'] / 60:.1f} min |" if c.get("wall_s") else "not recorded | |"))
+        row = (f"| {v} | {beside} | {c['archs']} | {c['examined']} | "
+               + (f"{c['wall_s'] / 60:.1f} min | {c['cpu_s'] / 60:.1f} min |" if c.get("wall_s") else "not recorded | |"))
+        if tables and v in tables:
+            i = inconclusive(tables[v])
+            row += f" {share_text(i)} | {i['kinds'].get('doctor_limit', (0, 0))[1]} |"
+        out.append(row)
     return out
 
 
