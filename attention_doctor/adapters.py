@@ -104,6 +104,13 @@ class Adapter:
         A target that declares none: Unsupported."""
         raise Unsupported("declares no sliding window (an Adapter's windows() declares one)", "no_window")
 
+    def window_layers(self) -> list[str] | None:
+        """The module name (as named_modules() gives it) of each layer windows() declares, in its
+        order: a call made inside a layer's module is that layer's, however many times the layer runs
+        (a recurrent-depth model loops some); None where not known (the calls are then taken in
+        layer order)."""
+        return None
+
     @contextmanager
     def reloaded(self):
         """A context that yields an Adapter of the target saved and loaded back (its own save and

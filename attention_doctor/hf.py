@@ -359,6 +359,20 @@ class HFCausalLM(Adapter):
         cfg = self.module.config
         return declared_windows(cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg)
 
+    def window_layers(self):
+        """The decoder layers: the one ModuleList of the model with as many entries as the declaration,
+        all of one class (transformers builds layer i from layer_types[i]); None where there is not
+        exactly one."""
+        _, layers = self.windows()
+        if layers is None:
+            return None
+        lists = [(name, m) for name, m in self.module.named_modules() if isinstance(m, torch.nn.ModuleList)
+                 and len(m) == len(layers) and len({type(x) for x in m}) == 1]
+        if len(lists) != 1:
+            return None
+        name, _ = lists[0]
+        return [f"{name}.{i}" if name else str(i) for i in range(len(layers))]
+
 
 # -- the sliding window a config declares (the sliding_window check) -----------------------------
 SLIDING, FULL = "sliding_attention", "full_attention"

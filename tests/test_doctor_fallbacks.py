@@ -198,3 +198,41 @@ def test_positions_given_in_their_own_memory_take_an_in_place_offset():
     lm = TransformerLM(ModelConfig(vocab_size=V, block_size=32, d_model=32, n_layers=2, n_heads=2, pos="rope")).eval()
     row = examine(OffsetInPlace(lm), checks=["eval_dropout", "long_positions"])["long_positions"]
     assert row.outcome == PASS, row
+
+
+class ZeroTemperatureLM(nn.Module):
+    """ZAYA's pattern: q and k L2-normalised, the keys times a learned per-head temperature, 0 at init."""
+    def __init__(self, temp=0.0, heads=2):
+        super().__init__()
+        self.h = heads
+        self.emb, self.head = nn.Embedding(V, 2 * D), nn.Linear(2 * D, V)
+        self.q, self.k, self.v = (nn.Linear(2 * D, 2 * D) for _ in range(3))
+        self.temp = nn.Parameter(torch.full((heads,), temp))
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        B, T, _ = x.shape
+        q, k, v = (m(x).view(B, T, self.h, -1).transpose(1, 2) for m in (self.q, self.k, self.v))
+        q = q * (q.shape[-1] ** 0.5 / q.norm(dim=-1, keepdim=True))
+        k = k * (k.shape[-1] ** 0.5 / k.norm(dim=-1, keepdim=True)) * self.temp[None, :, None, None]
+        s = (q @ k.transpose(-2, -1)) / q.shape[-1] ** 0.5
+        s = s.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+        return self.head(x + (s.softmax(-1) @ v).transpose(1, 2).reshape(B, T, -1))
+
+
+class Plain(Adapter):
+    kind, causal = "lm", True
+
+    def __init__(self, lm):
+        super().__init__(lm, "plain")
+        self.vocab_size = V
+
+    def forward(self, x, mask=None, positions=None):
+        return self.module(x)
+
+
+@pytest.mark.parametrize("temp, outcome, cause", [(0.0, "inconclusive", "scores_zero"), (1.0, "pass", "")])
+def test_scores_zero_at_init_are_the_targets_not_a_missing_layout(temp, outcome, cause):
+    torch.manual_seed(0)
+    row = examine(Plain(ZeroTemperatureLM(temp).eval()), checks=["eval_dropout", "score_scale"])["score_scale"]
+    assert row.outcome.value == outcome and row.cause == cause, row

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from attention_doctor import Adapter, examine
 from attention_doctor.hf import declared_windows
-from attention_doctor.result import FAIL, NA, PASS
+from attention_doctor.result import FAIL, INCONCLUSIVE, NA, PASS
 from attention_doctor.signals import Unsupported
 
 SCAN = "scan"
@@ -69,7 +69,7 @@ class WindowLM(nn.Module):
 
     def forward(self, ids):
         x = self.emb(ids)
-        for layer in self.layers:
+        for layer in [self.layers[i] for i in self.order] if getattr(self, "order", None) else self.layers:
             x = x + layer(x)
         return self.head(x)
 
@@ -78,9 +78,9 @@ class Declared(Adapter):
     """The LM with the window it declares: (size, sliding per layer), or None for no declaration."""
     vocab_size = 16
 
-    def __init__(self, module, declared):
+    def __init__(self, module, declared, named=True):
         super().__init__(module, "window lm")
-        self.declared = declared
+        self.declared, self.named = declared, named
 
     def forward(self, x, mask=None, positions=None):
         return self.module(x)
@@ -89,6 +89,9 @@ class Declared(Adapter):
         if self.declared is None:
             return super().windows()
         return self.declared
+
+    def window_layers(self):
+        return [f"layers.{i}" for i in range(len(self.module.layers))] if self.named else None
 
 
 def run(applied, declared):
@@ -132,6 +135,26 @@ def test_sinks_concatenated_to_the_scores_leave_the_mask_readable():
     r = run([("sink", None), 4], (4, [True, False]))   # the sliding sink layer lost its window, the full one got one
     assert r.outcome is FAIL and r.cause == "window_ignored", r.detail
     assert [x["far_keys_visible"] > 0 for x in r.measurements["layers"]] == [True, False]
+
+
+def looped(applied, declared, order, named=True):
+    """A recurrent-depth model's pattern (transformers' Dory): layers run in `order`, one of them more
+    than once; the adapter names each declared layer's module (or not)."""
+    torch.manual_seed(0)
+    lm = WindowLM(applied)
+    lm.order = order
+    return examine(Declared(lm, declared, named), checks=["sliding_window"], strict=True)["sliding_window"]
+
+
+def test_a_layer_run_twice_is_matched_to_its_module():
+    r = looped([4, None, 4], (4, [True, False, True]), [0, 1, 1, 2])
+    assert r.outcome is PASS, r.detail
+    assert [(x["layer"], x["far_keys_visible"] > 0) for x in r.measurements["layers"]] == [
+        (0, False), (1, True), (1, True), (2, False)]
+    r = looped([4, None, None], (4, [True, False, True]), [0, 1, 1, 2])   # the last sliding layer lost its window
+    assert r.outcome is FAIL and r.cause == "window_ignored", r.detail
+    r = looped([4, None, 4], (4, [True, False, True]), [0, 1, 1, 2], named=False)   # no module names: by order only
+    assert r.outcome is INCONCLUSIVE and r.cause == "scores_unseen", r.detail
 
 
 def test_layers_of_no_softmax_attention_between_windows_read_per_call():

@@ -93,7 +93,9 @@ REGISTRY: tuple[Check, ...] = (
                "every layer, the outputs of the queries beyond every stacked window with the first 4 tokens replaced; "
                "declared per layer, or beside layers of no softmax attention (linear attention, convolutions, "
                "recurrences: they carry a token past any window), each attention call's mask against its layer's "
-               "declaration (a layer of an attention kind of the target's own is matched to its call, not judged); "
+               "declaration (calls in layer order, or, where a layer runs more than once, to the layer whose module "
+               "made them: an Adapter's window_layers(); the tokens' keys only where sinks' logits are concatenated; a "
+               "layer of an attention kind of the target's own is matched to its call, not judged); "
                "a window named without the layers that take it (a config's sliding_window alone: "
                "Mistral slides every layer, Gemma2 before layer_types alternates in its code), the outputs beyond "
                "every stacked window, then, where they move, each call's mask",

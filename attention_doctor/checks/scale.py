@@ -193,6 +193,12 @@ def score_scale(ctx):
         return _judged(stds, " (q and k as the attention calls get them: scaling the q/k sites did not scale q "
                              "k^T, normalised or mapped after them)")
     if not sites:
+        # scores that are all 0 (ZAYA's key temperature at init) verify no q/k site: the target's, not a layout's
+        _, calls = ctx.probe(ctx.sample(k=60))
+        scores = [visible_scores(c) for c in calls if c.scores is not None or c.q is not None]
+        if scores and all(s.numel() and float(s.abs().max()) == 0.0 for s in scores):
+            raise NotPerformed("every visible score is 0 at init (a scale initialised to zero): the scores' spread "
+                               "says nothing of their scale", "scores_zero")
         raise ctx.unseen("needs the q and k projections (no known q/k layout)", "no_qk_layout")
     f = unit_factors(ctx)
     if f is None:

@@ -52,21 +52,47 @@ def _per_call(ctx, w: int, slides: list[bool | str] | None) -> dict:
         raise NotPerformed(f"window {w}: the check runs at most {MAX_T} tokens (a smaller window, as the zoo's "
                            "shrunk configs set, enables it)", "window_too_long")
     _, calls = ctx.probe(ctx.sample(T=T, k=60))
-    masks = [_token_mask(c) for c in calls]
-    square = [m for m in masks if m is not None and m.shape[-1] == T and m.shape[-2] in (1, T)]
+    square = [(c, m) for c, m in ((c, _token_mask(c)) for c in calls)
+              if m is not None and m.shape[-1] == T and m.shape[-2] in (1, T)]
     if not square:   # calls seen (a fused kernel) are attention already: no forward to rule it out
         why = "no attention call whose mask the doctor can read (a fused kernel)"
         raise NotPerformed(why, "scores_unseen") if calls else ctx.unseen(why)
-    if slides is not None and len(square) != len(slides):
-        raise NotPerformed(f"{len(square)} attention calls seen against {len(slides)} attention layers declared: "
-                           "the calls cannot be matched to the layers", "scores_unseen")
+    if slides is None:
+        matched = [(None, m, None) for _, m in square]
+    elif len(square) == len(slides):
+        matched = [(n, m, s) for n, ((_, m), s) in enumerate(zip(square, slides))]
+    else:   # more calls than layers (a layer looped) or fewer: each call to the layer whose module made it
+        matched = _by_module(ctx, square)
+        if matched is None:
+            raise NotPerformed(f"{len(square)} attention calls seen against {len(slides)} attention layers declared: "
+                               "the calls cannot be matched to the layers", "scores_unseen")
     far = _far(T, w)
     layers = []
-    for n, (m, s) in enumerate(zip(square, slides or [None] * len(square))):
+    for n, (i, m, s) in enumerate(matched):
         vis = m.expand(*m.shape[:-2], T, T).reshape(-1, T, T).any(0).cpu()
         seen_far = int((vis & far).sum())
-        layers.append({"layer": n, "sliding": s, "far_keys_visible": seen_far, "far_keys": int(far.sum())})
+        layers.append({"layer": n if i is None else i, "sliding": s, "far_keys_visible": seen_far,
+                       "far_keys": int(far.sum())})
     return {"T": T, "layers": layers}
+
+
+def _by_module(ctx, square) -> list | None:
+    """[(declared layer, mask, its declaration)] per call, each call given to the declared layer whose
+    module it ran inside (the adapter's window_layers()); None where the adapter cannot say, a call
+    ran in no declared layer or in one of no softmax attention, or a softmax layer made no call."""
+    names = ctx.call(ctx.adapter.window_layers)
+    _, declared = ctx.call(ctx.adapter.windows)
+    if not names or declared is None or len(names) != len(declared):
+        return None
+    out = []
+    for c, m in square:
+        i = next((i for i, n in enumerate(names) if c.module == n or c.module.startswith(n + ".")), None)
+        if i is None or declared[i] is None:
+            return None
+        out.append((i, m, declared[i] if isinstance(declared[i], str) else bool(declared[i])))
+    if {i for i, s in enumerate(declared) if s is not None} - {i for i, _, _ in out}:
+        return None
+    return out
 
 
 def _perturbed(ctx, w: int, slides: list[bool]) -> dict:
