@@ -332,8 +332,7 @@ REGISTRY: tuple[Check, ...] = (
                   "not_reloaded": cannot("saving or loading raised (the library's code, not the forward): named in "
                                          "the reason and in `error`")},
           measures={"plain": "the plain batch's outputs reloaded against before saving: relative difference",
-                    "padded": "the same, left-padded, real tokens (None: no padding mask)",
-                    "error": "where saving or loading raised (not_reloaded): its exception in one line"}),
+                    "padded": "the same, left-padded, real tokens (None: no padding mask)"}),
 )
 ORDER: tuple[str, ...] = tuple(c.name for c in REGISTRY)
 BY_NAME: dict[str, Check] = {c.name: c for c in REGISTRY}

@@ -116,8 +116,8 @@ COMMON_CAUSES = {
 
 # The measurements any row may carry (a check's own are in its record)
 COMMON_MEASURES = {
-    "error": "the exception in one line (type: message) of a target that raised, or of the doctor's or an "
-             "adapter's code",
+    "error": "the exception in one line (type: message) of a target that raised, of the library's save or "
+             "load (config_roundtrip's not_reloaded), or of the doctor's or an adapter's code",
     "limit": "the number the check's main measurements are held to",
     "not_run": "the parts of the check that could not run (the row is inconclusive unless a part that ran failed)",
     "not_applicable": "the parts that do not apply to the target by nature (the rest was judged)",
