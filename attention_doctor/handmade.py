@@ -17,26 +17,31 @@ def einsum_operands(args, kwargs):
     return eq, ops
 
 
-def as_matmul(eq, a, b):
-    """An einsum of two operands that is a batched matmul, as (A (.., M, K), B (.., K, N)) whose
-    product is its output (.., M, N); None for any other einsum. `b h i d, b h j d -> b h i j` gives
-    (q, k^T); `b h i j, b h j d -> b h i d` gives (weights, v). An operand without one of the output's
-    batch letters (keys shared across heads) gets a dimension of size 1 there."""
+def as_matmul(eq, a, b, out):
+    """An einsum of two operands that is a batched matmul, as (A (.., M, K), B (.., K, N), its
+    output (.., M, N)); None for any other einsum. `b h i d, b h j d -> b h i j` gives (q, k^T,
+    scores); `b h i j, b h j d -> b h i d` gives (weights, v, out). An operand without one of the
+    output's batch letters (keys shared across heads) gets a dimension of size 1 there. An output
+    whose letters are a permutation of that order (XLNet's `b n i j, j b n d -> i b n d`: the row
+    letter first) is read with its batch letters, each in both operands, moved in front."""
     if not isinstance(eq, str) or "." in eq or "->" not in eq:
         return None
-    lhs, out = eq.replace(" ", "").split("->")
+    lhs, o = eq.replace(" ", "").split("->")
     parts = lhs.split(",")
-    if len(parts) != 2 or len(out) < 2:
+    if len(parts) != 2 or len(o) < 2:
         return None
     s0, s1 = parts
-    m, n, batch = out[-2], out[-1], out[:-2]
-    summed = [c for c in s0 if c in s1 and c not in out]
-    if len(summed) != 1 or m not in s0 or m in s1 or n not in s1 or n in s0:
-        return None
-    c = summed[0]
-    if set(s0) - set(out) - {c} or set(s1) - set(out) - {c}:   # a letter summed within one operand
-        return None
-    return _arrange(a, s0, batch, m, c), _arrange(b, s1, batch, c, n)
+    summed = [c for c in s0 if c in s1 and c not in o]
+    if len(summed) != 1 or set(s0) - set(o) - set(summed) or set(s1) - set(o) - set(summed):
+        return None   # not one contracted letter, or a letter summed within one operand
+    m, n = o[-2], o[-1]
+    if m not in s0 or m in s1 or n not in s1 or n in s0:
+        rows, cols = [x for x in o if x in s0 and x not in s1], [x for x in o if x in s1 and x not in s0]
+        if len(rows) != 1 or len(cols) != 1 or any(x not in s0 or x not in s1 for x in o if x not in rows + cols):
+            return None
+        m, n = rows[0], cols[0]
+    batch = "".join(x for x in o if x not in (m, n))
+    return _arrange(a, s0, batch, m, summed[0]), _arrange(b, s1, batch, summed[0], n), _arrange(out, o, batch, m, n)
 
 
 def _arrange(t, letters, batch, row, col):

@@ -139,6 +139,15 @@ class FixedCache:
     seen: int
 
 
+@dataclass(frozen=True)
+class InPlaceCache:
+    """A cache the forward fills in place under its argument `name` (it returns none), and the tokens it
+    was fed: a step may need them (XLM reads the whole sequence and keeps what its cache lacks)."""
+    cache: object
+    name: str
+    tokens: torch.Tensor
+
+
 class HFCausalLM(Adapter):
     """Any transformers causal LM: logits from forward(input_ids, attention_mask, position_ids);
     the cache through past_key_values / use_cache; paths through set_attn_implementation."""
@@ -201,6 +210,10 @@ class HFCausalLM(Adapter):
             roomy = self._with_room(x, getattr(out, name))
             if roomy is not None:
                 return roomy
+        if getattr(out, name, None) is None and name in takes:   # a cache it fills in place (XLM's `cache`)
+            filled = self._filled_in_place(x, name)
+            if filled is not None:
+                return filled
         if getattr(out, name, None) is None:
             own = sorted(takes & (CACHE_ARGS - {"use_cache", name}))
             if own or name in takes:   # a cache of its own kind (Mamba's cache_params, RWKV's state)
@@ -223,6 +236,41 @@ class HFCausalLM(Adapter):
         except (TargetRaised, Exception):  # noqa: BLE001 -- a cache this model does not take: left undriven (inconclusive, unreachable)
             return None
 
+    def _filled_in_place(self, x, name):
+        """(InPlaceCache, logits) where the forward, given an empty DynamicCache under `name`, fills it
+        in place with the prompt's tokens (XLM: its docstring's cache "modified in-place during the
+        forward pass"; it returns none); None where it does not, or refuses one (undriven)."""
+        try:
+            from transformers import DynamicCache
+            cache = DynamicCache()
+            out = self.module(input_ids=x, **{name: cache}, use_cache=True)
+            held = cache.get_seq_length()
+        except (TargetRaised, Exception):  # noqa: BLE001 -- a cache object this model does not take: left undriven (inconclusive, unreachable), never the target's failure
+            return None
+        if held != x.shape[1] or out.logits.shape[1] != x.shape[1]:
+            return None
+        return InPlaceCache(cache, name, x), out.logits
+
+    def _in_place_step(self, state, x):
+        """A step into a cache filled in place: fed the new tokens, or where the forward does not read
+        those as new (XLM takes the whole sequence and keeps what its cache lacks: fed the new tokens
+        alone it reads none), the whole sequence; the one whose output is the new tokens' and that grows
+        the cache by them, each tried on a copy of the cache."""
+        n, seen, raised = x.shape[1], state.cache.get_seq_length(), None
+        for fed in (x, torch.cat([state.tokens, x], 1)):
+            cache = copy.deepcopy(state.cache)
+            try:
+                out = self.module(input_ids=fed, **{state.name: cache}, use_cache=True)
+            except TargetRaised as e:   # fed what it does not read as new; the other way may be its protocol
+                raised = raised or e
+                continue
+            if out.logits.shape[1] == n and cache.get_seq_length() == seen + n:
+                return InPlaceCache(cache, state.name, torch.cat([state.tokens, x], 1)), out.logits
+        if raised is not None:   # no way of feeding it held, and one raised: the target's
+            raise raised
+        raise Unreachable(f"a cache the forward fills in place under {state.name}: a step fed the new tokens, or the "
+                          f"whole sequence, neither returned the {n} new tokens' outputs and grew the cache by them")
+
     def _with_room(self, x, cache):
         """A cache of fixed capacity that the model sized to the prompt (Gemma2's HybridCache in 4.4x,
         a StaticCache) takes no step: the prefill again into one of its class with room for the steps
@@ -242,6 +290,8 @@ class HFCausalLM(Adapter):
 
     def step(self, state, x):
         name = self._state_name()
+        if isinstance(state, InPlaceCache):
+            return self._in_place_step(state, x)
         if isinstance(state, FixedCache):   # one token at a time, as generate() decodes into these classes:
             logits = []                      # transformers refuses a multi-token step there (assisted generate:
             for i in range(x.shape[1]):      # "not supported with Static cache classes"), which 4.4x's sliding

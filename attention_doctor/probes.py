@@ -18,11 +18,13 @@ from attention_doctor.signals import doctor_hook
 
 SDPA = {F.scaled_dot_product_attention}
 SOFTMAX = {F.softmax, torch.softmax, torch.Tensor.softmax, torch.special.softmax}
+SIGMOID = {F.sigmoid, torch.sigmoid, torch.Tensor.sigmoid, torch.special.expit}   # sigmoid attention's weights
 MATMUL = {torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.bmm, torch.Tensor.bmm}
 BADDBMM = {torch.baddbmm, torch.Tensor.baddbmm}
 EXP = {torch.exp, torch.Tensor.exp}
 CAT = {torch.cat, torch.concat, torch.concatenate}
 MASKED = -1e3  # a score below this at init is a masked one (fills: -inf, finfo.min, -1e4)
+TERMS = 8      # products kept before the pending one: the terms a sum of scores may add
 
 
 @dataclass
@@ -43,6 +45,15 @@ class Call:
     extra: dict = field(default_factory=dict)
 
     @property
+    def sigmoid(self) -> bool:
+        """Its weights are sigmoid(scores), each in (0, 1) on its own (sigmoid attention): no row sums to one."""
+        return self.extra.get("normaliser") == "sigmoid"
+
+    def normalised(self, s: torch.Tensor) -> torch.Tensor:
+        """The weights of scores s as this call makes them (softmax over the keys, or sigmoid)."""
+        return torch.sigmoid(s) if self.sigmoid else torch.softmax(s, dim=-1)
+
+    @property
     def traced(self) -> bool:
         """Its scores are the ones a normalisation got in the trace (masks inferred from them)."""
         return self.source in ("softmax", "handmade")
@@ -54,8 +65,10 @@ class Call:
 
     @property
     def complete(self) -> bool:
-        """q, k, v, out and how they were masked and scaled are known: the call can be recomputed."""
-        return all(t is not None for t in (self.q, self.k, self.v, self.out)) and self.scale is not None
+        """q, k, v, out and how they were masked and scaled are known, or the scores the softmax got
+        (a sum of q k^T and other terms: its scale is not one ratio): the call can be recomputed."""
+        return all(t is not None for t in (self.q, self.k, self.v, self.out)) and (
+            self.scale is not None or self.traced and self.scores is not None)
 
     def raw(self) -> torch.Tensor:
         """q k^T * scale in float64 (no mask; a scale not known is taken as 1: a hand-made
@@ -76,12 +89,12 @@ class Call:
     def seen_weights(self) -> torch.Tensor:
         if self.weights is not None:
             return self.weights
-        return torch.softmax(self.seen_scores(), dim=-1)
+        return self.normalised(self.seen_scores())
 
     def reference(self, dtype=torch.float64) -> torch.Tensor:
         """The textbook attention on this call's q, k, v: softmax(q k^T scale + mask) v in `dtype`
         (scores as `(q @ k^T) * scale` in that dtype: PyTorch's standard attention); for an eager
-        trace, softmax(the scores it saw) v."""
+        trace, softmax(the scores it saw) v (sigmoid attention: sigmoid for softmax)."""
         q, k, v = self.q.to(dtype), self.k.to(dtype), self.v.to(dtype)
         if self.traced and self.scores is not None:
             # an eager trace: the scores as the softmax saw them (an additive bias the doctor cannot
@@ -96,7 +109,7 @@ class Call:
         vis = self.visible
         if vis is not None:
             s = s.masked_fill(~vis, float("-inf"))
-        w = torch.softmax(s, dim=-1)
+        w = self.normalised(s)
         if vis is not None:  # a row with no visible key: the reference returns 0, not NaN
             w = w.masked_fill(~vis.expand_as(w).any(-1, keepdim=True), 0.0)
         return w @ v
@@ -171,6 +184,7 @@ class Probe(TorchFunctionMode):
         self._hooks = []
         self._recorders = []
         self._pending_qk = None
+        self._terms: list[tuple[str, tuple]] = []   # (module, product) of the products before the pending one
         self._pending_call = None
         self._pending_exp = None
         self._pending_cat = None   # (the cat's width, where the q k^T block starts in it)
@@ -237,15 +251,17 @@ class Probe(TorchFunctionMode):
             with self._kept():
                 if func in SOFTMAX:
                     self._softmax(args, kwargs, out)
+                elif func in SIGMOID:
+                    self._sigmoid(args[0], out)
                 elif func in MATMUL:
                     self._matmul(args[0], args[1], out, mm)
                 elif func in BADDBMM:
                     self._matmul(_arg(args, kwargs, 1, "batch1"), _arg(args, kwargs, 2, "batch2"), out, mm)
                 elif func is torch.einsum:
                     eq, ops = einsum_operands(args, kwargs)
-                    ab = as_matmul(eq, *ops) if len(ops) == 2 else None
-                    if ab is not None:
-                        self._matmul(ab[0], ab[1], out, mm)
+                    abo = as_matmul(eq, *ops, out) if len(ops) == 2 and isinstance(out, torch.Tensor) else None
+                    if abo is not None:
+                        self._matmul(*abo, mm)
                 elif func in EXP:
                     self._exp(args[0])
                 elif func in CAT:
@@ -262,6 +278,7 @@ class Probe(TorchFunctionMode):
             self.errors.append(e)
 
     def _add(self, call, q=None, k=None):
+        self._terms = []   # the terms of a later call's scores are made after this one
         if self.keep_graph and q is not None and k is not None:
             call.extra["graph"] = (q, k)
         self.calls.append(call)
@@ -428,9 +445,39 @@ class Probe(TorchFunctionMode):
             prod = _heads_first(qk[2], T, h)
             ratio = (call.scores.double() / prod.double())[call.visible & (prod.abs() > 1e-12)]
             call.scale = float(ratio.median()) if ratio.numel() else None
+        elif qk is not None and (term := self._summed_term(s)) is not None:
+            # scores that are a sum of products and other terms (XLNet: content q k^T + position terms
+            # shifted into place): the product of the scores' shape made since the module's last call;
+            # its scale is what scaling its operands moves the scores by, measured by the checks that need it
+            if term[3] is not None:
+                call.extra["qk_matmul"] = term[3]
+            a, b, prod = (_like(t, s.shape[:-2]) for t in term[:3])
+            h = a.shape[-3] if a.dim() >= 3 else 1
+            graph = (a, _expand(b.transpose(-2, -1), h))
+            call.q, call.k = graph[0].detach(), graph[1].detach()
+            call.extra["summed"] = True
         self._pending_qk = self._pending_cat = None
         self._pending_call = call
         self._add(call, *graph)
+
+    def _sigmoid(self, s, out):
+        """A sigmoid of the pending q k^T's scores (after a scale, a bias, a mask: the same shape) is
+        sigmoid attention's weights, each key's on its own; a sigmoid of anything else (a gate) is not."""
+        qk = self._pending_qk
+        if qk is None or not isinstance(s, torch.Tensor) or s.dim() < 3 or s.shape[-2:] != qk[2].shape[-2:] \
+                or s.numel() != qk[2].numel():
+            return
+        self._softmax((s,), {"dim": -1}, out)
+        self._pending_call.extra["normaliser"] = "sigmoid"
+
+    def _summed_term(self, s):
+        """The latest product before the pending one, made in this module since its last call, whose
+        output has the scores' shape (a term the scores sum): (a, b, product, matmul) or None."""
+        where = self._where()
+        for w, t in reversed(self._terms):
+            if w == where and t[2].shape[-2:] == s.shape[-2:] and t[2].numel() == s.numel():
+                return t
+        return None
 
     def _cat(self, tensors, dim, out):
         """A cat along the last dim of the pending q k^T's scores with other columns: where the block sits."""
@@ -469,6 +516,8 @@ class Probe(TorchFunctionMode):
             c.out = _like(out.detach(), lead)
             self._pending_call = None
         elif not self._handmade(a, b, out):
+            if self._pending_qk is not None:
+                self._terms = (self._terms + [(self._where(), self._pending_qk)])[-TERMS:]
             self._pending_qk = (a, b, out.detach().clone(), mm)   # a copy: the scale may be applied in place (Falcon's /=)
             self._pending_exp = self._pending_cat = None
 

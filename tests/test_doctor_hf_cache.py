@@ -146,3 +146,39 @@ def test_a_cache_sized_to_the_prompt_is_given_room_as_generate_gives_it():
     r = examine(HFCausalLM(PromptSizedCacheLM().eval()), checks=["kv_cache"], strict=True)["kv_cache"]
     assert r.outcome is PASS and r.measured <= 1e-5, r.detail
     assert [t["new_tokens"] for t in r.measurements["trials"]] == [1, 3]
+
+
+class InPlaceCacheLM(GivenCacheLM):
+    """XLM in transformers 5.x: the forward returns no cache; a cache passed under `cache` is filled in
+    place, and a later call is fed the whole sequence, of which it runs only what its cache lacks.
+    `forgets`: a step that drops the cached keys (each call attends to its own tokens only)."""
+    def __init__(self, forgets=False):
+        super().__init__()
+        self.forgets = forgets
+
+    def forward(self, input_ids, attention_mask=None, cache=None, use_cache=None, **kwargs):
+        past = 0 if cache is None else cache.get_seq_length()
+        input_ids = input_ids[:, past:]   # what the cache lacks (fed the new tokens alone: nothing)
+        B, T = input_ids.shape
+        x = self.embed(input_ids) + self.pos(torch.arange(past, past + T))
+        for i, qkv in enumerate(self.qkv):
+            q, k, v = (t.view(B, T, self.h, -1).transpose(1, 2) for t in qkv(x).chunk(3, -1))
+            if cache is not None:
+                kk, vv = cache.update(k, v, i)
+                k, v = (k, v) if self.forgets else (kk, vv)
+            visible = torch.ones(T, k.shape[-2], dtype=torch.bool).tril(k.shape[-2] - T)
+            x = x + F.scaled_dot_product_attention(q, k, v, attn_mask=visible).transpose(1, 2).reshape(B, T, -1)
+        return types.SimpleNamespace(logits=self.head(x))
+
+
+def test_a_cache_filled_in_place_is_driven_the_way_the_forward_reads_it():
+    torch.manual_seed(0)
+    r = examine(HFCausalLM(InPlaceCacheLM().eval()), checks=["kv_cache"], strict=True)["kv_cache"]
+    assert r.outcome is PASS and r.measured <= 1e-5, r.detail
+    assert [t["new_tokens"] for t in r.measurements["trials"]] == [1, 3]
+
+
+def test_a_cache_filled_in_place_that_a_step_does_not_read_fails():
+    torch.manual_seed(0)
+    r = examine(HFCausalLM(InPlaceCacheLM(forgets=True).eval()), checks=["kv_cache"], strict=True)["kv_cache"]
+    assert r.outcome is FAIL and r.cause == "new_tokens_differ", r.detail

@@ -65,26 +65,36 @@ def test_a_factory_returning_an_adapter_and_the_header(capsys):
 
 
 class EinsumAttention(nn.Module):
-    """Causal attention written in einsum with a hand-made softmax: no softmax or SDPA call."""
-    def __init__(self, d, h):
+    """Causal attention written in einsum with a hand-made softmax: no softmax or SDPA call, the
+    weights @ v an einsum whose output puts the queries before the heads. `products=False`: both
+    products as broadcast multiplications summed, no matmul or einsum at all."""
+    def __init__(self, d, h, products=True):
         super().__init__()
-        self.h, self.to_qkv, self.proj = h, nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.h, self.products, self.to_qkv, self.proj = h, products, nn.Linear(d, 3 * d), nn.Linear(d, d)
 
     def forward(self, x):
         B, T, C = x.shape
         q, k, v = self.to_qkv(x).view(B, T, 3, self.h, C // self.h).unbind(2)
-        s = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(C // self.h)
+        if self.products:
+            s = torch.einsum("bqhd,bkhd->bhqk", q, k)
+        else:
+            s = (q.transpose(1, 2)[..., :, None, :] * k.transpose(1, 2)[..., None, :, :]).sum(-1)
+        s = s / math.sqrt(C // self.h)
         s = s.masked_fill(torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1), float("-inf"))
         w = (s - s.amax(-1, keepdim=True)).exp()
         w = w / w.sum(-1, keepdim=True)
-        return self.proj(torch.einsum("bhqk,bkhd->bqhd", w, v).reshape(B, T, C))
+        if self.products:
+            y = torch.einsum("bhqk,bkhd->bqhd", w, v)
+        else:
+            y = (w[..., None] * v.transpose(1, 2)[..., None, :, :]).sum(-2).transpose(1, 2)
+        return self.proj(y.reshape(B, T, C))
 
 
 class EinsumLM(nn.Module):
-    def __init__(self, vocab=32, d=16, h=2, layers=2):
+    def __init__(self, vocab=32, d=16, h=2, layers=2, products=True):
         super().__init__()
         self.emb, self.pos = nn.Embedding(vocab, d), nn.Parameter(torch.randn(64, d) * 0.02)
-        self.attn = nn.ModuleList(EinsumAttention(d, h) for _ in range(layers))
+        self.attn = nn.ModuleList(EinsumAttention(d, h, products) for _ in range(layers))
         self.norm, self.head = nn.LayerNorm(d), nn.Linear(d, vocab)
 
     def forward(self, ids):
@@ -99,18 +109,30 @@ def einsum_lm():
     return EinsumLM()
 
 
-def test_an_attention_the_doctor_cannot_see_into_is_not_healthy(capsys):
-    # THIS STAGE (issue 32): the doctor sees attention through softmax/SDPA calls and known q/k
-    # layouts; einsum with a hand-made softmax shows it neither, so every check that needs the
-    # scores says `inconclusive` and the command exits 3, never 0. Issue 33 makes the doctor see
-    # into such code: once it can, these checks run and this expectation becomes exit 0 / pass.
+def summed_products_lm():
+    torch.manual_seed(0)
+    return EinsumLM(products=False)
+
+
+def test_einsum_with_a_hand_made_softmax_is_seen_and_healthy(capsys):
     r = examine(einsum_lm())
+    assert r.info["attention_calls"] == {"handmade": 2}, r.info
+    assert r.exit_code == 0 and not any(c.inconclusive for c in r.checks), r.table()
+    assert main(["test_doctor_outcomes:einsum_lm"]) == 0
+
+
+def test_an_attention_the_doctor_cannot_see_into_is_not_healthy(capsys):
+    # the doctor sees attention through softmax/SDPA/flex calls, the products on either side of a
+    # hand-made normalisation and known q/k layouts; products made as broadcast multiplications
+    # summed show none of them, so every check that needs the scores says `inconclusive` and the
+    # command exits 3, never 0
+    r = examine(summed_products_lm())
     assert r.info["attention_calls"] == {}
     blind = {c.name: c.cause for c in r.checks if c.inconclusive}
     assert blind and set(blind.values()) <= {"scores_unseen", "no_qk_layout"}, r.table()
     assert not r.failed and r.exit_code == 3
     assert all(c.outcome in ("pass", "n/a") for c in r.checks if c.name not in blind)   # the black-box ones ran
-    assert main(["test_doctor_outcomes:einsum_lm"]) == 3
+    assert main(["test_doctor_outcomes:summed_products_lm"]) == 3
     assert "calls seen: none" in capsys.readouterr().out
 
 

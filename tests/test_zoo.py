@@ -360,16 +360,21 @@ def test_the_lab_report_says_in_one_line_what_it_cannot_read(tmp_path, capsys):
 
 
 def test_a_tower_this_machine_cannot_build_stands_in():
-    """shrink.yaml's stand_in: AutoModel.from_config builds an empty module for the sub-configs named
-    (Gemma3n's timm vision tower), the real model for any other, and is itself again afterwards."""
+    """shrink.yaml's stand_in: AutoModel.from_config builds an empty module for the sub-configs of the
+    classes named (Gemma3n's timm vision tower; a copy too, as from_pretrained loads one), the real
+    model for any other, and is itself again afterwards."""
+    import copy
+
     import torch
-    from transformers import AutoModel, GPT2Config
+    from transformers import AutoModel, GPT2Config, OPTConfig
 
     from doctor_lab.zoo.worker import standing_in
-    tower, text = (GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=16) for _ in range(2))
+    tower = GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=16)
+    text = OPTConfig(num_hidden_layers=1, hidden_size=8, num_attention_heads=2, ffn_dim=16, vocab_size=16,
+                     word_embed_proj_dim=8)
     with standing_in([tower]):
-        stand, real = AutoModel.from_config(tower), AutoModel.from_config(text)
-    assert not list(stand.parameters()) and type(real).__name__ == "GPT2Model"
+        stand, again, real = (AutoModel.from_config(c) for c in (tower, copy.deepcopy(tower), text))
+    assert not list(stand.parameters()) and not list(again.parameters()) and type(real).__name__ == "OPTModel"
     with pytest.raises(RuntimeError, match="stand-in"):
         stand(torch.zeros(1, 2))
     assert type(AutoModel.from_config(tower)).__name__ == "GPT2Model"

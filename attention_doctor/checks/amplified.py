@@ -157,7 +157,7 @@ def amplifier(ctx):
 
 def _weights_checks(calls, init_calls):
     """(largest weight on a masked key, worst |row sum - 1|, worst hull excursion, softmax dims)."""
-    masked_w, row_err, hull, dims = 0.0, 0.0, 0.0, set()
+    masked_w, row_err, hull, dims = 0.0, None, None, set()   # None: no call whose weights are a distribution
     for i, c in enumerate(calls):
         if c.source == "softmax" and c.dim != -1 and c.q is None:
             # a softmax over another dim than the last of a tensor no q k^T fed (a mix of layers, as
@@ -180,11 +180,17 @@ def _weights_checks(calls, init_calls):
             if (~v).any() and live.any():   # a row that sees no key is fully_masked_rows' case, not a leak
                 leaked = w.masked_fill(v, 0).nan_to_num(1.0).abs().amax(-1)   # a NaN weight counts as 1: the worst
                 masked_w = max(masked_w, float(leaked[live].max()))
+        if c.sigmoid:   # each weight in (0, 1) on its own: no row sums to one, no output is a mix of the values
+            continue
         s = w.sum(-1)
-        row_err = max(row_err, float((s - 1).abs()[live].nan_to_num(math.inf).max()) if live.any() else 0.0)  # NaN: inf
+        row_err = _worst(row_err, float((s - 1).abs()[live].nan_to_num(math.inf).max()) if live.any() else 0.0)  # NaN: inf
         if c.out is not None and c.v is not None:   # no mask known: the hull of every value (wider)
-            hull = max(hull, _hull(c.out.double(), c.v.double(), torch.ones_like(live[..., None]) if vis is None else vis, live))
+            hull = _worst(hull, _hull(c.out.double(), c.v.double(), torch.ones_like(live[..., None]) if vis is None else vis, live))
     return masked_w, row_err, hull, dims
+
+
+def _worst(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else max(a, b)
 
 
 def _hull(out, v, vis, live):
@@ -219,13 +225,14 @@ def amplified_logits(ctx):
         leak = rel(y2[:, :t], y[:, :t], "the amplified outputs before t")
     masked_w, row_err, hull, dims = _weights_checks(calls, init_calls)
     _, _, hull0, _ = _weights_checks(init_calls, init_calls)
-    hull = max(hull, hull0)
+    hull = _worst(hull, hull0)
     wrong_dim = sorted(d for d in dims if d != -1)
     parts = [("outputs finite", finite, None),
              ("masked keys' largest weight", masked_w <= EXACT_REL, masked_w),
              ("earlier outputs' change with later tokens replaced", leak is None or leak <= EXACT_REL, leak),
-             ("rows' weights sum to 1 (worst |sum - 1|)", row_err <= ROW_SUM_TOL and not wrong_dim, row_err),
-             ("outputs outside their values' hull (at init or amplified)", hull <= HULL_REL, hull)]
+             ("rows' weights sum to 1 (worst |sum - 1|)", (row_err is None or row_err <= ROW_SUM_TOL) and not wrong_dim,
+              row_err),
+             ("outputs outside their values' hull (at init or amplified)", hull is None or hull <= HULL_REL, hull)]
     held = dict(zip(("nonfinite", "masked_key_weight", "future_leak", "row_sum", "outside_hull"), (p[1] for p in parts)))
     bad = [p for p in parts if not p[1]]
     # the cause named is the first that broke in the formula's order: weights that do not sum to 1 over
@@ -233,8 +240,10 @@ def amplified_logits(ctx):
     cause = next((c for c in ("nonfinite", "masked_key_weight", "row_sum", "future_leak", "outside_hull")
                   if not held[c]), "")
     detail = (f"largest score {amp.reached:.3g} (q and k scaled by {amp.factor:.3g} {amp.where()}); " +
-              "; ".join(f"{n}: " + ("n/a" if v is None and i == 2 else ('yes' if ok else 'no') if v is None else f"{v:.3g}")
+              "; ".join(f"{n}: " + ("n/a" if v is None and i >= 2 else ('yes' if ok else 'no') if v is None else f"{v:.3g}")
                         for i, (n, ok, v) in enumerate(parts))
+              + ("; sigmoid weights (each key's on its own): no row sum, no hull" if row_err is None and any(
+                  c.sigmoid for c in calls) else "")
               + (f"; softmax taken over dim {wrong_dim}, not the keys" if wrong_dim else ""))
     measured = max([v for _, _, v in parts if v is not None] + ([math.inf] if not finite else []))
     return judged(bool(bad), measured, f"finite; leak <= {EXACT_REL:g}; hull <= {HULL_REL:g}", detail, cause,

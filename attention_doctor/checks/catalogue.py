@@ -193,9 +193,10 @@ REGISTRY: tuple[Check, ...] = (
                     "masked_key_weight": "the largest weight on a masked key (in rows that see some key)",
                     "leak": "earlier outputs' relative change with later tokens replaced, amplified (None: not causal, "
                             "or outputs not finite)",
-                    "row_sum_error": "the worst |sum of a row's weights - 1|",
+                    "row_sum_error": "the worst |sum of a row's weights - 1| (None: sigmoid weights only, each key's "
+                                     "on its own)",
                     "outside_hull": "the largest excursion of an output outside its values' range, relative to it "
-                                    "(at init or amplified)",
+                                    "(at init or amplified; None: sigmoid weights only)",
                     "softmax_dims": "the dims a softmax was taken over other than the keys' (-1)"}),
     Check("low_precision", "precision", "low prec.",
           does="float16 and bfloat16, weights cast and under autocast, at init and with scores ~1e3 and ~3e4, plain "

@@ -209,13 +209,14 @@ class Context:
             call(a, cm.__exit__, None, None, None)
 
     def probe(self, x, mask=None, positions=None, qk_factor=None, adapter=None, modules=None,
-              qk_where=None, qk_matmuls=()):
+              qk_where=None, qk_matmuls=(), keep_graph=False):
         """(output, the attention calls seen) of one forward. It runs with autograd on, as
         training does: a fused inference-only path (nn.MultiheadAttention's fast path under
         no_grad) shows nothing; its black-box checks run it, its white-box checks see the other.
-        What the probe's own code raised (a doctor bug) is a DoctorBug after the forward."""
+        What the probe's own code raised (a doctor bug) is a DoctorBug after the forward. keep_graph:
+        each call keeps its q and k with their autograd history (Probe's)."""
         mods = [(n, m) for n, m, _ in (self.modules_of(adapter) if modules is None else modules)]
-        with Probe(mods, qk_factor=qk_factor, qk_where=qk_where, qk_matmuls=qk_matmuls) as p:
+        with Probe(mods, qk_factor=qk_factor, qk_where=qk_where, qk_matmuls=qk_matmuls, keep_graph=keep_graph) as p:
             out = self.run(x, mask, positions, adapter=adapter, grad=True)
         if p.errors:
             raise DoctorBug(p.errors[0], "the probe") from p.errors[0]

@@ -4,7 +4,7 @@ from contextlib import nullcontext
 
 import torch
 
-from attention_doctor.checks.amplified import _max_score, amplifier
+from attention_doctor.checks.amplified import FILLS, _max_score, amplifier
 from attention_doctor.checks.cached_positions import long_positions_through_cache, with_bfloat16
 from attention_doctor.checks.catalogue import BY_NAME
 from attention_doctor.checks.common import (
@@ -15,6 +15,7 @@ from attention_doctor.checks.common import (
     LONG_OFFSET,
     LONG_REL,
     LOW_PRECISION_RATIO,
+    finite_max_abs,
     inconclusive,
     judged,
     na,
@@ -149,6 +150,13 @@ def _cause(calls, calls32, dt) -> tuple[str, str]:
                 if raw > big >= raw * abs(scale):
                     return "qk_before_scale", (f"{where}: max |q.k| {raw:.3g} passes {_name(dt)}'s {big:.5g} before "
                                                f"the scale {scale:.3g} (scaled: {raw * abs(scale):.3g}, in range)")
+            elif c.q is not None and c.k is not None and c.extra.get("summed") and c32 is not None \
+                    and c32.scores is not None:   # scores that sum q k^T and other terms: no one scale
+                raw, scaled = _qk(c), _largest_score(c32.scores)
+                if raw > big >= scaled:
+                    return "qk_before_scale", (f"{where}: max |q.k| {raw:.3g} passes {_name(dt)}'s {big:.5g}, while "
+                                               f"the scores it is summed into reach {scaled:.3g} in "
+                                               f"{_name(c32.scores.dtype)} (in range): formed before the scale")
             return "scores_overflow", f"{where}: the scores the softmax got hold inf or NaN"
         w_bad = c.weights is not None and not torch.isfinite(c.weights).all()
         out_bad = c.out is not None and not torch.isfinite(c.out).all()
@@ -178,6 +186,12 @@ def _cause(calls, calls32, dt) -> tuple[str, str]:
     return "outside_attention", "every attention call is finite: the overflow is elsewhere (an MLP, a norm, the logits)"
 
 
+def _largest_score(s) -> float:
+    """The largest finite |score| that is not a mask's fill (FILLS: finfo.min, -1e30)."""
+    s = s.detach().double()
+    return finite_max_abs(s[s.abs() < FILLS])
+
+
 def _largest_finite(finite, lo: float, hi: float, steps: int = 6) -> float:
     """Bisection in log scale: the largest score in [lo, hi] at which finite(score) holds, given
     finite(lo) and not finite(hi)."""
@@ -189,20 +203,24 @@ def _largest_finite(finite, lo: float, hi: float, steps: int = 6) -> float:
 
 def _textbook_finite(calls, init, dt, g: float) -> bool:
     """The textbook attention (q scaled first, q k^T in dt, softmax in float32, weights @ v in dt)
-    on the calls' own q, k, v with every score times g: every visible row finite?"""
+    on the calls' own q, k, v with every score times g (a call whose scores add other terms to q k^T:
+    its scores times g, rounded to dt): every visible row finite?"""
     for i, c in enumerate(calls):
         if not c.complete:
             continue
         vis = init[i].visible if c.source == "softmax" and i < len(init) and init[i].source == "softmax" else c.visible
-        q, k = (c.q.double() * (math.sqrt(g) * c.scale)).to(dt), (c.k.double() * math.sqrt(g)).to(dt)
-        s = (q @ k.transpose(-2, -1)).float()
+        if c.scale is None:
+            s = (c.scores.double() * g).to(dt).float()
+        else:
+            q, k = (c.q.double() * (math.sqrt(g) * c.scale)).to(dt), (c.k.double() * math.sqrt(g)).to(dt)
+            s = (q @ k.transpose(-2, -1)).float()
         if c.bias is not None:
             s = s + c.bias.float()
         live = torch.ones(s.shape[:-1], dtype=torch.bool, device=s.device)
         if vis is not None:
             v_ = vis.expand_as(s)
             s, live = s.masked_fill(~v_, float("-inf")), v_.any(-1)
-        w = torch.softmax(s, dim=-1)
+        w = c.normalised(s)
         out = w.to(dt) @ c.v.to(dt)
         if not torch.isfinite(out[live]).all():
             return False

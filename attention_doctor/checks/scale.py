@@ -148,38 +148,72 @@ def _normalised_after(ctx, x, base) -> bool:
     return True
 
 
-def _in_calls(ctx):
+def _in_calls(ctx, products=False):
     """[score std per call at unit-variance q and k], measured on q and k as the attention calls get
     them (after whatever normalises them: Llama 4's weightless RMS norm, whose eps leaves q k^T
     neither scaled nor kept when its input is scaled; or maps them, where the calls' scores are their
-    q k^T x scale), or None where no call takes q and k that the probe can scale. q and k times f inside the calls give scores f^2 A + f B + C (A: q . k x scale;
-    B: a term linear in q or k; C: a bias); A = (s(3) - s(1)) / 2 - (s(2) - s(1)), over rms q x rms k."""
+    q k^T x scale; with `products`, also the product a sum of scores adds: XLNet's content term), or
+    None where no call takes q and k that the probe can scale. q and k times f inside one module's
+    calls (the calls before them unchanged) give its first call's scores f^2 A + f B + C (A: q . k x
+    scale; B: a term linear in q or k; C: a bias, the other terms of a sum); A = (s(3) - s(1)) / 2 -
+    (s(2) - s(1)), over rms q x rms k. A call whose A is 0 (scaling the product did not move its
+    scores: it does not feed them) is not measured."""
     x = ctx.sample(k=60)
-    _, base = ctx.probe(x)
+    _, base = ctx.probe(x, keep_graph=True)
     seen = [c for c in base if c.q is not None and c.k is not None]
     # calls whose scores are their own q k^T x scale and nothing else (a kernel's contract): what they
     # dot is what the scale applies to, whatever mapped q and k after their projections (polar
     # embeddings' softplus, an l2 distance's augmented q and k); otherwise only q and k normalised after
-    if not seen or not (all(_plain(c) for c in seen) or _normalised_after(ctx, x, base)):
+    plain = all(_plain(c) or (products and "qk_matmul" in c.extra) for c in seen)
+    if not seen or not (plain or _normalised_after(ctx, x, base)):
         return None
     every = frozenset(c.extra["qk_matmul"] for c in base if "qk_matmul" in c.extra)
     inside = frozenset(c.module for c in base if c.fused) | {n for n, _ in every}
-    if not inside:
-        return None
-    moved = [ctx.probe(x, qk_factor=f, qk_where=inside, qk_matmuls=every)[1] for f in (2.0, 3.0)]
-    if any(len(m) != len(base) for m in moved):
-        return None
     stds = []
-    for c, c2, c3 in zip(base, *moved):
-        if c.module not in inside or c.q is None or c.k is None or not c.source == c2.source == c3.source:
+    for m in sorted(inside):
+        i = next(j for j, c in enumerate(base) if c.module == m)
+        c = base[i]
+        mine = frozenset(mm for mm in every if mm[0] == m)
+        moved = [ctx.probe(x, qk_factor=f, qk_where={m}, qk_matmuls=mine)[1] for f in (2.0, 3.0)]
+        if c.q is None or c.k is None or any(len(t) != len(base) or t[i].source != c.source for t in moved):
             continue
-        s, s2, s3 = (visible_scores(t) for t in (c, c2, c3))
+        s, s2, s3 = (visible_scores(t) for t in (c, moved[0][i], moved[1][i]))
         if not s.shape == s2.shape == s3.shape or s.numel() < 2:
             continue
         a = (s3 - s) / 2 - (s2 - s)
-        rq, rk = (float(t.double().pow(2).mean().sqrt()) for t in (c.q, c.k))
+        if bool(torch.isfinite(a).all()) and float(a.abs().max()) <= 1e-9 * max(float(s.abs().max()), 1e-30):
+            continue
+        # q and k as they were before a constant the forward multiplied them by last (q * scale before
+        # q k^T: that factor is the scale, and unit variance is q's without it)
+        graph = c.extra.get("graph", (None, None))
+        rq, rk = (float(t.double().pow(2).mean().sqrt()) / abs(_factor_before(g)) for t, g in zip((c.q, c.k), graph))
         stds.append(float(a.std()) / max(rq * rk, 1e-30) if bool(torch.isfinite(a).all()) else math.inf)
     return stds or None
+
+
+MOVES_ONLY = ("View", "UnsafeView", "Permute", "Transpose", "Expand", "Unsqueeze", "Squeeze", "Clone", "Alias",
+              "Select", "Slice", "Unbind", "Split", "Reshape")   # autograd nodes that move entries, nothing else
+
+
+def _factor_before(t) -> float:
+    """The constant t was last multiplied (or divided) by, read off its autograd graph through the
+    nodes that only move entries (views, permutes, expands; the probe's own rearranging); 1 where
+    the last arithmetic is anything else, or t keeps no graph. Mega, like many eager codes, scales q
+    before q k^T: in the call, q carries the scale."""
+    node = getattr(t, "grad_fn", None)
+    while node is not None and type(node).__name__.removesuffix("Backward0").removesuffix("Backward1") in MOVES_ONLY:
+        ins = [fn for fn, _ in node.next_functions if fn is not None]
+        node = ins[0] if len(ins) == 1 else None
+    name = type(node).__name__ if node is not None else ""
+    one = lambda v: isinstance(v, torch.Tensor) and v.numel() == 1   # noqa: E731
+    other, mine = getattr(node, "_saved_other", None), getattr(node, "_saved_self", None)
+    if name.startswith("MulBackward") and one(other) and not one(mine):
+        return float(other) or 1.0
+    if name.startswith("MulBackward") and one(mine) and not one(other):
+        return float(mine) or 1.0
+    if name.startswith("DivBackward") and one(other) and not one(mine):
+        return 1.0 / float(other) if float(other) else 1.0
+    return 1.0
 
 
 def score_scale(ctx):
@@ -199,6 +233,10 @@ def score_scale(ctx):
         if scores and all(s.numel() and float(s.abs().max()) == 0.0 for s in scores):
             raise NotPerformed("every visible score is 0 at init (a scale initialised to zero): the scores' spread "
                                "says nothing of their scale", "scores_zero")
+        stds = _in_calls(ctx, products=True)
+        if stds is not None:   # no module's output is q or k (XLNet's einsums with Parameters): the calls' own
+            return _judged(stds, " (q and k as the attention calls get them: no module's output is a multiple of "
+                                 "q or k; the product that feeds each call's scores scaled inside it)")
         raise ctx.unseen("needs the q and k projections (no known q/k layout)", "no_qk_layout")
     f = unit_factors(ctx)
     if f is None:

@@ -6,7 +6,7 @@ import traceback
 from pathlib import Path
 
 from doctor_lab.zoo.conditions import CONDITIONS
-from doctor_lab.zoo.worker import NotBuilt, _cpu, _is_memory, _line, build, settle
+from doctor_lab.zoo.worker import NotBuilt, _cpu, _is_memory, _line, build, settle, stand_ins
 
 
 def confirm_path(out: Path, arch: str, impl: str) -> Path:
@@ -27,8 +27,9 @@ def rerun(arch: str, impl: str, table: dict, checks: list[str], cond) -> dict:
     changed = cond.prepare(model, cfg) if cond.prepare else ""
     if cond.prepare and not changed:
         return {"changed": "", **{c: {"outcome": "n/a", "reason": f"{cond.what}: nothing to change"} for c in checks}}
-    r = examine(model, name=f"hf:{arch} {impl} ({cond.name})", checks=checks, seed=cond.seed,
-                dtype=getattr(torch, cond.dtype))
+    with stand_ins(arch, table, cfg):
+        r = examine(model, name=f"hf:{arch} {impl} ({cond.name})", checks=checks, seed=cond.seed,
+                    dtype=getattr(torch, cond.dtype))
     rows = {c.name: {"outcome": c.outcome.value, "reason": c.reason, "cause": c.cause, "measured": c.measured,
                      "detail": c.detail} for c in r.checks}
     return {"changed": changed, **rows}

@@ -95,14 +95,16 @@ class NotBuilt(Exception):
 
 @contextmanager
 def standing_in(configs: list):
-    """While a model is built: the towers AutoModel.from_config would build from these sub-configs
-    (a vision tower that needs a library this machine lacks) are StandIn modules; the text path
-    the doctor drives is built whole."""
+    """While a model is built, and examined: the towers AutoModel.from_config would build from
+    sub-configs of these configs' classes (a vision tower that needs a library this machine lacks)
+    are StandIn modules; the text path the doctor drives is built whole. By class, so that the model
+    from_pretrained rebuilds (config_roundtrip) stands in the same tower."""
     from transformers import AutoModel
     original = AutoModel.__dict__["from_config"]
+    kinds = tuple({type(c) for c in configs})
 
     def from_config(cls, config, *a, **kw):
-        if any(config is c for c in configs):
+        if type(config) in kinds:
             return StandIn(type(config).__name__)
         return original.__func__(cls, config, *a, **kw)
     if configs:
@@ -111,6 +113,11 @@ def standing_in(configs: list):
         yield
     finally:
         AutoModel.from_config = original
+
+
+def stand_ins(arch: str, table: dict, cfg):
+    """standing_in over the sub-configs an architecture's shrink entry names (stand_in)."""
+    return standing_in([getattr(cfg, n) for n in (table["archs"].get(arch) or {}).get("stand_in", [])])
 
 
 def StandIn(name: str):
@@ -147,7 +154,7 @@ def build(arch: str, impl: str, table: dict, seed: int = 0):
         raise NotBuilt({**res, "status": NOT_BUILT, "stage": "config", "reason": _line(e)}) from None
     torch.manual_seed(seed)
     try:
-        with standing_in([getattr(cfg, n) for n in entry.get("stand_in", [])]):
+        with stand_ins(arch, table, cfg):
             if entry.get("use"):  # a sub-config: the mapped class takes it directly
                 import transformers
                 cls = getattr(transformers, res["class"])
@@ -170,6 +177,12 @@ def examine_one(arch: str, impl: str, table: dict, checks) -> dict:
         res, model, cfg = build(arch, impl, table)
     except NotBuilt as e:
         return e.result
+    with stand_ins(arch, table, cfg):
+        return _examined(res, model, cfg, arch, impl, checks)
+
+
+def _examined(res, model, cfg, arch, impl, checks) -> dict:
+    """examine_one's smoke test and doctor on the model built."""
     res["params"] = sum(p.numel() for p in model.parameters())
     res["impl_used"] = getattr(model.config, "_attn_implementation", None)
     try:
