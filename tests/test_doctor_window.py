@@ -22,14 +22,19 @@ class Attention(nn.Module):
         super().__init__()
         self.qkv, self.h, self.window = nn.Linear(d, 3 * d), heads, window
 
-    def forward(self, x):
+    def _qkv_mask(self, x):
+        """q, k, v (B, h, T, d_head) and the causal mask of the window (T, T: True = visible)."""
         B, T, d = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.h, d // self.h).permute(2, 0, 3, 1, 4)
         i = torch.arange(T)
         mask = i[:, None] >= i[None, :]
         if self.window is not None:
             mask = mask & (i[:, None] - i[None, :] < self.window)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(B, T, d)
+        return q, k, v, mask
+
+    def forward(self, x):
+        q, k, v, mask = self._qkv_mask(x)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(x.shape)
 
 
 class SinkAttention(Attention):
@@ -41,11 +46,7 @@ class SinkAttention(Attention):
 
     def forward(self, x):
         B, T, d = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.h, d // self.h).permute(2, 0, 3, 1, 4)
-        i = torch.arange(T)
-        mask = i[:, None] >= i[None, :]
-        if self.window is not None:
-            mask = mask & (i[:, None] - i[None, :] < self.window)
+        q, k, v, mask = self._qkv_mask(x)
         s = (q @ k.transpose(-2, -1)) / (d // self.h) ** 0.5
         s = s.masked_fill(~mask, torch.finfo(s.dtype).min)
         s = torch.cat([s, self.sinks.view(1, -1, 1, 1).expand(B, -1, T, 1)], dim=-1)
