@@ -28,8 +28,9 @@ def test_every_finding_is_upstream_ready():
         assert all(k in report for k in ("**Environment**", "**Reproduction**", "**Expected**", "**Actual**",
                                           "**Proposed fix**")), name
         fails_on = page[page.index("**Fails on**"):].splitlines()[0] if "**Fails on**" in page else ""
-        assert all(r in fails_on for r in findings.RELEASES[package]), (name, "the page names the releases its "
-                                                                        "repro fails on", fails_on)
+        failing = [r for r in findings.RELEASES[package] if r not in findings.passes_on(name)]
+        assert findings.RELEASES[package][-1] in failing, (name, "the patch is the newest release's: it fails there")
+        assert all(r in fails_on for r in failing), (name, "the page names the releases its repro fails on", fails_on)
         repro = (findings.FINDINGS / f"{name}.py").read_text()
         imports = {m.split(".")[0] for m in re.findall(r"^(?:from|import) (\S+)", repro, re.M)}
         assert imports <= {"sys", "torch", package}, (name, imports)  # standalone: no doctor, no project
@@ -75,7 +76,7 @@ def test_a_repro_fails_before_its_patch_and_passes_after(package, release, tmp_p
     """The shrunk case: the first finding of each library (all of them, minutes: `python -m
     doctor_lab.zoo.findings check`, which runs this same comparison)."""
     where = need(package, release)
-    names = findings.names(package)[:1]
+    names = [n for n in findings.names(package) if release not in findings.passes_on(n)][:1]
     source = where / package if where else findings.installed(package)
     copies = {n: findings.copy(n, tmp_path / n, source) for n in names}
     # before: every repro on the release; after: each on its own patched copy (the library imported
@@ -94,3 +95,26 @@ def test_a_patched_copy_is_the_installed_one_plus_the_patch(installed, tmp_path)
     assert not (d / rel).is_symlink() and "mask[:, None, :].bool()" in (d / rel).read_text()
     assert (d / "transformers" / "__init__.py").is_symlink()   # everything else: links
     assert "mask[:, None, :].bool()" not in (installed.parent / rel).read_text()  # the installed one untouched
+
+
+def test_a_page_names_the_releases_before_its_regression(tmp_path, monkeypatch):
+    """A regression's page says where its repro passes unpatched (`**Passes on**`): those releases of
+    RELEASES, named as releases (5.23.0 is not 5.23.01), no other."""
+    monkeypatch.setattr(findings, "FINDINGS", tmp_path)
+    (tmp_path / "a.patch").write_text("--- a/transformers/x.py\n+++ b/transformers/x.py\n")
+    older, newest = findings.RELEASES["transformers"][0], findings.RELEASES["transformers"][-1]
+    (tmp_path / "a.md").write_text(f"**Fails on**: transformers {newest}\n**Passes on**: transformers {older} (before)\n")
+    assert findings.passes_on("a") == (older,) != (newest,)
+    (tmp_path / "a.md").write_text(f"**Fails on**: transformers {newest}\n**Passes on**: transformers {older}1\n")
+    assert findings.passes_on("a") == ()
+    (tmp_path / "a.md").write_text(f"**Fails on**: transformers {older} and {newest}\n")
+    assert findings.passes_on("a") == ()
+
+
+def test_a_regression_passes_unpatched_on_the_pinned_release_before_it(installed):
+    pinned = findings.RELEASES["transformers"][0]
+    names = [n for n in findings.names("transformers") if pinned in findings.passes_on(n)]
+    assert names, "a regression newer than the pinned release (xlm_generate_passes_its_cache)"
+    got = findings.repros(names)
+    for n in names:
+        assert got[n][0] == 0 and "OK" in got[n][1], (n, got[n][1][-1500:])

@@ -53,6 +53,14 @@ def names(package: str | None = None) -> list[str]:
     return sorted(p.stem for p in FINDINGS.glob("*.patch") if "@" not in p.stem and package in (None, library(p.stem)))
 
 
+def passes_on(name: str) -> tuple[str, ...]:
+    """The releases of RELEASES on which the finding's page says its repro passes unpatched (its
+    `**Passes on**` line: a regression that came after them); the repro fails on every other one."""
+    page = (FINDINGS / f"{name}.md").read_text()
+    line = page[page.index("**Passes on**"):].splitlines()[0] if "**Passes on**" in page else ""
+    return tuple(r for r in RELEASES[library(name)] if re.search(rf"(?<![\d.]){re.escape(r)}(?![\d.])", line))
+
+
 def patch_file(name: str, release: str | None = None) -> Path:
     """NAME@RELEASE.patch where the release needs its own, else NAME.patch (the newest release's)."""
     own = FINDINGS / f"{name}@{release}.patch"
@@ -210,7 +218,8 @@ def zoo_rows(arch_list: list[str], out: Path, transformers: Path | None = None) 
 
 def check(which: list[str], zoo: bool = False, pinned: Path | None = None, show: bool = False) -> int:
     """Every repro fails on each release of its library in RELEASES and passes on that release
-    patched (one process per library and release, before and after); a release neither installed
+    patched (one process per library and release, before and after), but on a release its page says
+    it passes on (a regression that came later: it must pass there unpatched); a release neither installed
     nor cached is named with its install command and not counted as checked. With zoo, the finding's
     architectures' rows before and after on the installed release (only its own rows may change).
     show: each repro's output too, before and after (the numbers its page reports)."""
@@ -226,17 +235,24 @@ def check(which: list[str], zoo: bool = False, pinned: Path | None = None, show:
                     print(f"{package} {rel}: NOT CHECKED: {e}", flush=True)
                     continue
                 source = (where / package) if where else installed(package)
-                copies = {n: copy(n, Path(tmp) / rel / n, source) for n in group}
-                before, after = repros(group, release=where), repros(group, copies)
+                failing = [n for n in group if rel not in passes_on(n)]
+                copies = {n: copy(n, Path(tmp) / rel / n, source) for n in failing}
+                before, after = repros(group, release=where), repros(failing, copies) if failing else {}
                 for name in group:
-                    ok = before[name][0] == 1 and after[name][0] == 0
+                    if name not in failing:   # a release before the regression: the repro holds unpatched
+                        ok = before[name][0] == 0
+                        print(f"{name} ({package} {rel}, before the regression): exit {before[name][0]} (0 expected)"
+                              + ("" if ok else f"  <-- NOT AS EXPECTED\n{before[name][1][-800:]}"), flush=True)
+                    else:
+                        ok = before[name][0] == 1 and after[name][0] == 0
+                        print(f"{name} ({package} {rel}): before its patch exit {before[name][0]} (1 expected), after "
+                              f"exit {after[name][0]} (0 expected)"
+                              + ("" if ok else f"  <-- NOT AS EXPECTED\n{after[name][1][-800:]}"), flush=True)
                     bad += not ok
-                    print(f"{name} ({package} {rel}): before its patch exit {before[name][0]} (1 expected), after exit "
-                          f"{after[name][0]} (0 expected)" + ("" if ok else f"  <-- NOT AS EXPECTED\n{after[name][1][-800:]}"),
-                          flush=True)
                     if show:
                         for when, res in (("before", before), ("after", after)):
-                            print(f"  {when}:\n    " + "\n    ".join(res[name][1].splitlines()), flush=True)
+                            if name in res:
+                                print(f"  {when}:\n    " + "\n    ".join(res[name][1].splitlines()), flush=True)
         for name in which:
             if zoo and archs(name):
                 d = copy(name, Path(tmp) / name)
