@@ -188,6 +188,7 @@ class Probe(TorchFunctionMode):
         self._pending_call = None
         self._pending_exp = None
         self._pending_cat = None   # (the cat's width, where the q k^T block starts in it)
+        self._pending_sigmoid = None   # (scores, weights): a sigmoid of the scores, a call once weights @ v follows
         self._flex = None          # the context that routes flex_attention's calls to the probe
         self._in_flex = False      # inside a flex_attention call: its own ops are not the target's
         self._unscripted = None    # the context that runs the modules' TorchScript functions as Python
@@ -279,6 +280,7 @@ class Probe(TorchFunctionMode):
 
     def _add(self, call, q=None, k=None):
         self._terms = []   # the terms of a later call's scores are made after this one
+        self._pending_sigmoid = None   # the weights @ v that follows is this call's
         if self.keep_graph and q is not None and k is not None:
             call.extra["graph"] = (q, k)
         self.calls.append(call)
@@ -461,14 +463,23 @@ class Probe(TorchFunctionMode):
         self._add(call, *graph)
 
     def _sigmoid(self, s, out):
-        """A sigmoid of the pending q k^T's scores (after a scale, a bias, a mask: the same shape) is
-        sigmoid attention's weights, each key's on its own; a sigmoid of anything else (a gate) is not."""
+        """A sigmoid of the pending q k^T's scores (after a scale, a bias, a mask: the same shape) may
+        be sigmoid attention's weights, each key's on its own: kept until the next product, which makes
+        it a call where it takes a matrix of the weights' shape (weights @ v; CoPE's gates, a sigmoid
+        of the scores too, go into a cumsum, not @ v). A sigmoid of anything else (a gate) is not."""
         qk = self._pending_qk
         if qk is None or not isinstance(s, torch.Tensor) or s.dim() < 3 or s.shape[-2:] != qk[2].shape[-2:] \
                 or s.numel() != qk[2].numel():
             return
-        self._softmax((s,), {"dim": -1}, out)
-        self._pending_call.extra["normaliser"] = "sigmoid"
+        self._pending_sigmoid = (s.detach(), out)
+
+    def _sigmoid_weights(self, a):
+        """The pending sigmoid as a call, where the product about to be read takes its weights (`a`)."""
+        s, out = self._pending_sigmoid
+        self._pending_sigmoid = None
+        if a.shape[-2:] == s.shape[-2:] and a.numel() == s.numel():
+            self._softmax((s,), {"dim": -1}, out)
+            self._pending_call.extra["normaliser"] = "sigmoid"
 
     def _summed_term(self, s):
         """The latest product before the pending one, made in this module since its last call, whose
@@ -497,6 +508,8 @@ class Probe(TorchFunctionMode):
     def _matmul(self, a, b, out, mm=None):
         if not isinstance(out, torch.Tensor) or out.dim() < 3:
             return
+        if self._pending_sigmoid is not None:
+            self._sigmoid_weights(a)
         c = self._pending_call
         block = c.extra.get("key_block") if c is not None else None
         packed = c.extra.get("heads_inner") if c is not None else None
