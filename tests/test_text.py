@@ -176,6 +176,26 @@ def test_report_shows_the_greedy_samples_of_the_failure_and_its_control(tmp_path
     assert text_samples.render([ctrl], tmp_path) is None
 
 
+def test_greedy_samples_keep_each_corpus_apart(tmp_path):
+    """Seed 0 on Shakespeare and seed 0 on Chichewa are two runs: each corpus gets its own table, the
+    real text's yardstick and its own prompt (one table mixed them under the first run's prompt)."""
+    from experiments.records import RunRecord
+    from experiments.report.sections import text_samples
+    def run(data, prompt, sample, real):
+        final = {"loss/train": 1.25, "gen/prefix_loss": 4.5, "gen/gap": 3.25, "sample/trigram_nll": 1.2,
+                 "sample/repeat_frac": 0.9, "sample/prompt": prompt, "sample/greedy": sample,
+                 "sample/real_trigram_nll": real, "sample/real_repeat_frac": 0.14}
+        return RunRecord(exp="head_merge_no_transpose", status="completed", role="failure", seed=0, final=final,
+                         config={"data": {"name": data}})
+    md = text_samples.render([run("chichewa_char", "Ndipo Yesu", "ndi ndi ndi", 2.5),
+                              run("shakespeare_char", "GREMIO:", "the the the", 2.0)], tmp_path)
+    shk, chi = md.index("**tiny Shakespeare** (`data=shakespeare_char`)"), md.index("**Chichewa** (`data=chichewa_char`)")
+    assert shk < chi  # the report's corpus order, the reference first
+    assert "GREMIO:" in md[shk:chi] and "the the the" in md[shk:chi] and "trigram loss 2.000" in md[shk:chi]
+    assert "Ndipo Yesu" in md[chi:] and "ndi ndi ndi" in md[chi:] and "trigram loss 2.500" in md[chi:]
+    assert md.count("### head_merge_no_transpose on text: greedy samples") == 1
+
+
 # -- python_source: the second corpus, shipped with Python (no download, no ../shared) ----------
 
 def test_python_source_is_assembled_deterministically_with_its_hash():
