@@ -19,6 +19,7 @@ import subprocess
 import sys
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
@@ -219,9 +220,33 @@ def runnable(cmd: str, entry: Cmd | None) -> str:
         return "the committed reference: ATTN_README_FULL=1 runs it (shrunk, minutes)"
     if not entry.full and os.environ.get("ATTN_README_FULL") == "only":
         return "ATTN_README_FULL=only: the committed reference's lines alone"
-    if "shakespeare" in cmd and not corpus_available():
+    if needs_corpus(cmd) and not corpus_available():
         return NO_CORPUS
     return ""
+
+
+def selected_exps(cmd: str) -> list[str]:
+    """The experiments a command's `+exp=` selects: a name, a comma list, or Hydra's
+    glob(include, exclude=...) over conf/exp/."""
+    m = re.search(r"\+exp=(glob\([^)]*\)|[^'\s]+)", cmd)
+    if not m:
+        return []
+    every = sorted(f.stem for f in (ROOT / "conf" / "exp").glob("*.yaml"))
+    arg = m.group(1)
+    if not arg.startswith("glob("):
+        return [e for e in arg.split(",") if e in every]
+    include, _, exclude = arg[len("glob("):-1].partition(",exclude=")
+    names = lambda s: [x.strip() for x in s.strip("[]").split(",") if x.strip()]  # noqa: E731
+    return [e for e in every if any(fnmatch(e, i) for i in names(include))
+            and not any(fnmatch(e, x) for x in names(exclude))]
+
+
+def needs_corpus(cmd: str) -> bool:
+    """Whether the command trains on tiny Shakespeare: named on its line, or chosen by an experiment
+    it selects (attention_sink, in the catalogue's glob, overrides /data to shakespeare_lines)."""
+    data_override = re.compile(r"override /data:\s*shakespeare")
+    return "shakespeare" in cmd or any(data_override.search((ROOT / "conf" / "exp" / f"{e}.yaml").read_text())
+                                       for e in selected_exps(cmd))
 
 
 # two commands at a time, one per core; the reference's own (ATTN_README_FULL=1) run two jobs each
@@ -245,6 +270,17 @@ def start_all(tmp_path_factory) -> None:
         if cmd not in STARTED and not runnable(cmd, entry) and not entry.after:
             work = work_dir(tmp_path_factory.mktemp("readme"))
             STARTED[cmd] = POOL.submit(execute, cmd, state, entry, work, bin_dir)
+
+
+def test_a_command_needs_the_corpus_where_an_experiment_it_selects_trains_on_it():
+    """Without the corpus, a README command that would train on it skips (or fails under
+    ATTN_REQUIRE_CORPUS=1) instead of failing on the download: the catalogue's glob selects
+    attention_sink, which trains on shakespeare_lines, though its line names no corpus."""
+    assert needs_corpus(CATALOGUE) and "attention_sink" in selected_exps(CATALOGUE)
+    assert not needs_corpus("python run.py -m '+exp=glob(*,exclude=attention_sink)' seed=0")
+    assert selected_exps("python run.py -m +exp=heads,no_scaling seed=0") == ["heads", "no_scaling"]
+    assert needs_corpus("python run.py +exp=no_scaling data=shakespeare_char")
+    assert not needs_corpus("python run.py +exp=no_scaling")
 
 
 @pytest.mark.parametrize("cmd,state", README_COMMANDS, ids=[c[:60] for c, _ in README_COMMANDS])
