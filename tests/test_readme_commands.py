@@ -19,7 +19,6 @@ import subprocess
 import sys
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
@@ -226,19 +225,19 @@ def runnable(cmd: str, entry: Cmd | None) -> str:
 
 
 def selected_exps(cmd: str) -> list[str]:
-    """The experiments a command's `+exp=` selects: a name, a comma list, or Hydra's
-    glob(include, exclude=...) over conf/exp/."""
+    """The experiments of conf/exp/ a command's `+exp=` selects (a name, a comma list, a glob), as
+    Hydra's own override parser reads it."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import Glob
     m = re.search(r"\+exp=(glob\([^)]*\)|[^'\s]+)", cmd)
     if not m:
         return []
     every = sorted(f.stem for f in (ROOT / "conf" / "exp").glob("*.yaml"))
-    arg = m.group(1)
-    if not arg.startswith("glob("):
-        return [e for e in arg.split(",") if e in every]
-    include, _, exclude = arg[len("glob("):-1].partition(",exclude=")
-    names = lambda s: [x.strip() for x in s.strip("[]").split(",") if x.strip()]  # noqa: E731
-    return [e for e in every if any(fnmatch(e, i) for i in names(include))
-            and not any(fnmatch(e, x) for x in names(exclude))]
+    override = OverridesParser.create().parse_override(m.group(0))
+    value = override.value()
+    chosen = value.filter(every) if isinstance(value, Glob) else (
+        list(override.sweep_string_iterator()) if override.is_sweep_override() else [value])
+    return [e for e in chosen if e in every]
 
 
 def needs_corpus(cmd: str) -> bool:
