@@ -141,8 +141,16 @@ class Adapter:
     def converted(self, dtype=None, device=None) -> "Adapter":
         """A copy of this adapter on a deep copy of the module, moved to dtype / device."""
         new = copy.copy(self)
-        new.module = deep_copy(self.module).to(device=device, dtype=dtype)
+        new.module = moved(deep_copy(self.module), device=device, dtype=dtype)
         return new
+
+
+def moved(module: nn.Module, device=None, dtype=None) -> nn.Module:
+    """module.to(device, dtype), but the dtype only for floating tensors: nn.Module.to casts a
+    complex buffer to a real dtype by dropping its imaginary part (torchtitan's complex64
+    `freqs_cis` would scale instead of rotate), so complex (and integer, bool) tensors keep their
+    dtype and only move."""
+    return module._apply(lambda t: t.to(device=device, dtype=dtype if t.is_floating_point() else None))
 
 
 def deep_copy(module: nn.Module) -> nn.Module:

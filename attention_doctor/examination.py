@@ -55,11 +55,36 @@ def examine(target, *, causal=None, device="cpu", dtype=torch.float32, checks=No
         if strict:
             raise
         raise TargetError(f"cannot drive {type(target).__name__}: {said(e)}") from None
+    want = _dtype(dtype)
+    threads = torch.get_num_threads()   # describe() may run the checks on one thread
+    with torch.random.fork_rng(devices=_cuda_devices()):   # the caller's RNG streams as they were
+        try:
+            adapter = _own_copy(adapter, device, want, strict)
+            adapter.module.eval()
+            return _examined(adapter, wanted, name, T, seed, strict)
+        finally:
+            torch.set_num_threads(threads)
+
+
+def _cuda_devices():
+    return list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+
+
+def _own_copy(adapter, device, dtype, strict):
+    """The adapter on a copy of its module in device / dtype: the checks run on the copy, so the
+    caller's model keeps its mode, dtype, device, parameters, buffers and caches; complex buffers
+    stay complex (adapters.moved)."""
     try:
-        adapter.module.to(device=torch.device(device), dtype=_dtype(dtype))
-    except (RuntimeError, ValueError) as e:
-        raise TargetError(f"cannot move the target to {device}/{dtype}: {e}") from None
-    adapter.module.eval()
+        return adapter.converted(dtype=dtype, device=torch.device(device))
+    except (RuntimeError, ValueError, TypeError, AssertionError) as e:
+        # the target's own limit (a device it cannot be moved to, a dtype its code refuses), said as such
+        if strict:
+            raise
+        raise TargetError(f"the target cannot be copied to {device}/{str(dtype).replace('torch.', '')}: "
+                          f"{said(e)}") from None
+
+
+def _examined(adapter, wanted, name, T, seed, strict) -> DoctorResult:
     ctx = Context(adapter, T=T, seed=seed)
     blocked = _prepare(ctx, strict)
     x, y, raised = _smoke(ctx, strict)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attention_doctor.adapters import CACHE_ARGS, Adapter, TargetError, Unreachable, Unsupported, _params
+from attention_doctor.adapters import CACHE_ARGS, Adapter, TargetError, Unreachable, Unsupported, _params, moved
 from attention_doctor.module_state import restored
 from attention_doctor.signals import NotPerformed, TargetRaised, said
 
@@ -484,7 +484,7 @@ def _rebuilt(adapter, impl):
             new = None   # this release does not build the model under impl: no such path
         if new is not None and getattr(new.config, "_attn_implementation", impl) != impl:
             new = None
-        cache[key] = None if new is None else new.to(device=adapter.device, dtype=adapter.dtype).eval()
+        cache[key] = None if new is None else moved(new, device=adapter.device, dtype=adapter.dtype).eval()
     return cache[key]
 
 
@@ -569,5 +569,5 @@ def saved_and_loaded(adapter):
                                f"{str(e).splitlines()[0][:160] if str(e) else ''}", "not_reloaded",
                                {"error": said(e)}) from None
         b = copy.copy(adapter)
-        b.module = new.to(device=adapter.device, dtype=adapter.dtype).eval()
+        b.module = moved(new, device=adapter.device, dtype=adapter.dtype).eval()
         yield b

@@ -20,6 +20,8 @@ people, never parsed). `verdict` ("pass", "n/a: why") is derived, for display.
 """
 import json
 import math
+import re
+import textwrap
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -136,6 +138,20 @@ class Row:
                    d.get("thread") or "", d.get("detail") or "")
 
 
+WIDTH = 100   # a terminal's and a pull request's width
+
+
+def _short(tolerance: str, n: int = 14) -> str:
+    """A tolerance's value for the table's column (its text up to the first `:`, `;` or `(`), or
+    "" where that is longer than n: the whole text goes to the notes."""
+    head = re.split(r"[:;(]", tolerance, maxsplit=1)[0].strip()
+    return head if len(head) <= n else ""
+
+
+def _wrapped(text: str, width: int, indent: str = "") -> list[str]:
+    return textwrap.wrap(text, width, subsequent_indent=indent, break_on_hyphens=False) or [""]
+
+
 def _num(x) -> str:
     if x is None:
         return "-"
@@ -239,17 +255,29 @@ class DoctorResult:
             out.append("nothing failed" + (f"; read the warning: {', '.join(warned)}" if warned else ""))
         return "\n".join(out)
 
-    def table(self, threads: bool = True) -> str:
-        """The rows as a fixed-width text table (the CLI's output): header, rows, summary."""
-        head = ["check", "verdict", "measured", "tolerance", "reproduce"] + (["thread"] if threads else [])
-        body = [[r.name, r.verdict, _num(r.measured), r.tolerance,
-                 f"+exp={r.experiment}" if r.experiment else "-"] + ([r.thread or "-"] if threads else [])
-                for r in self.checks]
+    def table(self, threads: bool = True, width: int = WIDTH) -> str:
+        """The rows as a fixed-width text table (the CLI's output) at most `width` columns wide:
+        header, one row per check (outcome, cause, measured, tolerance), then every reason, long
+        tolerance, experiment to reproduce and thread as numbered notes, then the summary."""
+        head = ["check", "outcome", "cause", "measured", "tolerance", "note"]
+        body, notes = [], []
+        for r in self.checks:
+            tol = _short(r.tolerance)
+            said = [r.reason, f"tolerance {r.tolerance}" if tol != r.tolerance else "",
+                    f"reproduce: +exp={r.experiment}" if r.experiment else "",
+                    f"thread: {r.thread}" if threads and r.thread else ""]
+            said = "; ".join(p for p in said if p)
+            if said:
+                notes.append(said)
+            body.append([r.name, r.outcome.value, r.cause or "-", _num(r.measured), tol or "-",
+                         f"[{len(notes)}]" if said else ""])
         widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
         line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()
-        out = [self.header(), line(head), line(["-" * w for w in widths])]
+        out = [*_wrapped(self.header(), width), line(head), line(["-" * w for w in widths])]
         out += [line(b) for b in body]
-        out.append(self.summary())
+        for i, n in enumerate(notes, 1):
+            out += _wrapped(f"[{i}] {n}", width, indent=" " * (len(str(i)) + 3))
+        out += _wrapped(self.summary(), width)
         return "\n".join(out)
 
     def details(self) -> str:

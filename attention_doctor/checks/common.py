@@ -67,6 +67,9 @@ class Description:
     why); causal_from: how it was decided (an LM, the adapter said, or found and how);
     repeatable: two eval calls on one input are bit-identical (eval_dropout reports it); eval_max_diff:
     the largest |difference| between them (inf where they are not finite at the same places);
+    rounding: where two calls on several threads differed but two on one thread are bit-identical,
+    the difference across threads (floating-point reordering, not randomness: the checks then run
+    on one thread, examine() restores the caller's count; 0 otherwise);
     nonfinite / values: how many of the plain forward's output values are NaN or infinite, of how
     many (finite_output reports it); autograd_refused: what the forward raised with autograd on
     where it runs without ("": it runs; FlexAttention on CPU has no backward and refuses): the
@@ -79,6 +82,7 @@ class Description:
     nonfinite: int = 0
     values: int = 0
     autograd_refused: str = ""
+    rounding: float = 0.0
 
 
 @dataclass
