@@ -16,6 +16,7 @@ from attention_doctor.checks.common import Context
 from attention_doctor.dispatch import adapt
 from attention_doctor.module_state import restored
 from attention_doctor.result import RAN, DoctorResult, Row
+from attention_doctor.sensitivity import fill_zero_matrices, moves_later_outputs
 from attention_doctor.signals import DoctorBug, Raised, Signal, TargetError, TargetRaised, Unsupported, said
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -90,6 +91,7 @@ def _examined(adapter, wanted, name, T, seed, strict) -> DoctorResult:
     x, y, raised = _smoke(ctx, strict)
     blocked = blocked or raised
     if blocked is None:
+        y = _sensitive(ctx, x, y, strict)
         ctx.description = describe(ctx, x, y)
     result = DoctorResult(name or adapter.name, info={
         "kind": adapter.kind, "implementation": adapter.implementation,
@@ -193,6 +195,27 @@ def _smoke(ctx, strict):
         shape = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
         raise TargetError(f"{ctx.adapter.name}: forward returned {shape}, not ({ctx.B}, {ctx.T}, D) floats")
     return x, y, None
+
+
+def _sensitive(ctx, x, y, strict):
+    """The plain output y, after making the copy's outputs able to show the attention (sensitivity.py):
+    all-zero weight matrices filled where no later output moves with position 0 (info says which);
+    info["insensitive_outputs"] where they still do not."""
+    if ctx.T < 2:
+        return y
+    try:
+        if moves_later_outputs(ctx, x, y):
+            return y
+        filled = fill_zero_matrices(ctx.adapter.module, ctx.seed)
+        if filled:
+            ctx.info["filled_zero_weights"] = filled
+            y = ctx.run(x)
+        if not filled or not moves_later_outputs(ctx, x, y):
+            ctx.info["insensitive_outputs"] = True
+    except Signal as s:   # the target raised or the adapter did: the checks that run it say so
+        if strict and isinstance(s, Raised):
+            raise s.__cause__ or s
+    return y
 
 
 def _calls_seen(ctx, strict) -> dict | None:

@@ -297,6 +297,10 @@ def future_leak(ctx):
     typed, said = _typed_blocks(ctx, x)
     detail += f"; {said}" if said else ""
     block_seen = typed is not None and typed > EXACT_REL
+    if ctx.info.get("insensitive_outputs") and worst <= EXACT_REL and not bad_grad and not block_seen:
+        return inconclusive("insensitive outputs: no later output moves with position 0, and no zero weight to "
+                            "fill (attention_doctor/sensitivity.py)", "insensitive_outputs", detail=detail,
+                            outputs=outputs)
     cause = "outputs_move" if worst > EXACT_REL else "later_block_seen" if block_seen else "gradient_nonzero"
     if block_seen and worst <= EXACT_REL:
         measured = typed

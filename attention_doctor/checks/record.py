@@ -109,6 +109,9 @@ COMMON_CAUSES = {
                            "unit-variance where they are made"),
     "unreachable": cannot("the target may have the interface (a cache of its own kind, positions or a path it "
                           "rejects) but the doctor cannot drive it; an Adapter can"),
+    "insensitive_outputs": cannot("no later output moves when position 0's input changes, and the model has no "
+                                  "all-zero weight matrix the doctor could fill in its copy "
+                                  "(attention_doctor/sensitivity.py): what the outputs do not show was not looked at"),
     "part_not_run": cannot("the part that ran held, another part of the check could not run (named in the "
                            "row's reason and measurements['not_run'])"),
     "adapter_contract": cannot("an adapter returned something its contract does not allow"),
