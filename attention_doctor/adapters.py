@@ -32,6 +32,7 @@ from attention_doctor.signals import (  # noqa: F401
     Unreachable,
     Unsupported,
 )
+from attention_doctor.windows import declared_windows, layer_names, module_config
 
 
 class Adapter:
@@ -101,15 +102,20 @@ class Adapter:
         softmax attention: linear attention, a convolution; a string naming an attention kind of the
         target's own, whose calls are counted but whose window is not judged; or None for all of
         them: a window the target names without saying which layers take it, read from the calls).
-        A target that declares none: Unsupported."""
-        raise Unsupported("declares no sliding window (an Adapter's windows() declares one)", "no_window")
+        A target that declares none: Unsupported. By default what the module's own `config` declares
+        (windows.py: transformers' field names, or window_size)."""
+        cfg = module_config(self.module)
+        if cfg is None:
+            raise Unsupported("declares no sliding window (an Adapter's windows() declares one)", "no_window")
+        return declared_windows(cfg)
 
     def window_layers(self) -> list[str] | None:
         """The module name (as named_modules() gives it) of each layer windows() declares, in its
         order: a call made inside a layer's module is that layer's, however many times the layer runs
         (a recurrent-depth model loops some); None where not known (the calls are then taken in
-        layer order)."""
-        return None
+        layer order). By default the one ModuleList with as many layers as windows() declares."""
+        _, layers = self.windows()
+        return None if layers is None else layer_names(self.module, len(layers))
 
     @contextmanager
     def reloaded(self):

@@ -12,6 +12,7 @@ import torch
 from attention_doctor.adapters import CACHE_ARGS, Adapter, TargetError, Unreachable, Unsupported, _params, moved
 from attention_doctor.module_state import restored
 from attention_doctor.signals import NotPerformed, TargetRaised, said
+from attention_doctor.windows import declared_windows
 
 # how to get transformers, in every message that needs it (README and --help say the same)
 INSTALL = "pip install -r requirements-validation.txt (in the clone: the transformers release the zoo pins)"
@@ -409,54 +410,6 @@ class HFCausalLM(Adapter):
         cfg = self.module.config
         return declared_windows(cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg)
 
-    def window_layers(self):
-        """The decoder layers: the one ModuleList of the model with as many entries as the declaration,
-        all of one class (transformers builds layer i from layer_types[i]); None where there is not
-        exactly one."""
-        _, layers = self.windows()
-        if layers is None:
-            return None
-        lists = [(name, m) for name, m in self.module.named_modules() if isinstance(m, torch.nn.ModuleList)
-                 and len(m) == len(layers) and len({type(x) for x in m}) == 1]
-        if len(lists) != 1:
-            return None
-        name, _ = lists[0]
-        return [f"{name}.{i}" if name else str(i) for i in range(len(layers))]
-
-
-# -- the sliding window a config declares (the sliding_window check) -----------------------------
-SLIDING, FULL = "sliding_attention", "full_attention"
-# layer kinds with no softmax attention, hence no attention call of the doctor's: the calls it sees
-# are the other layers' (transformers' names in layer_types)
-NOT_SOFTMAX = {"linear_attention", "conv", "mamba", "recurrent", "mlp", "moe"}
-
-
-def declared_windows(cfg) -> tuple[int, list[bool | str | None] | None]:
-    """(sliding_window, per layer whether it slides: None where the layer is no softmax attention) as
-    a config declares them: its layer_types where it has them (sliding_attention / full_attention /
-    a kind of NOT_SOFTMAX; another kind, an attention of its own, stays its name: its calls are
-    counted, its window not judged), or its layers_block_type (older releases: `attention` layers take
-    the window, `recurrent` / `mamba` ones are NOT_SOFTMAX); else its use_sliding_window switch, from max_window_layers on
-    (Qwen2's rule); else None for the layers: a window alone does not say which layers take it
-    (Mistral slides every layer; Gemma2 before layer_types alternates in its code; the check reads
-    the calls). Unsupported without a window."""
-    w = getattr(cfg, "sliding_window", None)
-    if isinstance(w, bool) or not isinstance(w, int) or w <= 0:
-        raise Unsupported("declares no sliding window (its config's sliding_window is not set)", "no_window")
-    types, n = getattr(cfg, "layer_types", None), getattr(cfg, "num_hidden_layers", None)
-    if types is None:   # older releases' name (RecurrentGemma, Jamba before transformers 5.2x): `attention`
-        old = getattr(cfg, "layers_block_type", None)   # is a softmax attention layer, which the window is for
-        if isinstance(old, (list, tuple)) and old and all(isinstance(t, str) for t in old):
-            types = [SLIDING if t == "attention" else t for t in old]
-    if isinstance(types, (list, tuple)) and types and all(isinstance(t, str) for t in types):
-        types = types[:n] if isinstance(n, int) else types   # the model builds layer i from types[i], i < n
-        return w, [None if t in NOT_SOFTMAX else t == SLIDING if t in (SLIDING, FULL) else t for t in types]
-    if hasattr(cfg, "use_sliding_window"):
-        if not isinstance(n, int):
-            raise Unreachable("use_sliding_window but no num_hidden_layers: the layers it applies to are unknown")
-        first = getattr(cfg, "max_window_layers", None)
-        return w, [bool(cfg.use_sliding_window) and (not isinstance(first, int) or i >= first) for i in range(n)]
-    return w, None
 
 
 # -- the attention paths of one set of weights (path_agreement) ----------------------------------

@@ -221,3 +221,26 @@ def test_an_attention_kind_of_its_own_is_named_and_counted_not_judged():
 def test_no_window_in_the_config_is_unsupported():
     with pytest.raises(Unsupported):
         declared_windows(cfg(sliding_window=None))
+
+
+class ConfiguredLM(WindowLM):
+    """WindowLM carrying its own HF-like `config` (a dataclass-like namespace or a dict), examined
+    bare: no Adapter, no transformers; the doctor holds it to the window the config declares."""
+    def __init__(self, applied, config):
+        super().__init__(applied)
+        self.config = config
+
+
+@pytest.mark.parametrize("config", [
+    types.SimpleNamespace(sliding_window=4, layer_types=["sliding_attention", "full_attention"], num_hidden_layers=2),
+    {"sliding_window": 4, "layer_types": ["sliding_attention", "full_attention"]},
+    types.SimpleNamespace(window_size=(4, 0), n_layer=2, layer_types=["sliding_attention", "full_attention"]),
+], ids=["namespace", "dict", "window_size"])
+def test_a_window_in_a_modules_own_config_is_held_to_bare(config):
+    torch.manual_seed(0)
+    honest = examine(ConfiguredLM([4, None], config), checks=["sliding_window"], strict=True)["sliding_window"]
+    assert honest.outcome is PASS, honest.detail
+    dropped = examine(ConfiguredLM([None, None], config), checks=["sliding_window"], strict=True)["sliding_window"]
+    assert dropped.outcome is FAIL and dropped.cause == "window_ignored", dropped.detail
+    plain = examine(ConfiguredLM([None, None], types.SimpleNamespace(n_layer=2)), checks=["sliding_window"])
+    assert plain["sliding_window"].outcome is NA and plain["sliding_window"].cause == "no_window"
