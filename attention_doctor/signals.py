@@ -75,12 +75,15 @@ class NotPerformed(Signal):
 class TargetRaised(Signal):
     """The target's own forward (prefill, step) raised on an input a check gave it (a valid one):
     the check fails with cause target_raised. Raised only by the doctor's wrapper around the
-    target's module (adapters.target_scope); `error` is the target's exception in one line."""
+    target's module (adapters.target_scope); `error` is the target's exception in one line;
+    `asserted`: it was the target's own `assert` (a contract its author wrote, such as the dtype it
+    runs in), not an error of its computation."""
     outcome = Outcome.FAIL
     cause = "target_raised"
 
     def __init__(self, error: BaseException):
         self.error = said(error)
+        self.asserted = isinstance(error, AssertionError)
         super().__init__(self.error, measurements={"error": self.error})
 
     def row_fields(self) -> dict:

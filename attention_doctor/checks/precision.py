@@ -112,6 +112,9 @@ def _nonfinite(ctx, amp, lp, autocast_dt, x, padded, run):
                 limit = autocast_dt and state_write_raised(lp.module, lambda: _run(ctx, a, lp, autocast_dt, xx, m))
                 if limit:   # its state's dtype is fixed at set-up: autocast cannot look, its weights run can
                     return found, records, first, {"": limit}
+                if e.asserted and m is None:   # its author's contract (nanochat asserts its rotary dtype)
+                    return found, records, first, {"": f"the target asserts against running so ({e.error}): "
+                                                       "it runs in this precision only as its own code sets up"}
                 if m is None or runs_own(xx, m):   # a batch it runs in its own precision raises in this one
                     found.append(f"{label}{lvl} raised {e.error}")
                     records.append({**run, "batch": batch, "scores": aim, "raised": e.error})
