@@ -102,6 +102,7 @@ class CallableLM(Adapter):
         self.targets = False          # the forward returns the last position only unless given targets
         self.mask_encoding = FIRST.get(self.mask_name)
         self.mask_ignored = False     # it takes a mask, and no encoding changes any output: it ignores it
+        self.mask_one_row = None      # an encoding that masks one row only (the batch takes mask_encoding)
         self.pos_table = None         # the name of a learned position table fed 0..T-1
         self._paths = []              # "flash=False", "flash=True" where the module has both
         self._broken = {}             # a path whose forward raised when found: its error
@@ -251,33 +252,32 @@ class CallableLM(Adapter):
         return not torch.equal(outs[0], outs[1])
 
     def _find_mask_encoding(self, x):
-        """The first encoding that masks padding: a mask with every token real leaves the outputs
-        as they are without one, and left padding moves the real tokens' outputs (their queries no
-        longer read the padding). One row: an unexpanded (B, T) mask broadcasts right there, so
-        the encoding is found for it too. None does (a mask the target ignores, one of another
-        shape: torchtune's (B, T, T), or a forward that raises under every encoding): the target
-        takes a mask the doctor cannot give, and the checks that need one are inconclusive."""
-        one = x[:1]
-        P = x.shape[1] // 4
-        keep = torch.ones_like(one, dtype=torch.bool)
-        plain = first_output(self._call(one)).double()
+        """The first encoding that masks padding, tried at the batch size the checks use: a mask with
+        every token real leaves the outputs as they are without one; left padding of row 0 moves its
+        real tokens' outputs (their queries no longer read the padding) and leaves row 1, unpadded,
+        as it is. An encoding only one row takes right (a (B, T, T) mask that broadcasts at B = 1
+        only) is no encoding of the batch. Where none masks a batch, the first that masks one row
+        (an unexpanded (B, T) mask broadcasts there: batch_independence then shows the broadcast).
+        None does (a mask the target ignores, one of another shape, or a forward that raises under
+        every encoding): the target takes a mask the doctor cannot give, and the checks that need
+        one are inconclusive."""
         order = [FIRST[self.mask_name]] + [e for e in ENCODINGS if e != FIRST[self.mask_name]]
-        self.mask_encoding, raised, inert = None, [], 0
-        for enc in order:
-            keep[:, :P] = True
-            try:
-                same = _change(first_output(self._call(one, **{self.mask_name: ENCODINGS[enc](keep, self.dtype)})), plain)
-                keep[:, :P] = False
-                moved = _change(first_output(self._call(one, **{self.mask_name: ENCODINGS[enc](keep, self.dtype)}))[:, P:],
-                                plain[:, P:])
-            except TargetRaised as e:   # not this encoding; what it raised is said if none works
-                raised.append(f"{enc}: {e.error[:80]}")
-                continue
-            if same <= EFFECT and moved > EFFECT:
-                self.mask_encoding = enc
-                self.conventions["mask"] = f"{self.mask_name} as {enc} (found by measurement)"
+        if x.shape[0] >= 2:
+            found, _, _ = self._mask_trial(x[:2], order)
+            if found is not None:
+                self.mask_encoding = found
+                # an encoding tried before it that masks one row but no batch: a caller's mask of that shape
+                # mixes rows or raises at B > 1 (batch_independence and padding warn, naming both)
+                self.mask_one_row = self._mask_trial(x[:1], order[:order.index(found)])[0]
+                self.conventions["mask"] = f"{self.mask_name} as {found} (found by measurement)"
                 return
-            inert += same <= EFFECT and moved <= EFFECT
+        found, raised, inert = self._mask_trial(x[:1], order)
+        if found is not None:
+            self.mask_encoding = found
+            self.conventions["mask"] = (f"{self.mask_name} as {found} (found by measurement on one row: no encoding tried "
+                                        "masks a batch of two)")
+            return
+        self.mask_encoding = None
         if inert and inert + len(raised) == len(order):
             # every encoding it ran under left every output as it is: the forward takes a mask and
             # ignores it (a bug, padding's fail, never n/a); the doctor passes it as the first one
@@ -292,6 +292,29 @@ class CallableLM(Adapter):
             self.conventions["mask"] = (f"{self.mask_name}: no encoding tried ({', '.join(order)}) masks the padding "
                                         "(all real: outputs unchanged; left padding: real outputs moved)"
                                         + (f"; raised: {'; '.join(raised)}" if raised else ""))
+
+    def _mask_trial(self, xs, order):
+        """(the first encoding of `order` that masks row 0's left padding of xs and leaves every other
+        row as without a mask, or None; what the others raised; how many left every output as it is)."""
+        P = xs.shape[1] // 4
+        keep = torch.ones_like(xs, dtype=torch.bool)
+        plain = first_output(self._call(xs)).double()
+        raised, inert = [], 0
+        for enc in order:
+            keep[:, :P] = True
+            try:
+                same = _change(first_output(self._call(xs, **{self.mask_name: ENCODINGS[enc](keep, self.dtype)})), plain)
+                keep[0, :P] = False
+                y = first_output(self._call(xs, **{self.mask_name: ENCODINGS[enc](keep, self.dtype)})).double()
+            except TargetRaised as e:   # not this encoding; what it raised is said if none works
+                raised.append(f"{enc}: {e.error[:80]}")
+                continue
+            moved = _change(y[:1, P:], plain[:1, P:])
+            others = _change(y[1:], plain[1:]) if xs.shape[0] > 1 else 0.0
+            if same <= EFFECT and moved > EFFECT and others <= EFFECT:
+                return enc, raised, inert
+            inert += same <= EFFECT and moved <= EFFECT
+        return None, raised, inert
 
     # -- the protocol ----------------------------------------------------------------------------
     def _call(self, x, **kw):

@@ -345,7 +345,7 @@ def styles(out: Path):
         torch.manual_seed(0)
         r = examine(S.build(style, bug), name=f"{style}: {bug or 'healthy'}",
                     checks=None if bug is None else ["eval_dropout", *want])
-        rows.append({"style": style, "bug": bug, "targets": list(want), "warn": bug in S.WARNS, "result": _rows(r)})
+        rows.append({"style": style, "bug": bug, "targets": list(want), "warn": S.warns(style, bug), "result": _rows(r)})
         print(f"  {style} {bug or 'healthy'}: " + ", ".join(f"{c.name}={c.verdict[:4]}" for c in r.checks
                                                             if c.verdict != "pass"))
     _write(out, "styles", {"env": _env(), "rows": rows, "styles": list(S.STYLES), "about": S.__doc__})

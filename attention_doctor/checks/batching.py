@@ -33,7 +33,21 @@ def batch_independence(ctx):
                limit=AGREE_REL, batch=B, plain=d_plain, padded=d_mask)
     if na_part:
         r.measurements["not_applicable"] = ["padded"]
-    return held_in_part(r, not_run)
+    return held_in_part(one_row_mask_warned(ctx, r), not_run)
+
+
+def one_row_mask_warned(ctx, r):
+    """A pass that held with a mask encoding found on a batch, where an encoding tried first masks
+    one row only (conventions.py: an unexpanded (B, T) mask that broadcasts at B = 1): a warn, since
+    a caller who passes that shape gets rows mixed or an error."""
+    one_row = getattr(ctx.adapter, "mask_one_row", None)
+    if r.outcome is not PASS or one_row is None:
+        return r
+    r.outcome, r.cause = WARN, "mask_shape_batch_only"
+    r.detail += (f"; held with its mask as {ctx.adapter.mask_encoding}: as {one_row} (what one row takes) it masks "
+                 "no batch of two")
+    r.measurements["one_row_encoding"] = one_row
+    return r
 
 
 def padding(ctx):
@@ -76,7 +90,7 @@ def padding(ctx):
     if d_right > AGREE_REL:   # inf: padding made a real output NaN or inf (a -inf fill's NaN row reaching it)
         return row(FAIL, d_right, tol, detail, "nonfinite_outputs" if d_right == math.inf else "right_padding", **meas)
     if d_left <= AGREE_REL:
-        return row(PASS, max(d_right, d_left), tol, detail, **meas)
+        return one_row_mask_warned(ctx, row(PASS, max(d_right, d_left), tol, detail, **meas))
     if positions_not_run is not None:   # a warn or a fail: which one, only the positions could say
         return inconclusive(f"left padding moves the real tokens' outputs ({d_left:.3g}), and left padding with "
                             f"position ids could not run ({positions_not_run})", "part_not_run", d_left, tol, detail,

@@ -4,6 +4,12 @@ docs (`python -m attention_doctor.docs docs/doctor.md` writes the tables), its t
 (tests/test_doctor_registry.py fails while a check module's function has no record). Torch-free."""
 from attention_doctor.checks.record import Check, cannot, fails, not_applicable, warns
 
+# shared by batch_independence and padding: a mask shape that holds for one row only
+MASK_SHAPE_BATCH_ONLY = warns("it held with a mask encoding found on a batch of two, while an encoding tried "
+                              "before it masks one row only (an unexpanded (B, T) mask broadcasting at B = 1): a "
+                              "caller passing that shape gets rows mixed or an error")
+ONE_ROW_ENCODING = "the mask encoding that masks one row but no batch (a warn names it)"
+
 REGISTRY: tuple[Check, ...] = (
     Check("finite_output", "causality", "finite",
           does="one plain forward on the sample input (the smoke test, before any check)",
@@ -131,9 +137,11 @@ REGISTRY: tuple[Check, ...] = (
           thread="hyunwoongko/transformer #40", targets=("mask_broadcast",),
           causes={"rows_mix": fails("row 0 changes with the other rows, unpadded"),
                   "padding_mask_broadcast": fails("row 0 changes only when the others are padded (a (B, T) mask "
-                                                  "broadcast onto the queries)")},
+                                                  "broadcast onto the queries)"),
+                  "mask_shape_batch_only": MASK_SHAPE_BATCH_ONLY},
           measures={"batch": "B (= T)", "plain": "row 0 in the batch against alone, unpadded: relative difference",
-                    "padded": "the same with the other rows padded (None: the target takes no padding mask)"}),
+                    "padded": "the same with the other rows padded (None: the target takes no padding mask)",
+                    "one_row_encoding": ONE_ROW_ENCODING}),
     Check("padding", "batching", "pad",
           does="real tokens right-padded and left-padded against the unpadded row (padded positions hold the model's "
                "pad token where it has one: RoBERTa counts positions by it); left padding again with position ids "
@@ -150,8 +158,10 @@ REGISTRY: tuple[Check, ...] = (
                   "right_padding": fails("right padding moves the real tokens' outputs"),
                   "left_padding": fails("left padding moves them, with position ids from the mask too"),
                   "positions_from_padding": warns("left padding moves them unless the caller passes position ids "
-                                                  "from the mask")},
-          measures={"right": "the real tokens' outputs right-padded against unpadded: relative difference",
+                                                  "from the mask"),
+                  "mask_shape_batch_only": MASK_SHAPE_BATCH_ONLY},
+          measures={"one_row_encoding": ONE_ROW_ENCODING,
+                    "right": "the real tokens' outputs right-padded against unpadded: relative difference",
                     "left": "the same, left-padded",
                     "left_with_positions": "the same, left-padded with position ids from the mask (None: the target "
                                            "takes no position ids)"}),

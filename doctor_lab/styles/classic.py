@@ -49,7 +49,17 @@ BUGS = {
     "left_pad_positions": ("padding",),                 # left_padding_positions (a warn)
     "dropout_in_eval": ("eval_dropout",),
 }
-WARNS = {"left_pad_positions"}   # passes with position ids from the mask: the doctor warns
+WARNS = {"left_pad_positions",   # passes with position ids from the mask: the doctor warns
+         # these two put the caller's mask into the scores as given: a (B, 1, 1, T) or (B, 1, T, T) mask
+         # masks the batch right, the (B, T) one that masks one row mixes rows at B == T; the doctor finds
+         # the encoding on a batch of two and warns that the one-row shape is batch-only (a mask fixed by
+         # its shape alone is the caller's contract, as lingua's SDPA attn_mask: not a fail)
+         ("einsum", "unexpanded_mask"), ("functional", "unexpanded_mask")}
+
+
+def warns(style, bug) -> bool:
+    """The doctor's expected outcome for (style, bug) on its target checks is a warn, not a fail."""
+    return bug in WARNS or (style, bug) in WARNS
 
 
 # -- the catalogue's bugs, one helper each ------------------------------------------------------
