@@ -12,6 +12,7 @@ from attention_doctor.adapters import Adapter, call, forget_history
 from attention_doctor.layouts import attention_modules, measured_sites
 from attention_doctor.probes import Probe
 from attention_doctor.result import FAIL, INCONCLUSIVE, NA, PASS, Row
+from attention_doctor.score_axes import query_axis, relaid
 from attention_doctor.signals import DoctorBug, NotPerformed, Signal, TargetRaised, Unsupported
 
 # float32 tolerances, relative to the largest |output| of the reference (see docs/doctor.md)
@@ -224,7 +225,47 @@ class Context:
             out = self.run(x, mask, positions, adapter=adapter, grad=True)
         if p.errors:
             raise DoctorBug(p.errors[0], "the probe") from p.errors[0]
-        return out.detach(), p.calls
+        return out.detach(), self._measured_layouts(p.calls, adapter)
+
+    def _measured_layouts(self, calls, adapter=None):
+        """The calls with each traced call's query axis where measuring put it (score_axes.py),
+        measured once on a causal target's plain forward (calls matched by their order)."""
+        if self.description is None or not self.description.causal or self.T < 3:
+            return calls
+        if "query_axes" not in self.cache:
+            self.cache["query_axes"] = {}   # while measuring: the probes below read the calls as they are
+            self.cache["query_axes"] = self._query_axes()
+        axes = self.cache["query_axes"]
+        for i, c in enumerate(calls):
+            axis = axes.get(i)
+            if axis is not None and c.scores is not None and c.scores.dim() == axis[1] and c.dim == -1:
+                relaid(c, axis[0])
+        return calls
+
+    def _query_axes(self) -> dict:
+        """{call index: (query axis, scores' ndim)} for the traced calls whose queries are not on the
+        axis before the keys, measured on a batch of two with row 0's last token changed."""
+        x = self.sample(B=2, k=60)
+        x2 = x.clone()
+        if x.is_floating_point():
+            x2[0, -1] = self.sample(B=2, k=61)[0, -1]
+        else:
+            vocab = getattr(self.adapter, "vocab_size", None) or int(x.max()) + 2
+            x2[0, -1] = (x[0, -1] + 1) % vocab
+        try:
+            _, c1 = self.probe(x)
+            _, c2 = self.probe(x2)
+        except Signal:   # the checks that probe say what it raised
+            return {}
+        if len(c1) != len(c2):
+            return {}
+        out = {}
+        for i, (a, b) in enumerate(zip(c1, c2)):
+            if a.traced and a.scores is not None and b.scores is not None and a.dim == -1:
+                axis = query_axis(a.scores, b.scores, self.T)
+                if axis is not None and axis != -2:
+                    out[i] = (axis, a.scores.dim())
+        return out
 
     def mixing(self) -> mixing.Mixing:
         """What a plain forward dispatches (mixing.py: attention weights anywhere, or an op the
