@@ -522,12 +522,17 @@ class Probe(TorchFunctionMode):
             self._pending_call = None
         elif c is not None and c.weights is not None and (a.shape[-2:] == c.weights.shape[-2:] or block is not None and (
                 a.shape[-2] == c.weights.shape[-2] and a.shape[-1] == block.stop - block.start)):
+            self._pending_call = None
+            if block is None and a.shape == c.weights.shape and not torch.equal(a.detach(), c.weights.to(a.dtype)):
+                # the product took other weights of this shape (differential attention's A1 - lambda A2): its
+                # output is no mix of this call's values, so neither is this call's v and out
+                c.extra["combined_weights"] = True
+                return
             lead = c.weights.shape[:-2]
             c.v = _expand(_like(b.detach(), lead), c.q.shape[-3] if c.q is not None and c.q.dim() >= 3 else 1)
             if block is not None:   # the weights of the q k^T block @ v: the other columns' values are zero
                 c.v = _widened(c.v, block, c.weights.shape[-1])
             c.out = _like(out.detach(), lead)
-            self._pending_call = None
         elif not self._handmade(a, b, out):
             if self._pending_qk is not None:
                 self._terms = (self._terms + [(self._where(), self._pending_qk)])[-TERMS:]

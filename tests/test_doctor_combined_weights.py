@@ -1,0 +1,42 @@
+"""Weights formed as a combination of softmax maps (differential attention: A1 - lambda A2, rows that
+sum to 1 - lambda and go negative by design) are held to what they are: each softmax's own rows sum
+to one, but the product's output is no mix of the values, so no hull is held to it; a map left
+without its causal mask still fails."""
+import torch
+import torch.nn as nn
+
+from attention_doctor import examine
+
+V, C, H, D = 64, 32, 2, 16
+
+
+class Differential(nn.Module):
+    """Differential attention (Ye et al. 2024) written by hand: two softmax maps over two q k^T,
+    subtracted with lambda = 0.8, then @ v. `second_masked=False`: the second map sees the future."""
+
+    def __init__(self, second_masked=True):
+        super().__init__()
+        self.second_masked = second_masked
+        self.emb, self.qk, self.v = nn.Embedding(V, C), nn.Linear(C, 4 * H * D), nn.Linear(C, H * D)
+        self.out, self.head = nn.Linear(H * D, C), nn.Linear(C, V)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        B, T, _ = x.shape
+        q1, k1, q2, k2 = (t.view(B, T, H, D).transpose(1, 2) for t in self.qk(x).chunk(4, -1))
+        v = self.v(x).view(B, T, H, D).transpose(1, 2)
+        hidden = torch.ones(T, T, dtype=torch.bool).triu(1)
+        a1 = torch.softmax((q1 @ k1.transpose(-2, -1) / D ** 0.5).masked_fill(hidden, float("-inf")), -1)
+        s2 = q2 @ k2.transpose(-2, -1) / D ** 0.5
+        a2 = torch.softmax(s2.masked_fill(hidden, float("-inf")) if self.second_masked else s2, -1)
+        y = ((a1 - 0.8 * a2) @ v).transpose(1, 2).reshape(B, T, H * D)
+        return self.head(x + self.out(y))
+
+
+def test_differential_attention_is_held_to_what_it_is():
+    torch.manual_seed(0)
+    r = examine(Differential(), checks=["eval_dropout", "future_leak", "amplified_logits"])
+    assert not r.failed, r.table() + "\n" + r.details()
+    assert r["amplified_logits"].measurements["row_sum_error"] < 1e-6   # each map's rows still sum to one
+    leaky = examine(Differential(second_masked=False), checks=["eval_dropout", "future_leak", "amplified_logits"])
+    assert leaky["future_leak"].failed and leaky["future_leak"].cause == "outputs_move", leaky.details()
