@@ -209,6 +209,7 @@ def _hull(out, v, vis, live):
 
 def amplified_logits(ctx):
     ctx.require_repeatable()
+    exact = ctx.limit(EXACT_REL)   # the target's own rounding noise, where it keeps some
     amp = amplifier(ctx)
     if isinstance(amp, Signal):
         raise type(amp)(amp.why, amp.cause)
@@ -229,7 +230,7 @@ def amplified_logits(ctx):
     wrong_dim = sorted(d for d in dims if d != -1)
     parts = [("outputs finite", finite, None),
              ("masked keys' largest weight", masked_w <= EXACT_REL, masked_w),
-             ("earlier outputs' change with later tokens replaced", leak is None or leak <= EXACT_REL, leak),
+             ("earlier outputs' change with later tokens replaced", leak is None or leak <= exact, leak),
              ("rows' weights sum to 1 (worst |sum - 1|)", (row_err is None or row_err <= ROW_SUM_TOL) and not wrong_dim,
               row_err),
              ("outputs outside their values' hull (at init or amplified)", hull is None or hull <= HULL_REL, hull)]
@@ -246,6 +247,6 @@ def amplified_logits(ctx):
                   c.sigmoid for c in calls) else "")
               + (f"; softmax taken over dim {wrong_dim}, not the keys" if wrong_dim else ""))
     measured = max([v for _, _, v in parts if v is not None] + ([math.inf] if not finite else []))
-    return judged(bool(bad), measured, f"finite; leak <= {EXACT_REL:g}; hull <= {HULL_REL:g}", detail, cause,
+    return judged(bool(bad), measured, f"finite; leak <= {exact:g}; hull <= {HULL_REL:g}", detail, cause,
                   largest_score=amp.reached, factor=amp.factor, capped=amp.capped, finite=finite, masked_key_weight=masked_w, leak=leak,
                   row_sum_error=row_err, outside_hull=hull, softmax_dims=wrong_dim)

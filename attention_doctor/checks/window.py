@@ -124,8 +124,9 @@ def _undeclared(ctx, w: int, limit: str):
     p = _perturbed(ctx, w, [True] * len(calls))
     how = (f"{said}; T={p['T']}: the outputs from query {p['first_query']} on, beyond the windows of "
            f"{len(calls)} stacked attention layers, move by {p['change']:.3g} with tokens 0..{CHANGED - 1} replaced")
-    if p["change"] <= EXACT_REL:
-        return judged(False, p["change"], limit, how, window=w, T=p["T"], change=p["change"], limit=EXACT_REL)
+    exact = ctx.limit(EXACT_REL)   # the target's own rounding noise, where it keeps some
+    if p["change"] <= exact:
+        return judged(False, p["change"], limit, how, window=w, T=p["T"], change=p["change"], limit=exact)
     try:
         c = _per_call(ctx, w, None)
     except NotPerformed as e:
@@ -147,7 +148,8 @@ def sliding_window(ctx):
                           "does there is not declared")
     if not ctx.require_causal():
         return na(f"{ctx.description.causal_from}: a sliding window is a causal target's", "not_causal")
-    limit = f"<= {EXACT_REL:g} (sliding), > {EXACT_REL:g} (switched off)"
+    exact = ctx.limit(EXACT_REL)   # the target's own rounding noise, where it keeps some
+    limit = f"<= {exact:g} (sliding), > {exact:g} (switched off)"
     if slides is None:
         return _undeclared(ctx, w, limit)
     judged_layers = [s for s in slides if not isinstance(s, str)]
@@ -158,13 +160,13 @@ def sliding_window(ctx):
         said += " beside layers of no softmax attention"
     if not kinds and (all(slides) or not any(slides)) and not others:
         p = _perturbed(ctx, w, slides)
-        moved = p["change"] > EXACT_REL
+        moved = p["change"] > exact
         sliding = all(slides)
         bad = moved if sliding else not moved
         how = (f"{said}; T={p['T']}: the outputs from query {p['first_query']} on, beyond every stacked window, "
                f"move by {p['change']:.3g} with tokens 0..{CHANGED - 1} replaced")
         return judged(bad, p["change"], limit, how, "window_ignored" if sliding else "window_applied",
-                      window=w, sliding_layers=slides, T=p["T"], change=p["change"], limit=EXACT_REL)
+                      window=w, sliding_layers=slides, T=p["T"], change=p["change"], limit=exact)
     c = _per_call(ctx, w, slides)
     ignored = [x["layer"] for x in c["layers"] if x["sliding"] is True and x["far_keys_visible"]]
     applied = [x["layer"] for x in c["layers"] if x["sliding"] is False and x["far_keys_visible"] < x["far_keys"]]
