@@ -218,7 +218,9 @@ REGISTRY: tuple[Check, ...] = (
                                      "on its own)",
                     "outside_hull": "the largest excursion of an output outside its values' range, relative to it "
                                     "(at init or amplified; None: sigmoid weights only)",
-                    "softmax_dims": "the dims a softmax was taken over other than the keys' (-1)"}),
+                    "softmax_dims": "the dims a softmax was taken over other than the keys' (-1)",
+                    "unwitnessed": "the parts read inside the forward that fail there while the outputs contradict "
+                                   "them (readings_disagree: not judged)"}),
     Check("low_precision", "precision", "low prec.",
           does="float16 and bfloat16, weights cast and under autocast, at init and with scores ~1e3 and ~3e4, plain "
                "and left-padded; each call's error against float64 on its own q, k, v; on a fail, the first failing "

@@ -424,6 +424,7 @@ def self_visibility(ctx):
     _, others = ctx.probe(ctx.sample(k=12))
     others = others if len(others) == len(calls) else [None] * len(calls)
     hidden, rows, n, smallest, unjudged = 0, 0, 0, math.inf, 0
+    shown, weighted, contradicted = [], 0, 0   # per call with hidden rows: its output agrees with the mask read
     for c, c2 in zip(calls, others):
         if c.weights is None and not c.complete:
             continue
@@ -443,20 +444,53 @@ def self_visibility(ctx):
             own = own_w > 0
         n += 1
         rows += int(sees.sum())
-        hidden += int((sees & ~own).sum())
+        gone = sees & ~own
+        hidden += int(gone.sum())
+        if gone.any():
+            weighted += int((gone & (own_w > 0)).sum())   # the mask hides the own key, the weights give it weight
+            shown.append(_own_key_shown(c, w, mine, gone))
         ok = sees & own & torch.isfinite(own_w)
         if ok.any():
             smallest = min(smallest, float(own_w[ok].min()))
     if not n:
         raise ctx.unseen("needs the attention weights (no softmax or SDPA call seen)")
     smallest = None if smallest == math.inf else smallest
+    detail = (f"{hidden} of {rows} queries (that see some key) over {n} attention call(s) have their own key "
+              f"masked; smallest weight on an own key that is visible: " + ("none" if smallest is None else f"{smallest:.3g}"))
+    meas = dict(own_key_masked=hidden, queries=rows, calls=n, smallest_own_weight=smallest)
+    # no fail without a witness: the mask read, the weights read and the call's own output agree
+    contradicted = weighted or (False in shown and True not in shown)
+    if hidden and contradicted:
+        why = (f"{weighted} of them have weight on their own key in the weights read" if weighted else
+               "the call's own output is what its weights give its values with the own key visible, not masked")
+        return inconclusive(f"the mask read hides {hidden} queries' own key, while {why}", "readings_disagree",
+                            hidden, "== 0 queries with their own key masked", detail, **meas)
     r = judged(hidden > 0, hidden, "== 0 queries with their own key masked",
-               f"{hidden} of {rows} queries (that see some key) over {n} attention call(s) have their own key "
-               f"masked; smallest weight on an own key that is visible: "
-               + ("none" if smallest is None else f"{smallest:.3g}")
-               + (" (a token cannot see itself: a causal mask off by one)" if hidden else ""),
-               "own_key_masked", own_key_masked=hidden, queries=rows, calls=n, smallest_own_weight=smallest)
+               detail + (" (a token cannot see itself: a causal mask off by one)" if hidden else ""),
+               "own_key_masked", **meas)
     return held_in_part(r, {"rows with non-finite weights and no known mask": f"{unjudged} row(s)"} if unjudged else {})
+
+
+def _own_key_shown(c, w, mine, gone) -> bool | None:
+    """The call's own output agrees with its own key masked in the rows `gone`: it is farther from
+    what the weights with the own key visible (its q . k score put back) give its values than twice
+    from what the weights read give. None where the output, values, q, k or scale are not seen."""
+    if c.out is None or c.v is None or c.q is None or c.k is None or c.scale is None:
+        return None
+    try:
+        s = c.seen_scores().double()
+        alt = c.normalised(torch.where(mine, c.raw(), s))   # the own key's q . k x scale, no mask on it
+        out, v = c.out.double(), c.v.double()
+        read, other = (out - w @ v).abs().amax(-1), (out - alt @ v).abs().amax(-1)
+    except RuntimeError:   # shapes that do not multiply: not this call's values
+        return None
+    if read.shape != gone.shape:
+        return None
+    span = float((v.amax(-2) - v.amin(-2)).max().clamp_min(1e-30))
+    read, other = read[gone] / span, other[gone] / span
+    if not bool(torch.isfinite(read).all() & torch.isfinite(other).all()):
+        return None
+    return float(other.max()) > max(2 * float(read.max()), 1e-5)
 
 
 def _end_cache(a):
