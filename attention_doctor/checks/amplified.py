@@ -257,7 +257,7 @@ def _weights_checks(calls, init_calls, sinks=None) -> Readings:
                 leaked = w.masked_fill(v, 0).nan_to_num(1.0).abs().amax(-1)   # a NaN weight counts as 1: the worst
                 m = float(leaked[live].max())
                 r.masked_w = max(r.masked_w, m)
-                if w.shape[-1] == w.shape[-2]:
+                if w.shape[-1] == w.shape[-2] and "layout_unmeasured" not in c.extra:
                     later = torch.ones(w.shape[-2:], dtype=torch.bool, device=w.device).triu(1)
                     on_later = w.masked_fill(v | ~later, 0).nan_to_num(1.0).abs().amax(-1)
                     r.masked_later = max(r.masked_later, float(on_later[live].max()))

@@ -17,7 +17,7 @@ from attention_doctor.checks.common import (
     row,
 )
 from attention_doctor.result import FAIL, PASS
-from attention_doctor.signals import Signal, TargetRaised, Unreachable, Unsupported, doctor_hook
+from attention_doctor.signals import NotPerformed, Signal, TargetRaised, Unreachable, Unsupported, doctor_hook
 
 # -- the description ------------------------------------------------------------------------------
 
@@ -425,8 +425,12 @@ def self_visibility(ctx):
     others = others if len(others) == len(calls) else [None] * len(calls)
     hidden, rows, n, smallest, unjudged = 0, 0, 0, math.inf, 0
     shown, weighted, contradicted = [], 0, 0   # per call with hidden rows: its output agrees with the mask read
+    unread = []   # calls whose query axis could not be measured: not read in an assumed layout
     for c, c2 in zip(calls, others):
         if c.weights is None and not c.complete:
+            continue
+        if "layout_unmeasured" in c.extra:
+            unread.append(c.extra["layout_unmeasured"])
             continue
         w = c.seen_weights().double()
         mine = _own_keys(c, c2)
@@ -452,6 +456,8 @@ def self_visibility(ctx):
         ok = sees & own & torch.isfinite(own_w)
         if ok.any():
             smallest = min(smallest, float(own_w[ok].min()))
+    if not n and unread:
+        raise NotPerformed(f"{len(unread)} attention call(s) not read: {unread[0]}", "layout_unmeasured")
     if not n:
         raise ctx.unseen("needs the attention weights (no softmax or SDPA call seen)")
     smallest = None if smallest == math.inf else smallest
@@ -468,7 +474,10 @@ def self_visibility(ctx):
     r = judged(hidden > 0, hidden, "== 0 queries with their own key masked",
                detail + (" (a token cannot see itself: a causal mask off by one)" if hidden else ""),
                "own_key_masked", **meas)
-    return held_in_part(r, {"rows with non-finite weights and no known mask": f"{unjudged} row(s)"} if unjudged else {})
+    not_run = {"rows with non-finite weights and no known mask": f"{unjudged} row(s)"} if unjudged else {}
+    if unread:
+        not_run[f"{len(unread)} attention call(s) whose query axis could not be measured"] = unread[0]
+    return held_in_part(r, not_run)
 
 
 def _own_key_shown(c, w, mine, gone) -> bool | None:

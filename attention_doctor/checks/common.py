@@ -12,7 +12,7 @@ from attention_doctor.adapters import Adapter, call, forget_history
 from attention_doctor.layouts import attention_modules, measured_sites
 from attention_doctor.probes import Probe
 from attention_doctor.result import FAIL, INCONCLUSIVE, NA, PASS, Row
-from attention_doctor.score_axes import query_axis, relaid
+from attention_doctor.score_axes import ambiguous, query_axis, relaid, unmeasured
 from attention_doctor.signals import DoctorBug, NotPerformed, Signal, TargetRaised, Unsupported
 
 # float32 tolerances, relative to the largest |output| of the reference (see docs/doctor.md)
@@ -245,12 +245,16 @@ class Context:
         for i, c in enumerate(calls):
             axis = axes.get(i)
             if axis is not None and c.scores is not None and c.scores.dim() == axis[1] and c.dim == -1:
-                relaid(c, axis[0])
+                if axis[0] is None:   # not read in an assumed layout: the checks that need it say so
+                    unmeasured(c)
+                else:
+                    relaid(c, axis[0])
         return calls
 
     def _query_axes(self) -> dict:
         """{call index: (query axis, scores' ndim)} for the traced calls whose queries are not on the
-        axis before the keys, measured on a batch of two with row 0's last token changed."""
+        axis before the keys, measured on a batch of two with row 0's last token changed; the axis
+        None where more than one axis could hold them and none was measured to."""
         x = self.sample(B=2, k=60)
         x2 = x.clone()
         if x.is_floating_point():
@@ -269,7 +273,7 @@ class Context:
         for i, (a, b) in enumerate(zip(c1, c2)):
             if a.traced and a.scores is not None and b.scores is not None and a.dim == -1:
                 axis = query_axis(a.scores, b.scores, self.T)
-                if axis is not None and axis != -2:
+                if axis is not None and axis != -2 or axis is None and len(ambiguous(a.scores, self.T)) > 1:
                     out[i] = (axis, a.scores.dim())
         return out
 

@@ -52,6 +52,9 @@ def _per_call(ctx, w: int, slides: list[bool | str] | None) -> dict:
         raise NotPerformed(f"window {w}: the check runs at most {MAX_T} tokens (a smaller window, as the zoo's "
                            "shrunk configs set, enables it)", "window_too_long")
     _, calls = ctx.probe(ctx.sample(T=T, k=60))
+    unread = [c.extra["layout_unmeasured"] for c in calls if "layout_unmeasured" in c.extra]
+    if unread:   # its mask's queries unknown: not read in an assumed layout
+        raise NotPerformed(f"{len(unread)} attention call(s) not read: {unread[0]}", "layout_unmeasured")
     square = [(c, m) for c, m in ((c, _token_mask(c)) for c in calls)
               if m is not None and m.shape[-1] == T and m.shape[-2] in (1, T)]
     if not square:   # calls seen (a fused kernel) are attention already: no forward to rule it out
