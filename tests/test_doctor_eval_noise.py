@@ -87,3 +87,25 @@ def test_noise_beyond_rounding_fails():
     row = r["eval_dropout"]
     assert row.failed and row.cause == "random_in_eval", r.details()
     assert row.measurements["relative"] > 1e-4 and row.measurements["zeroed_share"] == 0.0
+
+
+class NoisyLayer(nn.Module):
+    """A causal layer whose causality no attention mask shows (a running mean: found from its
+    outputs) and whose outputs move by -16, 0 or +16 ulps of their scale from call to call."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls, self.inp, self.out = 0, nn.Linear(C, C), nn.Linear(C, C)
+
+    def forward(self, x):
+        self.calls += 1
+        h = self.inp(x)
+        y = self.out(h.cumsum(1) / torch.arange(1, x.shape[1] + 1, dtype=h.dtype)[:, None])
+        return y + (self.calls % 3 - 1) * 16 * torch.finfo(y.dtype).eps * y.detach().abs().max()
+
+
+def test_causality_is_found_within_the_noise():
+    torch.manual_seed(0)
+    r = examine(NoisyLayer(), checks=["eval_dropout", "future_leak"], strict=True)
+    assert r["eval_dropout"].outcome == "pass" and r["eval_dropout"].measurements["relative"] > 0, r.details()
+    assert r.info["description"]["causal"] is True and r["future_leak"].outcome == "pass", r.details()
