@@ -437,9 +437,14 @@ def self_visibility(ctx):
         if mine is None:
             continue
         mine = mine.expand_as(w)
+        visible = c.visible
+        applied = c.extra.get("applied_weights")
+        if applied is not None and applied.shape == w.shape:   # what mixed the values, not the softmax's weights
+            w = applied.double()
+            visible = w != 0
         own_w = w.abs().masked_fill(~mine, 0.0).amax(-1)
-        if c.visible is not None:   # the mask decides: a row that sees no key is fully_masked_rows' case
-            vis = c.visible.expand_as(w)
+        if visible is not None:   # the mask decides: a row that sees no key is fully_masked_rows' case
+            vis = visible.expand_as(w)
             sees, own = vis.any(-1), (vis & mine).any(-1)
         else:
             fin = torch.isfinite(w).all(-1)

@@ -39,7 +39,13 @@ def _far(T: int, w: int) -> torch.Tensor:
 
 def _token_mask(c):
     """A call's mask over the tokens' keys: where other columns were concatenated to q k^T's scores
-    (attention sinks' logits: GPT-OSS, MiMo), only the block of the tokens' keys; None: not known."""
+    (attention sinks' logits: GPT-OSS, MiMo), only the block of the tokens' keys; where the product
+    with the values took other weights than the softmax's (a window applied after it, the weights
+    zeroed and renormalised), the keys those weights give weight to: the mask read from the scores
+    is not what mixed the values; None: not known."""
+    applied = c.extra.get("applied_weights")
+    if applied is not None and c.visible is not None and applied.shape[-2:] == c.visible.shape[-2:]:
+        return applied != 0
     block = c.extra.get("key_block")
     return c.visible if c.visible is None or block is None else c.visible[..., block]
 
