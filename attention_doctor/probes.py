@@ -527,6 +527,7 @@ class Probe(TorchFunctionMode):
                 # the product took other weights of this shape (differential attention's A1 - lambda A2): its
                 # output is no mix of this call's values, so neither is this call's v and out
                 c.extra["combined_weights"] = True
+                c.extra["applied_weights"] = a.detach()   # what the product mixed (a window applied after the softmax)
                 return
             lead = c.weights.shape[:-2]
             c.v = _expand(_like(b.detach(), lead), c.q.shape[-3] if c.q is not None and c.q.dim() >= 3 else 1)

@@ -27,6 +27,21 @@ def query_axis(s1: torch.Tensor, s2: torch.Tensor, T: int) -> int | None:
     return found[0] if len(found) == 1 else None
 
 
+def ambiguous(scores: torch.Tensor, T: int) -> list[int]:
+    """The axes of `scores` (keys last) that could hold the queries: those of length T before the keys.
+    More than one: the layout must be measured, and where it cannot be, it is not read."""
+    return [a for a in range(-scores.dim(), -1) if scores.shape[a] == T]
+
+
+def unmeasured(call) -> str:
+    """Why the call's layout is not read (call.extra["layout_unmeasured"]), said once."""
+    shape = tuple(call.scores.shape)
+    axes = ambiguous(call.scores, shape[-1])
+    call.extra["layout_unmeasured"] = (f"scores {shape}: axes {axes} are as long as the sequence, "
+                                       "and which holds the queries could not be measured")
+    return call.extra["layout_unmeasured"]
+
+
 def relaid(call, axis: int):
     """The call read with `axis` of its scores as the queries (moved before the keys); q, k, v and
     out dropped, since they were read in the layout assumed before."""

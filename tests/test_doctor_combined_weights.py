@@ -14,9 +14,9 @@ class Differential(nn.Module):
     """Differential attention (Ye et al. 2024) written by hand: two softmax maps over two q k^T,
     subtracted with lambda = 0.8, then @ v. `second_masked=False`: the second map sees the future."""
 
-    def __init__(self, second_masked=True):
+    def __init__(self, second_masked=True, own_dropped=False):
         super().__init__()
-        self.second_masked = second_masked
+        self.second_masked, self.own_dropped = second_masked, own_dropped
         self.emb, self.qk, self.v = nn.Embedding(V, C), nn.Linear(C, 4 * H * D), nn.Linear(C, H * D)
         self.out, self.head = nn.Linear(H * D, C), nn.Linear(C, V)
 
@@ -29,14 +29,24 @@ class Differential(nn.Module):
         a1 = torch.softmax((q1 @ k1.transpose(-2, -1) / D ** 0.5).masked_fill(hidden, float("-inf")), -1)
         s2 = q2 @ k2.transpose(-2, -1) / D ** 0.5
         a2 = torch.softmax(s2.masked_fill(hidden, float("-inf")) if self.second_masked else s2, -1)
-        y = ((a1 - 0.8 * a2) @ v).transpose(1, 2).reshape(B, T, H * D)
+        w = a1 - 0.8 * a2
+        if self.own_dropped:   # each query's own key zeroed after the softmax (the first keeps it: no empty row)
+            w = w * ~torch.eye(T, dtype=torch.bool).index_fill(0, torch.tensor([0]), False)
+        y = (w @ v).transpose(1, 2).reshape(B, T, H * D)
         return self.head(x + self.out(y))
 
 
 def test_differential_attention_is_held_to_what_it_is():
     torch.manual_seed(0)
-    r = examine(Differential(), checks=["eval_dropout", "future_leak", "amplified_logits"])
+    r = examine(Differential(), checks=["eval_dropout", "future_leak", "self_visibility", "amplified_logits"])
     assert not r.failed, r.table() + "\n" + r.details()
     assert r["amplified_logits"].measurements["row_sum_error"] < 1e-6   # each map's rows still sum to one
     leaky = examine(Differential(second_masked=False), checks=["eval_dropout", "future_leak", "amplified_logits"])
     assert leaky["future_leak"].failed and leaky["future_leak"].cause == "outputs_move", leaky.details()
+
+
+def test_an_own_key_zeroed_in_the_weights_that_mix_the_values_is_seen():
+    # the softmax maps keep the diagonal; the weights the product takes drop it
+    torch.manual_seed(0)
+    r = examine(Differential(own_dropped=True), checks=["eval_dropout", "self_visibility"])
+    assert r["self_visibility"].failed and r["self_visibility"].cause == "own_key_masked", r.details()

@@ -46,3 +46,50 @@ def test_queries_before_heads_are_read_as_queries():
         assert r["self_visibility"].outcome.value == "pass", r.details()
         bug = examine(QueriesBeforeHeads(absorbed, diagonal=0), checks=["eval_dropout", "self_visibility"])
         assert bug["self_visibility"].failed, bug.details()
+
+
+class HeadsAsLong(nn.Module):
+    """Causal attention with scores (B, T_q, H, T_k) and as many heads as tokens (H = T = 16): the
+    heads' axis could be read as the queries. `diagonal` as QueriesBeforeHeads' (2: each query sees
+    the next key, so a later layer's scores move with the last token at every query)."""
+
+    def __init__(self, diagonal=1, heads=16, d=4):
+        super().__init__()
+        self.diagonal, self.h, self.d = diagonal, heads, d
+        self.qkv, self.out = nn.Linear(C, 3 * heads * d), nn.Linear(heads * d, C)
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        hidden = torch.ones(T, T, dtype=torch.bool).triu(self.diagonal)
+        hidden[0, 0] = False   # the first query keeps a key to see (no row of NaN)
+        q, k, v = (t.view(B, T, self.h, self.d) for t in self.qkv(x).chunk(3, -1))
+        s = torch.einsum("bshd,bthd->bsht", q / self.d ** 0.5, k).masked_fill(hidden[None, :, None, :], float("-inf"))
+        return self.out(torch.einsum("bsht,bthd->bshd", torch.softmax(s, -1), v).reshape(B, T, -1))
+
+
+class TwoLayers(nn.Module):
+    def __init__(self, diagonal=1):
+        super().__init__()
+        self.emb, self.head = nn.Embedding(V, C), nn.Linear(C, V)
+        self.layers = nn.ModuleList(HeadsAsLong(diagonal) for _ in range(2))
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        for layer in self.layers:
+            x = x + layer(x)
+        return self.head(x)
+
+
+def test_a_layout_that_cannot_be_measured_is_not_read():
+    checks = ["eval_dropout", "future_leak", "self_visibility"]
+    torch.manual_seed(0)
+    r = examine(TwoLayers(), checks=checks, strict=True)
+    assert not r.failed and r["self_visibility"].outcome.value == "pass", r.details()   # measured in both layers
+    torch.manual_seed(0)
+    off = examine(TwoLayers(diagonal=0), checks=checks, strict=True)["self_visibility"]
+    assert off.failed and off.cause == "own_key_masked", off.detail
+    torch.manual_seed(0)
+    r = examine(TwoLayers(diagonal=2), checks=checks, strict=True)
+    assert r["future_leak"].failed   # the outputs show the leak
+    row = r["self_visibility"]   # the second layer's queries could be its heads: not read as either
+    assert row.outcome == "inconclusive" and "could not be measured" in row.reason, row.reason

@@ -54,6 +54,18 @@ class SinkAttention(Attention):
         return (w @ v).transpose(1, 2).reshape(B, T, d)
 
 
+class PostWindowAttention(Attention):
+    """The window applied after the softmax: causal weights multiplied by the window's band and
+    renormalised (the mask the scores show is causal only; what mixes the values is windowed)."""
+    def forward(self, x):
+        B, T, d = x.shape
+        q, k, v, mask = self._qkv_mask(x)
+        i = torch.arange(T)
+        s = ((q @ k.transpose(-2, -1)) / (d // self.h) ** 0.5).masked_fill(i[:, None] < i[None, :], float("-inf"))
+        w = torch.softmax(s, dim=-1) * mask
+        return ((w / w.sum(-1, keepdim=True)) @ v).transpose(1, 2).reshape(B, T, d)
+
+
 class Scan(nn.Module):
     """A recurrent layer of no softmax attention (a running mean): carries every token past any window."""
     def forward(self, x):
@@ -65,8 +77,8 @@ class WindowLM(nn.Module):
     def __init__(self, applied, vocab=16, d=16, heads=2):
         super().__init__()
         self.emb, self.head = nn.Embedding(vocab, d), nn.Linear(d, vocab)
-        self.layers = nn.ModuleList(Scan() if w == SCAN else SinkAttention(d, heads, w[1]) if isinstance(w, tuple)
-                                    else Attention(d, heads, w) for w in applied)
+        self.layers = nn.ModuleList(Scan() if w == SCAN else {"sink": SinkAttention, "post": PostWindowAttention}[w[0]](
+            d, heads, w[1]) if isinstance(w, tuple) else Attention(d, heads, w) for w in applied)
 
     def forward(self, ids):
         x = self.emb(ids)
@@ -145,6 +157,14 @@ def looped(applied, declared, order, named=True):
     lm = WindowLM(applied)
     lm.order = order
     return examine(Declared(lm, declared, named), checks=["sliding_window"], strict=True)["sliding_window"]
+
+
+def test_a_window_applied_after_the_softmax_is_read_from_the_weights_that_mix_the_values():
+    r = run([("post", 4), ("post", None)], (4, [True, False]))
+    assert r.outcome is PASS, r.detail   # the scores' mask is causal only: read alone, a false window_ignored
+    assert [x["far_keys_visible"] > 0 for x in r.measurements["layers"]] == [False, True]
+    r = run([("post", 4), ("post", None)], (4, [True, True]))
+    assert r.outcome is FAIL and r.cause == "window_ignored", r.detail
 
 
 def test_a_layer_run_twice_is_matched_to_its_module():

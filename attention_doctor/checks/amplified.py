@@ -1,6 +1,7 @@
 """Amplified logits: q and k scaled until the largest score reaches 1e4..1e5."""
 import math
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import torch
 
@@ -12,6 +13,7 @@ from attention_doctor.checks.common import (
     HULL_REL,
     ROW_SUM_TOL,
     finite_max_abs,
+    inconclusive,
     judged,
     rel,
     visible_scores,
@@ -155,9 +157,82 @@ def amplifier(ctx):
     return ctx.cache["amp"]
 
 
-def _weights_checks(calls, init_calls):
-    """(largest weight on a masked key, worst |row sum - 1|, worst hull excursion, softmax dims)."""
-    masked_w, row_err, hull, dims = 0.0, None, None, set()   # None: no call whose weights are a distribution
+WITNESS = 2.0      # a reading's effect on the call's own output: more than twice what the reading leaves unexplained
+SINK_SPREAD = 1e-2   # logits: the sink a row's missing weight implies is one logit per head, whatever the query
+SINK_ROWS = 4        # rows of a head that must imply it (a sink is read at init, where rows miss a share of their weight)
+
+
+@dataclass
+class Readings:
+    """What amplified_logits read inside the forward: the largest weight on a masked key, the worst
+    |row sum - 1|, the worst hull excursion, the softmax dims, and per kind ("masked", "row",
+    "hull") whether each call past its limit has its own output agree (True), disagree (False) or
+    not seen (None); `sinks`: the calls whose rows sum below one by a sink's design."""
+    masked_w: float = 0.0
+    masked_later: float = 0.0   # the largest weight on a masked key after its query (the outputs can show it)
+    row_err: float | None = None
+    hull: float | None = None
+    dims: set = field(default_factory=set)
+    witnessed: dict = field(default_factory=lambda: {"masked": [], "row": [], "hull": []})
+    sinks: set = field(default_factory=set)
+
+
+def _sink(c, w, vis, live) -> bool:
+    """The call's rows sum below one as a softmax with one more key of its own logit per head
+    would make them (attention sinks added to the denominator: exp(s) / (exp(sink) + sum exp(s))):
+    weights >= 0, no row above one, and the logit each row's missing weight implies,
+    log(d / (1 - d)) + logsumexp(its visible q k^T x scale), one per head over batch and queries.
+    A weight lost otherwise (a mask applied after the softmax) implies one per query."""
+    if c.q is None or c.k is None or not bool(torch.isfinite(w).all()) or bool((w < 0).any()):
+        return False
+    d = 1 - w.sum(-1)
+    if bool((d < -ROW_SUM_TOL)[live].any()) or not bool((d > ROW_SUM_TOL)[live].any()):
+        return False
+    raw = c.raw()
+    if raw.shape != w.shape:
+        return False
+    if vis is not None:
+        raw = raw.masked_fill(~vis.expand_as(raw), float("-inf"))
+    use = live & (d > 1e-4) & (d < 1 - 1e-4)
+    sigma = (d / (1 - d)).clamp_min(1e-300).log() + torch.logsumexp(raw, -1)   # (B, h, T_q)
+    sigma = sigma.masked_fill(~use, float("nan")).transpose(0, -2).flatten(-2)   # heads first: (h, B T_q)
+    lo, hi = sigma.nan_to_num(float("inf")).amin(-1), sigma.nan_to_num(float("-inf")).amax(-1)
+    seen = use.transpose(0, -2).flatten(-2).sum(-1) >= SINK_ROWS
+    return bool(seen.any()) and bool(((hi - lo) <= SINK_SPREAD)[seen].all())
+
+
+def _own_output(c, w, vis):
+    """What the call's own output says of its weights, relative to its values' range: the largest
+    |out - w v| (what the reading leaves unexplained), |out - (w on the visible keys) v| and
+    |out - (w / its row sums) v|; None where out or v is not seen or the products are not finite."""
+    if c.out is None or c.v is None:
+        return None
+    out, v = c.out.double(), c.v.double()
+    try:
+        wv = w @ v
+        vis_w = w if vis is None else w.masked_fill(~vis.expand_as(w), 0.0)
+        alts = (wv, vis_w @ v, (w / w.sum(-1, keepdim=True)) @ v)
+    except RuntimeError:   # weights and values of shapes that do not multiply: not this call's v
+        return None
+    if any(t.shape != out.shape or not bool(torch.isfinite(t).all()) for t in alts) or not bool(torch.isfinite(out).all()):
+        return None
+    span = float((v.amax(-2) - v.amin(-2)).max().clamp_min(1e-30))
+    return tuple(float((out - t).abs().max()) / span for t in alts)
+
+
+def _agrees(errors, which: int) -> bool | None:
+    """The call's output shows the reading `which` (1: the masked keys' weight, 2: the row sums):
+    the output is farther from the reading without it than twice from the reading itself."""
+    if errors is None:
+        return None
+    return errors[which] > max(WITNESS * errors[0], HULL_REL)
+
+
+def _weights_checks(calls, init_calls, sinks=None) -> Readings:
+    """The readings of the amplified calls (their masks inferred from the same calls at init);
+    `sinks`: the indices of calls whose rows sum below one by a sink's design, found at init
+    (None: these are the calls at init, found here)."""
+    r = Readings()
     for i, c in enumerate(calls):
         if c.source == "softmax" and c.dim != -1 and c.q is None:
             # a softmax over another dim than the last of a tensor no q k^T fed (a mix of layers, as
@@ -169,38 +244,60 @@ def _weights_checks(calls, init_calls):
             vis = None if not same else amplified_visible(c, init_calls[i]) if c.scores is not None \
                 and init_calls[i].scores is not None and init_calls[i].scores.shape == c.scores.shape \
                 else init_calls[i].visible
-            dims.add(c.dim)
+            r.dims.add(c.dim)
         if c.weights is None and not c.complete:
             continue
         w = c.seen_weights().double()
         live = torch.ones(w.shape[:-1], dtype=torch.bool, device=w.device)
+        errors = _own_output(c, w, vis)
         if vis is not None:
             v = vis.expand_as(w)
             live = v.any(-1)
             if (~v).any() and live.any():   # a row that sees no key is fully_masked_rows' case, not a leak
                 leaked = w.masked_fill(v, 0).nan_to_num(1.0).abs().amax(-1)   # a NaN weight counts as 1: the worst
-                masked_w = max(masked_w, float(leaked[live].max()))
+                m = float(leaked[live].max())
+                r.masked_w = max(r.masked_w, m)
+                if w.shape[-1] == w.shape[-2] and "layout_unmeasured" not in c.extra:
+                    later = torch.ones(w.shape[-2:], dtype=torch.bool, device=w.device).triu(1)
+                    on_later = w.masked_fill(v | ~later, 0).nan_to_num(1.0).abs().amax(-1)
+                    r.masked_later = max(r.masked_later, float(on_later[live].max()))
+                if m > EXACT_REL:
+                    r.witnessed["masked"].append(_agrees(errors, 1))
         if c.sigmoid:   # each weight in (0, 1) on its own: no row sums to one, no output is a mix of the values
             continue
+        sink = _sink(c, w, vis, live) if sinks is None else i in sinks
+        if sink:
+            r.sinks.add(i)
         s = w.sum(-1)
-        row_err = _worst(row_err, float((s - 1).abs()[live].nan_to_num(math.inf).max()) if live.any() else 0.0)  # NaN: inf
+        err = (s - 1).clamp_min(0) if sink else (s - 1).abs()   # a sink's rows may sum below one, never above
+        e = float(err[live].nan_to_num(math.inf).max()) if live.any() else 0.0   # NaN: inf
+        r.row_err = _worst(r.row_err, e)
+        if e > ROW_SUM_TOL:
+            r.witnessed["row"].append(_agrees(errors, 2))
         if c.out is not None and c.v is not None:   # no mask known: the hull of every value (wider)
-            hull = _worst(hull, _hull(c.out.double(), c.v.double(), torch.ones_like(live[..., None]) if vis is None else vis, live))
-    return masked_w, row_err, hull, dims
+            h = _hull(c.out.double(), c.v.double(), torch.ones_like(live[..., None]) if vis is None else vis, live,
+                      zero=sink)
+            r.hull = _worst(r.hull, h)
+            if h > HULL_REL:
+                r.witnessed["hull"].append(None if errors is None else h > WITNESS * errors[0])
+    return r
 
 
 def _worst(a: float | None, b: float | None) -> float | None:
     return b if a is None else a if b is None else max(a, b)
 
 
-def _hull(out, v, vis, live):
+def _hull(out, v, vis, live, zero=False):
     """The largest excursion of an output outside the range of the values it may mix, relative to
-    that range. out (B, h, T_q, d), v (B, h, T_k, d), vis broadcastable to (B, h, T_q, T_k)."""
+    that range. out (B, h, T_q, d), v (B, h, T_k, d), vis broadcastable to (B, h, T_q, T_k). zero:
+    a sink's value, 0, is among them (the weight its rows miss mixes nothing)."""
     vis = vis.expand(out.shape[:-1] + (v.shape[-2],))
     big = torch.finfo(torch.float64).max
     vv = v.unsqueeze(-3)                                      # (B, h, 1, T_k, d)
     lo = vv.masked_fill(~vis.unsqueeze(-1), big).amin(-2)     # (B, h, T_q, d)
     hi = vv.masked_fill(~vis.unsqueeze(-1), -big).amax(-2)
+    if zero:
+        lo, hi = lo.clamp_max(0.0), hi.clamp_min(0.0)
     span = (v.amax(-2, keepdim=True) - v.amin(-2, keepdim=True)).amax(-1, keepdim=True).clamp_min(1e-30)
     exc = (torch.relu(lo - out) + torch.relu(out - hi)) / span
     exc = exc.amax(-1)[live.expand(exc.shape[:-1])]
@@ -209,6 +306,7 @@ def _hull(out, v, vis, live):
 
 def amplified_logits(ctx):
     ctx.require_repeatable()
+    exact = ctx.limit(EXACT_REL)   # the target's own rounding noise, where it keeps some
     amp = amplifier(ctx)
     if isinstance(amp, Signal):
         raise type(amp)(amp.why, amp.cause)
@@ -223,18 +321,21 @@ def amplified_logits(ctx):
         x2[:, t:] = ctx.sample(k=31)[:, t:]
         y2, _ = amp.probe(ctx, x2)
         leak = rel(y2[:, :t], y[:, :t], "the amplified outputs before t")
-    masked_w, row_err, hull, dims = _weights_checks(calls, init_calls)
-    _, _, hull0, _ = _weights_checks(init_calls, init_calls)
-    hull = _worst(hull, hull0)
-    wrong_dim = sorted(d for d in dims if d != -1)
+    init = _weights_checks(init_calls, init_calls)
+    amped = _weights_checks(calls, init_calls, init.sinks)
+    masked_w, row_err, hull = amped.masked_w, amped.row_err, _worst(amped.hull, init.hull)
+    wrong_dim = sorted(d for d in amped.dims if d != -1)
     parts = [("outputs finite", finite, None),
              ("masked keys' largest weight", masked_w <= EXACT_REL, masked_w),
-             ("earlier outputs' change with later tokens replaced", leak is None or leak <= EXACT_REL, leak),
+             ("earlier outputs' change with later tokens replaced", leak is None or leak <= exact, leak),
              ("rows' weights sum to 1 (worst |sum - 1|)", (row_err is None or row_err <= ROW_SUM_TOL) and not wrong_dim,
               row_err),
              ("outputs outside their values' hull (at init or amplified)", hull is None or hull <= HULL_REL, hull)]
     held = dict(zip(("nonfinite", "masked_key_weight", "future_leak", "row_sum", "outside_hull"), (p[1] for p in parts)))
-    bad = [p for p in parts if not p[1]]
+    disagree = _unwitnessed(held, amped, init, leak, exact, wrong_dim)
+    for c in disagree:   # read inside the forward, contradicted by what the outputs do: not a fail
+        held[c] = True
+    bad = [c for c, ok in held.items() if not ok]
     # the cause named is the first that broke in the formula's order: weights that do not sum to 1 over
     # the keys (a softmax over the queries) make the leak, not the other way round
     cause = next((c for c in ("nonfinite", "masked_key_weight", "row_sum", "future_leak", "outside_hull")
@@ -244,8 +345,45 @@ def amplified_logits(ctx):
                         for i, (n, ok, v) in enumerate(parts))
               + ("; sigmoid weights (each key's on its own): no row sum, no hull" if row_err is None and any(
                   c.sigmoid for c in calls) else "")
-              + (f"; softmax taken over dim {wrong_dim}, not the keys" if wrong_dim else ""))
+              + (f"; softmax taken over dim {wrong_dim}, not the keys" if wrong_dim else "")
+              + (f"; {len(amped.sinks | init.sinks)} call(s) whose rows sum below one by a sink's design (one logit per "
+                 "head takes the rest): held to rows <= 1 and a hull with the sink's zero value"
+                 if amped.sinks | init.sinks else ""))
     measured = max([v for _, _, v in parts if v is not None] + ([math.inf] if not finite else []))
-    return judged(bool(bad), measured, f"finite; leak <= {EXACT_REL:g}; hull <= {HULL_REL:g}", detail, cause,
-                  largest_score=amp.reached, factor=amp.factor, capped=amp.capped, finite=finite, masked_key_weight=masked_w, leak=leak,
-                  row_sum_error=row_err, outside_hull=hull, softmax_dims=wrong_dim)
+    meas = dict(largest_score=amp.reached, factor=amp.factor, capped=amp.capped, finite=finite, masked_key_weight=masked_w,
+                leak=leak, row_sum_error=row_err, outside_hull=hull, softmax_dims=wrong_dim, unwitnessed=sorted(disagree))
+    tol = f"finite; leak <= {exact:g}; hull <= {HULL_REL:g}"
+    if disagree and not bad:
+        return inconclusive("what was read inside the forward and what the outputs do disagree: " +
+                            "; ".join(disagree.values()), "readings_disagree", measured, tol, detail, **meas)
+    if disagree:
+        detail += "; not judged, the outputs disagree: " + "; ".join(disagree.values())
+    return judged(bool(bad), measured, tol, detail, cause, **meas)
+
+
+def _unwitnessed(held, amped, init, leak, exact, wrong_dim) -> dict:
+    """{part: both readings}: the parts read inside the forward (a masked key's weight, row sums, a
+    hull) that fail there while what the outputs do contradicts them: the model's outputs do not
+    move with the later tokens a masked weight reads, or the call's own output is what its weights
+    and values give without the reading (attention_doctor docs: no fail without a witness). A part
+    an output measurement shows (the leak, the softmax's dim, the call's output) stands; so does
+    one nothing could show either way (the call's output unseen, no later key involved)."""
+    out = {}
+    leaked = leak is not None and leak > exact
+    seen = amped.witnessed["masked"]
+    if not held["masked_key_weight"] and not leaked and True not in seen:
+        if leak is not None and amped.masked_later > EXACT_REL:
+            out["masked_key_weight"] = (f"a masked later key's weight {amped.masked_later:.3g}, while the earlier "
+                                        f"outputs move by {leak:.3g} with the later tokens replaced")
+        elif False in seen:
+            out["masked_key_weight"] = (f"a masked key's weight {amped.masked_w:.3g}, while the call's own output is "
+                                        "what its weights give without the masked keys")
+    seen = amped.witnessed["row"]
+    if not held["row_sum"] and not wrong_dim and not leaked and True not in seen and False in seen:
+        out["row_sum"] = (f"rows' weights summing to 1 +- {amped.row_err:.3g}, while the call's own output is what "
+                          "those weights give normalised")
+    seen = amped.witnessed["hull"] + init.witnessed["hull"]
+    if not held["outside_hull"] and True not in seen and False in seen:
+        out["outside_hull"] = ("an output outside its values' hull, while that output is not what the call's weights "
+                               "give its values (the weights or values read are not the ones it mixed)")
+    return out

@@ -11,6 +11,7 @@ from attention_doctor.signals import NotPerformed, Unreachable, Unsupported
 
 def batch_independence(ctx):
     ctx.require_repeatable()
+    agree = ctx.limit(AGREE_REL)   # the target's own rounding noise, where it keeps some
     B = ctx.T  # B == T: an unexpanded (B, T) mask broadcasts silently onto the queries
     x = ctx.sample(B=B, k=3)
     d_plain = rel(ctx.run(x)[0], ctx.run(x[:1])[0], "row 0 alone")
@@ -27,10 +28,10 @@ def batch_independence(ctx):
     except Unsupported as e:
         na_part, masked = True, f"; with padding: n/a ({e.why})"
     worst = max(d_plain, d_mask or 0.0)
-    r = judged(worst > AGREE_REL, worst, f"<= {AGREE_REL:g}",
+    r = judged(worst > agree, worst, f"<= {agree:g}",
                f"row 0 in a batch of {B} (B == T) against alone: {d_plain:.3g}{masked}",
-               "rows_mix" if d_plain > AGREE_REL else "padding_mask_broadcast",
-               limit=AGREE_REL, batch=B, plain=d_plain, padded=d_mask)
+               "rows_mix" if d_plain > agree else "padding_mask_broadcast",
+               limit=agree, batch=B, plain=d_plain, padded=d_mask)
     if na_part:
         r.measurements["not_applicable"] = ["padded"]
     return held_in_part(one_row_mask_warned(ctx, r), not_run)
@@ -52,6 +53,7 @@ def one_row_mask_warned(ctx, r):
 
 def padding(ctx):
     ctx.require_repeatable()
+    agree = ctx.limit(AGREE_REL)   # the target's own rounding noise, where it keeps some
     P, T = ctx.T // 4, ctx.T
     L = T - P
     real = ctx.sample(1, L, k=4)
@@ -79,23 +81,23 @@ def padding(ctx):
             positions_not_run = e.why
         except Unsupported:   # no position ids by nature: left padding is judged without them
             pass
-    tol = f"<= {AGREE_REL:g}"
+    tol = f"<= {agree:g}"
     detail = (f"real tokens' outputs against the unpadded row: right padding {d_right:.3g}, left padding "
               f"{d_left:.3g}" + ("" if d_left_pos is None else f", left padding with position ids from the mask {d_left_pos:.3g}"))
-    meas = dict(limit=AGREE_REL, right=d_right, left=d_left, left_with_positions=d_left_pos)
-    if getattr(ctx.adapter, "mask_ignored", False) and max(d_right, d_left) > AGREE_REL:
+    meas = dict(limit=agree, right=d_right, left=d_left, left_with_positions=d_left_pos)
+    if getattr(ctx.adapter, "mask_ignored", False) and max(d_right, d_left) > agree:
         # measured when the target was read: no encoding of its mask changed any output
         return row(FAIL, max(d_right, d_left), tol, detail + ". Its forward takes a padding mask and ignores it "
                    "(no encoding tried changes any output)", "mask_ignored", **meas)
-    if d_right > AGREE_REL:   # inf: padding made a real output NaN or inf (a -inf fill's NaN row reaching it)
+    if d_right > agree:   # inf: padding made a real output NaN or inf (a -inf fill's NaN row reaching it)
         return row(FAIL, d_right, tol, detail, "nonfinite_outputs" if d_right == math.inf else "right_padding", **meas)
-    if d_left <= AGREE_REL:
+    if d_left <= agree:
         return one_row_mask_warned(ctx, row(PASS, max(d_right, d_left), tol, detail, **meas))
     if positions_not_run is not None:   # a warn or a fail: which one, only the positions could say
         return inconclusive(f"left padding moves the real tokens' outputs ({d_left:.3g}), and left padding with "
                             f"position ids could not run ({positions_not_run})", "part_not_run", d_left, tol, detail,
                             **meas, not_run=["left_with_positions"])
-    if d_left_pos is not None and d_left_pos <= AGREE_REL:
+    if d_left_pos is not None and d_left_pos <= agree:
         return row(WARN, d_left, tol, detail + ". Left padding changes the outputs unless the caller passes position "
                    "ids from the mask: positions count from the padding (huggingface/transformers #21080)",
                    "positions_from_padding", **meas)

@@ -7,6 +7,7 @@ import torch
 from attention_doctor.checks.common import (
     AGREE_REL,
     EXACT_REL,
+    NOISE_MARGIN,
     Description,
     held_in_part,
     inconclusive,
@@ -16,7 +17,7 @@ from attention_doctor.checks.common import (
     row,
 )
 from attention_doctor.result import FAIL, PASS
-from attention_doctor.signals import Signal, TargetRaised, Unreachable, Unsupported, doctor_hook
+from attention_doctor.signals import NotPerformed, Signal, TargetRaised, Unreachable, Unsupported, doctor_hook
 
 # -- the description ------------------------------------------------------------------------------
 
@@ -33,6 +34,30 @@ def repeat(y1: torch.Tensor, y2: torch.Tensor) -> tuple[bool, float]:
     if not torch.equal(a[~fin], b[~fin]):   # an inf on one side, or of the other sign
         return False, math.inf
     return False, float((a[fin].double() - b[fin].double()).abs().max())
+
+
+REORDER_ULPS = 64   # reordered sums move outputs by a few ulps of their scale (hf:gpt2 beside load: 9)
+DROPOUT_SIZE = 1e-2   # an entry moved by this share of the outputs' scale moved by its own size
+
+
+def reorder_limit(dtype: torch.dtype) -> float:
+    """The largest difference, relative to the outputs' scale, that reordered sums explain:
+    REORDER_ULPS ulps of the outputs' dtype (float32: 7.6e-6)."""
+    return REORDER_ULPS * torch.finfo(dtype).eps
+
+
+def moved(y1: torch.Tensor, y2: torch.Tensor) -> dict:
+    """How two finite-alike outputs of one input differ, relative to the largest |y1|: `relative`
+    (the largest difference), `moved_share` (the share of entries moved by more than DROPOUT_SIZE
+    of the scale: dropout's, rounding never), `zeroed_share` (entries exactly 0 in one call only:
+    dropout on the outputs themselves)."""
+    fin = torch.isfinite(y1) & torch.isfinite(y2)
+    a, b = y1[fin].double(), y2[fin].double()
+    if a.numel() == 0:
+        return {"relative": 0.0, "moved_share": 0.0, "zeroed_share": 0.0}
+    d = (a - b).abs() / a.abs().max().clamp_min(1e-30)
+    return {"relative": float(d.max()), "moved_share": float((d > DROPOUT_SIZE).double().mean()),
+            "zeroed_share": float(((a == 0) != (b == 0)).double().mean())}
 
 
 def _masks_later_keys(calls) -> bool:
@@ -62,7 +87,7 @@ def _find_causal(ctx, x, y) -> tuple[bool, str]:
     ctx.require_repeatable()   # position 0's change would be the noise's
     x2 = x.clone()
     x2[:, -1] = ctx.sample(k=11)[:, -1]
-    if rel(ctx.run(x2)[:, 0], y[:, 0], "position 0's output") == 0.0:
+    if rel(ctx.run(x2)[:, 0], y[:, 0], "position 0's output") <= ctx.limit(0.0):   # 0, or within its own noise
         return True, "causal (found: position 0 does not read position T-1)"
     return False, "not causal (found: position 0 reads position T-1, and no attention call masks the later keys)"
 
@@ -74,20 +99,30 @@ def describe(ctx, x, y) -> Description:
     ctx.undecided (the checks that need it raise it)."""
     a = ctx.adapter
     repeatable = max_diff = None
-    rounding = 0.0
+    rounding = noise = 0.0
+    shares = {}
     try:
-        repeatable, max_diff = repeat(y, ctx.run(x))
-        if not repeatable and math.isfinite(max_diff) and torch.get_num_threads() > 1:
-            # reordered sums across threads, or randomness? One thread tells: reordering is gone there
-            threads = torch.get_num_threads()
-            torch.set_num_threads(1)   # kept for the checks where it tells reordering; examine() restores it
+        y2 = ctx.run(x)
+        repeatable, max_diff = repeat(y, y2)
+        threads = torch.get_num_threads()
+        if not repeatable and math.isfinite(max_diff) and threads > 1:
+            # reordered sums across threads, or randomness? One thread removes the first
+            torch.set_num_threads(1)   # kept for the checks where it helps; examine() restores it
             y = ctx.run(x)
-            repeatable, one_thread_diff = repeat(y, ctx.run(x))
+            y2 = ctx.run(x)
+            repeatable, one_thread_diff = repeat(y, y2)
             if repeatable:
                 rounding, max_diff = max_diff, 0.0
             else:
-                torch.set_num_threads(threads)
                 max_diff = max(max_diff, one_thread_diff)
+        if not repeatable and math.isfinite(max_diff):
+            # still different on the checks' threads: reordering (ulps of the outputs' scale) or
+            # randomness (dropout: entries of the outputs' own size), told by the size measured
+            shares = moved(y, y2)
+            if shares["relative"] <= reorder_limit(a.dtype):
+                repeatable, rounding, noise = True, max_diff, shares["relative"]
+            else:
+                torch.set_num_threads(threads)
     except Signal as s:
         ctx.undecided["repeatable"] = s
     # the repeatability is needed to find causality by the outputs
@@ -99,7 +134,8 @@ def describe(ctx, x, y) -> Description:
         refused = e.error[:200]
     except Signal:   # the adapter's own code: the checks that run it say so
         pass
-    ctx.description = Description(a.kind, None, "", repeatable, max_diff, nonfinite, values, refused, rounding)
+    ctx.description = Description(a.kind, None, "", repeatable, max_diff, nonfinite, values, refused, rounding, noise,
+                                  shares)
     if a.kind == "lm":
         causal, how = True, "causal (an LM)"
     elif a.causal is not None:
@@ -110,7 +146,7 @@ def describe(ctx, x, y) -> Description:
         except Signal as s:
             ctx.undecided["causal"] = s
             causal, how = None, f"undecided ({s.why})"
-    return Description(a.kind, causal, how, repeatable, max_diff, nonfinite, values, refused, rounding)
+    return Description(a.kind, causal, how, repeatable, max_diff, nonfinite, values, refused, rounding, noise, shares)
 
 
 # -- the checks ----------------------------------------------------------------------------------
@@ -132,17 +168,29 @@ def eval_dropout(ctx):
     d = ctx.description
     if d.repeatable is None:
         raise ctx.undecided["repeatable"]
-    tol = "== 0 (bit-identical)"
+    limit = reorder_limit(ctx.adapter.dtype)
+    tol = f"bit-identical, or within {REORDER_ULPS} ulps of the outputs' scale ({limit:.2g}: reordered sums)"
+    shares = dict(d.shares)
+    if d.repeatable and d.noise:
+        return row(PASS, d.noise, tol, f"two eval calls differ by up to {d.noise:.3g} of the outputs' scale on the checks' "
+                   f"thread(s) ({d.noise / torch.finfo(ctx.adapter.dtype).eps:.3g} ulps; "
+                   f"{shares['moved_share']:.3g} of the entries moved by over {DROPOUT_SIZE:g} of it): floating-point "
+                   "reordering, not randomness; the comparisons' limits are at least "
+                   f"{NOISE_MARGIN:g}x it", max_diff=d.rounding, dropout_p=0.0, limit=limit, **shares)
     if d.repeatable and d.rounding:
         return row(PASS, d.rounding, tol, f"two eval calls differ by up to {d.rounding:.3g} on several threads and are "
                    "bit-identical on one (floating-point reordering, not randomness: the checks ran on one thread)",
-                   max_diff=d.rounding, dropout_p=0.0)
+                   max_diff=d.rounding, dropout_p=0.0, limit=limit)
     if d.repeatable:
-        return row(PASS, 0.0, tol, "two eval calls are bit-identical", max_diff=0.0, dropout_p=0.0)
+        return row(PASS, 0.0, tol, "two eval calls are bit-identical", max_diff=0.0, dropout_p=0.0, limit=limit)
     p = max((c.dropout_p for c in ctx.probe(ctx.sample())[1]), default=0.0)
     why = f"; scaled_dot_product_attention got dropout_p={p:g} in eval" if p else ""
-    return row(FAIL, d.eval_max_diff, tol, f"two eval calls on the same input differ by up to {d.eval_max_diff:.3g}{why}",
-               "sdpa_dropout_p" if p else "random_in_eval", max_diff=d.eval_max_diff, dropout_p=p)
+    size = (f" ({shares['relative']:.3g} of the outputs' scale, beyond {limit:.2g}; {shares['moved_share']:.3g} of the "
+            f"entries moved by over {DROPOUT_SIZE:g} of it, {shares['zeroed_share']:.3g} zero in one call only)"
+            if shares else "")
+    return row(FAIL, d.eval_max_diff, tol, f"two eval calls on the same input differ by up to "
+               f"{d.eval_max_diff:.3g}{size}{why}", "sdpa_dropout_p" if p else "random_in_eval",
+               max_diff=d.eval_max_diff, dropout_p=p, limit=limit, **shares)
 
 
 def refused_autograd(ctx) -> str:
@@ -265,6 +313,7 @@ def _later(g, shape, t, packed):
 
 def future_leak(ctx):
     ctx.require_repeatable()
+    exact = ctx.limit(EXACT_REL)   # the target's own rounding noise, where it keeps some
     if not ctx.require_causal():
         how = "" if ctx.adapter.causal is not None else "; causal=True, or --causal yes, if it is meant to be causal"
         return na(f"{ctx.description.causal_from}: a bidirectional layer sees every position{how}", "not_causal")
@@ -288,7 +337,7 @@ def future_leak(ctx):
     g = max(grads) if grads and half is None else None
     bad_grad = g is not None and (g != 0.0 or nonfinite > 0)
     # the measured value is what failed: the outputs' change, else the gradient's non-finite entries, else its size
-    measured = worst if worst > EXACT_REL or not bad_grad else (nonfinite or g)
+    measured = worst if worst > exact or not bad_grad else (nonfinite or g)
     detail = ("outputs before t with tokens from t on replaced, relative change: " +
               ", ".join(f"t={o['t']}: {o['change']:.3g}" for o in outputs) +
               (f"; gradient of earlier outputs w.r.t. later inputs{' (against ' + via + ')' if via else ''}: "
@@ -296,16 +345,16 @@ def future_leak(ctx):
                if g is not None else f"; gradient: {'n/a' if half.na else 'not run'} ({half.why})"))
     typed, said = _typed_blocks(ctx, x)
     detail += f"; {said}" if said else ""
-    block_seen = typed is not None and typed > EXACT_REL
-    if ctx.info.get("insensitive_outputs") and worst <= EXACT_REL and not bad_grad and not block_seen:
+    block_seen = typed is not None and typed > exact
+    if ctx.info.get("insensitive_outputs") and worst <= exact and not bad_grad and not block_seen:
         return inconclusive("insensitive outputs: no later output moves with position 0, and no zero weight to "
                             "fill (attention_doctor/sensitivity.py)", "insensitive_outputs", detail=detail,
                             outputs=outputs)
-    cause = "outputs_move" if worst > EXACT_REL else "later_block_seen" if block_seen else "gradient_nonzero"
-    if block_seen and worst <= EXACT_REL:
+    cause = "outputs_move" if worst > exact else "later_block_seen" if block_seen else "gradient_nonzero"
+    if block_seen and worst <= exact:
         measured = typed
-    r = judged(worst > EXACT_REL or bad_grad or block_seen, measured, f"<= {EXACT_REL:g}; gradient == 0",
-               detail, cause, limit=EXACT_REL, outputs=outputs, gradient_max=g,
+    r = judged(worst > exact or bad_grad or block_seen, measured, f"<= {exact:g}; gradient == 0",
+               detail, cause, limit=exact, outputs=outputs, gradient_max=g,
                gradient_nonfinite=None if g is None else nonfinite, later_block=typed)
     if half is not None and half.na:
         r.measurements["not_applicable"] = ["gradient"]
@@ -375,17 +424,27 @@ def self_visibility(ctx):
     _, others = ctx.probe(ctx.sample(k=12))
     others = others if len(others) == len(calls) else [None] * len(calls)
     hidden, rows, n, smallest, unjudged = 0, 0, 0, math.inf, 0
+    shown, weighted, contradicted = [], 0, 0   # per call with hidden rows: its output agrees with the mask read
+    unread = []   # calls whose query axis could not be measured: not read in an assumed layout
     for c, c2 in zip(calls, others):
         if c.weights is None and not c.complete:
+            continue
+        if "layout_unmeasured" in c.extra:
+            unread.append(c.extra["layout_unmeasured"])
             continue
         w = c.seen_weights().double()
         mine = _own_keys(c, c2)
         if mine is None:
             continue
         mine = mine.expand_as(w)
+        visible = c.visible
+        applied = c.extra.get("applied_weights")
+        if applied is not None and applied.shape == w.shape:   # what mixed the values, not the softmax's weights
+            w = applied.double()
+            visible = w != 0
         own_w = w.abs().masked_fill(~mine, 0.0).amax(-1)
-        if c.visible is not None:   # the mask decides: a row that sees no key is fully_masked_rows' case
-            vis = c.visible.expand_as(w)
+        if visible is not None:   # the mask decides: a row that sees no key is fully_masked_rows' case
+            vis = visible.expand_as(w)
             sees, own = vis.any(-1), (vis & mine).any(-1)
         else:
             fin = torch.isfinite(w).all(-1)
@@ -394,20 +453,58 @@ def self_visibility(ctx):
             own = own_w > 0
         n += 1
         rows += int(sees.sum())
-        hidden += int((sees & ~own).sum())
+        gone = sees & ~own
+        hidden += int(gone.sum())
+        if gone.any():
+            weighted += int((gone & (own_w > 0)).sum())   # the mask hides the own key, the weights give it weight
+            shown.append(_own_key_shown(c, w, mine, gone))
         ok = sees & own & torch.isfinite(own_w)
         if ok.any():
             smallest = min(smallest, float(own_w[ok].min()))
+    if not n and unread:
+        raise NotPerformed(f"{len(unread)} attention call(s) not read: {unread[0]}", "layout_unmeasured")
     if not n:
         raise ctx.unseen("needs the attention weights (no softmax or SDPA call seen)")
     smallest = None if smallest == math.inf else smallest
+    detail = (f"{hidden} of {rows} queries (that see some key) over {n} attention call(s) have their own key "
+              f"masked; smallest weight on an own key that is visible: " + ("none" if smallest is None else f"{smallest:.3g}"))
+    meas = dict(own_key_masked=hidden, queries=rows, calls=n, smallest_own_weight=smallest)
+    # no fail without a witness: the mask read, the weights read and the call's own output agree
+    contradicted = weighted or (False in shown and True not in shown)
+    if hidden and contradicted:
+        why = (f"{weighted} of them have weight on their own key in the weights read" if weighted else
+               "the call's own output is what its weights give its values with the own key visible, not masked")
+        return inconclusive(f"the mask read hides {hidden} queries' own key, while {why}", "readings_disagree",
+                            hidden, "== 0 queries with their own key masked", detail, **meas)
     r = judged(hidden > 0, hidden, "== 0 queries with their own key masked",
-               f"{hidden} of {rows} queries (that see some key) over {n} attention call(s) have their own key "
-               f"masked; smallest weight on an own key that is visible: "
-               + ("none" if smallest is None else f"{smallest:.3g}")
-               + (" (a token cannot see itself: a causal mask off by one)" if hidden else ""),
-               "own_key_masked", own_key_masked=hidden, queries=rows, calls=n, smallest_own_weight=smallest)
-    return held_in_part(r, {"rows with non-finite weights and no known mask": f"{unjudged} row(s)"} if unjudged else {})
+               detail + (" (a token cannot see itself: a causal mask off by one)" if hidden else ""),
+               "own_key_masked", **meas)
+    not_run = {"rows with non-finite weights and no known mask": f"{unjudged} row(s)"} if unjudged else {}
+    if unread:
+        not_run[f"{len(unread)} attention call(s) whose query axis could not be measured"] = unread[0]
+    return held_in_part(r, not_run)
+
+
+def _own_key_shown(c, w, mine, gone) -> bool | None:
+    """The call's own output agrees with its own key masked in the rows `gone`: it is farther from
+    what the weights with the own key visible (its q . k score put back) give its values than twice
+    from what the weights read give. None where the output, values, q, k or scale are not seen."""
+    if c.out is None or c.v is None or c.q is None or c.k is None or c.scale is None:
+        return None
+    try:
+        s = c.seen_scores().double()
+        alt = c.normalised(torch.where(mine, c.raw(), s))   # the own key's q . k x scale, no mask on it
+        out, v = c.out.double(), c.v.double()
+        read, other = (out - w @ v).abs().amax(-1), (out - alt @ v).abs().amax(-1)
+    except RuntimeError:   # shapes that do not multiply: not this call's values
+        return None
+    if read.shape != gone.shape:
+        return None
+    span = float((v.amax(-2) - v.amin(-2)).max().clamp_min(1e-30))
+    read, other = read[gone] / span, other[gone] / span
+    if not bool(torch.isfinite(read).all() & torch.isfinite(other).all()):
+        return None
+    return float(other.max()) > max(2 * float(read.max()), 1e-5)
 
 
 def _end_cache(a):

@@ -12,7 +12,7 @@ from attention_doctor.adapters import Adapter, call, forget_history
 from attention_doctor.layouts import attention_modules, measured_sites
 from attention_doctor.probes import Probe
 from attention_doctor.result import FAIL, INCONCLUSIVE, NA, PASS, Row
-from attention_doctor.score_axes import query_axis, relaid
+from attention_doctor.score_axes import ambiguous, query_axis, relaid, unmeasured
 from attention_doctor.signals import DoctorBug, NotPerformed, Signal, TargetRaised, Unsupported
 
 # float32 tolerances, relative to the largest |output| of the reference (see docs/doctor.md)
@@ -20,6 +20,7 @@ EXACT_REL = 1e-6       # same computation, other tokens changed: masked keys con
 AGREE_REL = 1e-5       # the same outputs by another route (cache, batch, padding, path): rounding only
 AMP_LO, AMP_HI, AMP_TARGET = 1e4, 1e5, 3e4   # amplified scores: the largest |score| lands here
 AMP_MODERATE = 1e3     # low precision: finfo(float16).min + a score below -16 is -inf, q k^T still < 65504
+NOISE_MARGIN = 4.0     # a comparison's limit is at least this times the eval calls' own rounding noise
 HULL_REL = 1e-5        # an output may leave its values' range by rounding only
 ROW_SUM_TOL = 1e-3     # weights of a row sum to 1
 LOW_PRECISION_RATIO = 2.0   # FlashAttention's rule: at most twice the reference attention's error
@@ -68,9 +69,12 @@ class Description:
     why); causal_from: how it was decided (an LM, the adapter said, or found and how);
     repeatable: two eval calls on one input are bit-identical (eval_dropout reports it); eval_max_diff:
     the largest |difference| between them (inf where they are not finite at the same places);
-    rounding: where two calls on several threads differed but two on one thread are bit-identical,
-    the difference across threads (floating-point reordering, not randomness: the checks then run
-    on one thread, examine() restores the caller's count; 0 otherwise);
+    rounding: where two calls differed by floating-point reordering, not randomness, their largest
+    |difference| (0 otherwise); on several threads where one thread makes them bit-identical (the
+    checks then run on one thread, examine() restores the caller's count), or on the checks' threads
+    within eval_dropout's reorder limit; noise: that last case's difference relative to the outputs'
+    scale, which every comparison's limit then exceeds (Context.limit; 0: bit-identical); shares:
+    how two calls that differ on the checks' threads differ (causality.moved; {} where they do not);
     nonfinite / values: how many of the plain forward's output values are NaN or infinite, of how
     many (finite_output reports it); autograd_refused: what the forward raised with autograd on
     where it runs without ("": it runs; FlexAttention on CPU has no backward and refuses): the
@@ -84,6 +88,8 @@ class Description:
     values: int = 0
     autograd_refused: str = ""
     rounding: float = 0.0
+    noise: float = 0.0
+    shares: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -239,12 +245,16 @@ class Context:
         for i, c in enumerate(calls):
             axis = axes.get(i)
             if axis is not None and c.scores is not None and c.scores.dim() == axis[1] and c.dim == -1:
-                relaid(c, axis[0])
+                if axis[0] is None:   # not read in an assumed layout: the checks that need it say so
+                    unmeasured(c)
+                else:
+                    relaid(c, axis[0])
         return calls
 
     def _query_axes(self) -> dict:
         """{call index: (query axis, scores' ndim)} for the traced calls whose queries are not on the
-        axis before the keys, measured on a batch of two with row 0's last token changed."""
+        axis before the keys, measured on a batch of two with row 0's last token changed; the axis
+        None where more than one axis could hold them and none was measured to."""
         x = self.sample(B=2, k=60)
         x2 = x.clone()
         if x.is_floating_point():
@@ -263,7 +273,7 @@ class Context:
         for i, (a, b) in enumerate(zip(c1, c2)):
             if a.traced and a.scores is not None and b.scores is not None and a.dim == -1:
                 axis = query_axis(a.scores, b.scores, self.T)
-                if axis is not None and axis != -2:
+                if axis is not None and axis != -2 or axis is None and len(ambiguous(a.scores, self.T)) > 1:
                     out[i] = (axis, a.scores.dim())
         return out
 
@@ -296,6 +306,13 @@ class Context:
             raise self.undecided["repeatable"]
         if not d.repeatable:
             raise NotPerformed("eval outputs are not repeatable (see eval_dropout)", "not_repeatable")
+
+    def limit(self, base: float) -> float:
+        """A comparison's limit: `base`, or NOISE_MARGIN times the rounding noise two eval calls keep
+        on the checks' threads (Description.noise), whichever is larger: no comparison is held
+        tighter than the target repeats itself."""
+        d = self.description
+        return max(base, NOISE_MARGIN * d.noise) if d is not None else base
 
     def require_causal(self) -> bool:
         """The description's causal; where it could not be decided, what kept it undecided."""

@@ -115,6 +115,12 @@ COMMON_CAUSES = {
     "part_not_run": cannot("the part that ran held, another part of the check could not run (named in the "
                            "row's reason and measurements['not_run'])"),
     "adapter_contract": cannot("an adapter returned something its contract does not allow"),
+    "layout_unmeasured": cannot("an attention call's scores have more than one axis as long as the sequence, and "
+                                "which holds the queries could not be measured (attention_doctor/score_axes.py): "
+                                "not read in an assumed layout"),
+    "readings_disagree": cannot("what the doctor read inside the forward (a mask, weights, a row sum, a hull) says "
+                                "fail, and what the outputs do (the model's, or the call's own) does not: both named "
+                                "in the reason; no fail without a witness"),
 }
 
 # The measurements any row may carry (a check's own are in its record)

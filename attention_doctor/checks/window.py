@@ -39,7 +39,13 @@ def _far(T: int, w: int) -> torch.Tensor:
 
 def _token_mask(c):
     """A call's mask over the tokens' keys: where other columns were concatenated to q k^T's scores
-    (attention sinks' logits: GPT-OSS, MiMo), only the block of the tokens' keys; None: not known."""
+    (attention sinks' logits: GPT-OSS, MiMo), only the block of the tokens' keys; where the product
+    with the values took other weights than the softmax's (a window applied after it, the weights
+    zeroed and renormalised), the keys those weights give weight to: the mask read from the scores
+    is not what mixed the values; None: not known."""
+    applied = c.extra.get("applied_weights")
+    if applied is not None and c.visible is not None and applied.shape[-2:] == c.visible.shape[-2:]:
+        return applied != 0
     block = c.extra.get("key_block")
     return c.visible if c.visible is None or block is None else c.visible[..., block]
 
@@ -52,6 +58,9 @@ def _per_call(ctx, w: int, slides: list[bool | str] | None) -> dict:
         raise NotPerformed(f"window {w}: the check runs at most {MAX_T} tokens (a smaller window, as the zoo's "
                            "shrunk configs set, enables it)", "window_too_long")
     _, calls = ctx.probe(ctx.sample(T=T, k=60))
+    unread = [c.extra["layout_unmeasured"] for c in calls if "layout_unmeasured" in c.extra]
+    if unread:   # its mask's queries unknown: not read in an assumed layout
+        raise NotPerformed(f"{len(unread)} attention call(s) not read: {unread[0]}", "layout_unmeasured")
     square = [(c, m) for c, m in ((c, _token_mask(c)) for c in calls)
               if m is not None and m.shape[-1] == T and m.shape[-2] in (1, T)]
     if not square:   # calls seen (a fused kernel) are attention already: no forward to rule it out
@@ -124,8 +133,9 @@ def _undeclared(ctx, w: int, limit: str):
     p = _perturbed(ctx, w, [True] * len(calls))
     how = (f"{said}; T={p['T']}: the outputs from query {p['first_query']} on, beyond the windows of "
            f"{len(calls)} stacked attention layers, move by {p['change']:.3g} with tokens 0..{CHANGED - 1} replaced")
-    if p["change"] <= EXACT_REL:
-        return judged(False, p["change"], limit, how, window=w, T=p["T"], change=p["change"], limit=EXACT_REL)
+    exact = ctx.limit(EXACT_REL)   # the target's own rounding noise, where it keeps some
+    if p["change"] <= exact:
+        return judged(False, p["change"], limit, how, window=w, T=p["T"], change=p["change"], limit=exact)
     try:
         c = _per_call(ctx, w, None)
     except NotPerformed as e:
@@ -147,7 +157,8 @@ def sliding_window(ctx):
                           "does there is not declared")
     if not ctx.require_causal():
         return na(f"{ctx.description.causal_from}: a sliding window is a causal target's", "not_causal")
-    limit = f"<= {EXACT_REL:g} (sliding), > {EXACT_REL:g} (switched off)"
+    exact = ctx.limit(EXACT_REL)   # the target's own rounding noise, where it keeps some
+    limit = f"<= {exact:g} (sliding), > {exact:g} (switched off)"
     if slides is None:
         return _undeclared(ctx, w, limit)
     judged_layers = [s for s in slides if not isinstance(s, str)]
@@ -158,13 +169,13 @@ def sliding_window(ctx):
         said += " beside layers of no softmax attention"
     if not kinds and (all(slides) or not any(slides)) and not others:
         p = _perturbed(ctx, w, slides)
-        moved = p["change"] > EXACT_REL
+        moved = p["change"] > exact
         sliding = all(slides)
         bad = moved if sliding else not moved
         how = (f"{said}; T={p['T']}: the outputs from query {p['first_query']} on, beyond every stacked window, "
                f"move by {p['change']:.3g} with tokens 0..{CHANGED - 1} replaced")
         return judged(bad, p["change"], limit, how, "window_ignored" if sliding else "window_applied",
-                      window=w, sliding_layers=slides, T=p["T"], change=p["change"], limit=EXACT_REL)
+                      window=w, sliding_layers=slides, T=p["T"], change=p["change"], limit=exact)
     c = _per_call(ctx, w, slides)
     ignored = [x["layer"] for x in c["layers"] if x["sliding"] is True and x["far_keys_visible"]]
     applied = [x["layer"] for x in c["layers"] if x["sliding"] is False and x["far_keys_visible"] < x["far_keys"]]
