@@ -9,85 +9,29 @@ x-transformers' cache=): found by trying what the target accepts, as people writ
 - the presents the forward returns, passed back in (`past_key_values=` with `use_cache=True`:
   presents.py, found by what comes back);
 - a cache object passed in (mistral-inference's `cache=BufferCache(...)`, Megatron's
-  `inference_params=InferenceParams(...)`, nanochat's `kv_cache=KVCache(...)`): a class the
-  argument's annotation names, or one of the model's own code whose name shares a word with the
-  argument's, built from the batch and length and the model's attributes by name (head_dim, the
-  number of layers), or where a parameter has no value of its name, from each of the model's
-  integers that share its words (num_heads: n_kv_head, n_head; the one that runs taken); an integer `*offset*` attribute the model leaves at 0 after
-  the prompt is the caller's to advance (Megatron's sequence_len_offset).
+  `inference_params=InferenceParams(...)`, nanochat's `kv_cache=KVCache(...)`), built as
+  cache_params.py says; an integer `*offset*` attribute the model leaves at 0 after the prompt is
+  the caller's to advance (Megatron's sequence_len_offset).
 
 A way is taken only when it runs and the new tokens read the prompt (their outputs change with
-it); what the set-up changed in the model is put back before any other call (`Snapshot`). What
+it; where no way's do, on the doctor's copy with its all-zero weight matrices filled, as the checks
+see it: nanochat's zero output projections let no output show the prompt); what the set-up changed in the model is put back before any other call (`Snapshot`). What
 is found but cannot be driven is described (`cache_things`): the check is inconclusive with it,
 never n/a."""
-import inspect
-import itertools
-import re
-import sys
-import typing
+import copy
 
 import torch
 import torch.nn as nn
 
 from attention_doctor import presents
-from attention_doctor.adapters import CACHE_ARGS, _first_output, _params
+from attention_doctor.adapters import CACHE_ARGS, _first_output, _params, deep_copy, target_scope
+from attention_doctor.cache_params import BATCH, cache_classes, fill, fillings
 from attention_doctor.module_state import Snapshot
 from attention_doctor.presents import PresentsDrive
+from attention_doctor.sensitivity import fill_zero_matrices
 from attention_doctor.signals import TargetRaised
-from attention_doctor.windows import module_config
 
 CACHE_WORDS = ("cache", "past", "inference_params", "kv", "mems")   # a forward argument that may carry a cache
-# a forward argument name fragment -> what the doctor passes for it (names choose what to try)
-BATCH, LENGTH = ("batch", "bsz"), ("seq", "len", "length", "max_pos")
-NOT_LENGTH = ("encoder", "rope", "cross")   # a length of something else
-
-
-def _model_attr(module, name):
-    """An integer attribute `name` of the module or one of its submodules (the first found)."""
-    for m in module.modules():
-        v = getattr(m, name, None)   # an instance's, or its class's
-        if isinstance(v, int) and not isinstance(v, bool):
-            return v
-    return None
-
-
-def _layer_count(module) -> int:
-    """The longest ModuleList / ModuleDict: the model's layers."""
-    return max((len(m) for m in module.modules() if isinstance(m, (nn.ModuleList, nn.ModuleDict))), default=0)
-
-
-def fill(fn, module, batch, length, device, dtype, all_lengths=False, chosen=None):
-    """kwargs for fn by what its parameters are named: the batch, the length, the dtype, the device,
-    the model's own integer attribute of that name, the number of layers, else a value `chosen` for
-    it (guesses()); a parameter with a default is left to it unless it is a length (or all_lengths).
-    Returns (kwargs, None) or (None, the parameter it cannot fill)."""
-    chosen = chosen or {}
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return None, "its signature"
-    kw = {}
-    for p in sig.parameters.values():
-        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-            continue
-        n, required = p.name.lower(), p.default is p.empty
-        if any(w in n for w in BATCH):
-            kw[p.name] = batch
-        elif "dtype" in n:
-            kw[p.name] = dtype
-        elif "device" in n:
-            kw[p.name] = device
-        elif _model_attr(module, p.name) is not None and required:
-            kw[p.name] = _model_attr(module, p.name)
-        elif "layer" in n and required and _layer_count(module):
-            kw[p.name] = _layer_count(module)
-        elif any(w in n for w in LENGTH) and not any(w in n for w in NOT_LENGTH) and (required or all_lengths or "max" in n):
-            kw[p.name] = length
-        elif p.name in chosen:
-            kw[p.name] = chosen[p.name]
-        elif required:
-            return None, p.name
-    return kw, None
 
 
 def setup_methods(module) -> list[str]:
@@ -107,123 +51,6 @@ def cache_args(accepts, switches=False) -> list[str]:
     (it says a cache is there, and carries none)."""
     return sorted(a for a in accepts if (a in CACHE_ARGS or any(w in a.lower() for w in CACHE_WORDS))
                   and (switches or not a.startswith("use_")))
-
-
-CLASS_WORDS = ("cache", "params", "state", "memory", "past")   # a class that may hold a cache
-
-
-def cache_classes(module, arg) -> list[type]:
-    """The classes the forward's annotation of arg names (annotated_classes), then the classes of the
-    model's own code (the modules its classes come from, and the modules of their package already
-    imported: not torch's) named like a cache holder whose name shares a word with arg's (nothing
-    else is built)."""
-    words = [w for w in arg.lower().split("_") if len(w) > 2 and w not in ("use", "key", "values")]
-    out = annotated_classes(module, arg)
-    for mod in _own_modules(module):
-        for name, obj in vars(mod).items():
-            if (isinstance(obj, type) and not issubclass(obj, nn.Module) and obj.__module__ == mod.__name__
-                    and any(w in name.lower() for w in words) and any(w in name.lower() for w in CLASS_WORDS)
-                    and obj not in out):
-                out.append(obj)
-    return out
-
-
-def _own_modules(module) -> list:
-    """The Python modules of the model's own classes (not torch's), then the other modules of their
-    packages already imported (a cache class beside the model, as nanochat's engine.py is to gpt.py)."""
-    mods = []
-    for m in module.modules():
-        mod = sys.modules.get(type(m).__module__)
-        if mod is not None and mod.__name__.split(".")[0] not in ("torch", "builtins") and mod not in mods:
-            mods.append(mod)
-    packages = {mod.__name__.rsplit(".", 1)[0] + "." for mod in mods if "." in mod.__name__}
-    return mods + [m for name, m in sorted(sys.modules.items()) if m is not None and m not in mods
-                   and any(name.startswith(p) for p in packages)]
-
-
-def annotated_classes(module, arg) -> list[type]:
-    """The classes the forward's annotation of `arg` names (`kv_cache: KVCache | None`, or the string
-    "Optional[KVCache]" read in the forward's own module), other than torch's and builtins'."""
-    fwd = inspect.unwrap(module.forward)
-    try:
-        p = inspect.signature(fwd).parameters.get(arg)
-    except (TypeError, ValueError):
-        return []
-    if p is None or p.annotation is p.empty:
-        return []
-    names = getattr(getattr(fwd, "__func__", fwd), "__globals__", {})
-    return [c for c in _classes_in(p.annotation, names)
-            if c.__module__.split(".")[0] not in ("torch", "builtins", "typing") and not issubclass(c, nn.Module)]
-
-
-def _classes_in(ann, names) -> list[type]:
-    if isinstance(ann, type):
-        return [ann]
-    if isinstance(ann, str):
-        found = []
-        for word in re.findall(r"[A-Za-z_][\w.]*", ann):
-            obj = names.get(word.split(".")[0])
-            for part in word.split(".")[1:]:
-                obj = getattr(obj, part, None)
-            if isinstance(obj, type):
-                found.append(obj)
-        return found
-    return [c for a in typing.get_args(ann) for c in _classes_in(a, names)]
-
-
-GENERIC = ("num", "n", "nb", "max", "total")   # words that say "a count of", not of what
-KV_WORDS = ("kv", "key", "local")   # a cache holds the key/value heads: counts of those are tried first
-
-
-def _words(name) -> set[str]:
-    return {w[:-1] if w.endswith("s") and len(w) > 3 else w for w in name.lower().split("_") if w}
-
-
-def _integers(module) -> dict[str, int]:
-    """The model's positive integer attributes by name: its config's, then its modules'."""
-    cfg = module_config(module)
-    sources = ([vars(cfg)] if hasattr(cfg, "__dict__") else []) + [vars(m) for m in module.modules()]
-    out = {}
-    for src in sources:
-        for k, v in src.items():
-            if isinstance(v, int) and not isinstance(v, bool) and v > 0 and not k.startswith("_"):
-                out.setdefault(k, v)
-    return out
-
-
-def guesses(module, param, most=3) -> list[tuple[str, int]]:
-    """(name, value) of the model's integers (its config's, its modules' attributes) whose name has
-    every word of param's but the generic ones (num_heads: n_head, n_kv_head, num_key_value_heads,
-    head_dim), distinct values, a count of key/value ones first, then the names with fewest other
-    words: which one the cache takes is measured (the way that runs and reads the prompt)."""
-    want = _words(param) - set(GENERIC)
-    if not want:
-        return []
-    found = [(k, v) for k, v in _integers(module).items() if want <= _words(k)]
-    found.sort(key=lambda kv: (not _words(kv[0]) & set(KV_WORDS), len(_words(kv[0]) - want)))
-    out = []
-    for k, v in found:
-        if v not in [w for _, w in out]:
-            out.append((k, v))
-    return out[:most]
-
-
-def fillings(cls, module, batch, length, device, dtype, most=8):
-    """Each way to fill a cache class's parameters: fill()'s, and where a required one has no value by
-    its name, each of its guesses (at most `most` ways). ([(chosen values, what they were taken
-    from)], None) or (None, the parameter with no value)."""
-    options = {}
-    while True:
-        kw, missing = fill(cls, module, batch, length, device, dtype, all_lengths=True,
-                           chosen={k: v[0][1] for k, v in options.items()})
-        if kw is not None:
-            break
-        g = guesses(module, missing) if missing != "its signature" else []
-        if not g or missing in options:
-            return None, missing
-        options[missing] = g
-    ways = itertools.islice(itertools.product(*options.values()), most)
-    return [({p: v for p, (_, v) in zip(options, way)}, {p: n for p, (n, _) in zip(options, way)}) for way in ways], None
 
 
 def cache_things(module, accepts) -> list[str]:
@@ -249,6 +76,9 @@ def cache_mask(encoding, batch, start, n, length, device, dtype):
 
 
 CACHE_MASKS = ("keep (B, S, L)", "keep (B, 1, S, L)", "masked-out (B, 1, S, L)")
+
+
+FILLED = " (read on a copy with its zero weight matrices filled: its own outputs do not show the prompt)"
 
 
 class Drive:
@@ -298,10 +128,12 @@ class Drive:
     def describe(self) -> str:
         how = self.how
         if how["kind"] == "setup":
-            return (f"{how['method']}({', '.join(how['filled'])}), then a {how['pos_dims']}-D input_pos"
+            said = (f"{how['method']}({', '.join(how['filled'])}), then a {how['pos_dims']}-D input_pos"
                     + (f" and {self.a.mask_name} as {how['mask']}" if how.get("mask") else ""))
-        return (f"{how['arg']}={how['cls'].__name__}({', '.join(how['filled'])}) passed in"
-                + (f", its {how['offset']} advanced by the caller" if how.get("offset") else ""))
+        else:
+            said = (f"{how['arg']}={how['cls'].__name__}({', '.join(how['filled'])}) passed in"
+                    + (f", its {how['offset']} advanced by the caller" if how.get("offset") else ""))
+        return said + FILLED * bool(how.get("filled_copy"))
 
 
 def _reads_prompt(drive, x, snapshot) -> bool:
@@ -357,23 +189,52 @@ def _offset_to_advance(drive, x, snapshot):
         snapshot.restore()
 
 
+def _drive(adapter, how):
+    return (PresentsDrive if how["kind"] == "presents" else Drive)(adapter, how)
+
+
 def find_drive(adapter, x):
-    """(the first way that runs and reads the prompt, None) or (None, what was tried and why not)."""
-    tried = []
+    """(the first way that runs and reads the prompt, None) or (None, what was tried and why not).
+    Ways that run and whose new tokens' outputs do not move with the prompt are tried again on a
+    copy with its all-zero weight matrices filled (sensitivity.py), where outputs cannot move by
+    construction; the first that reads the prompt there is taken, and says so."""
+    tried, quiet = [], []
     for how, why in candidates(adapter, x):
         if how is None:
             tried.append(why)
             continue
-        drive = (PresentsDrive if how["kind"] == "presents" else Drive)(adapter, how)
-        snapshot = Snapshot(adapter.module)
+        drive, snapshot = _drive(adapter, how), Snapshot(adapter.module)
         try:
             if how["kind"] == "object" and "offset" not in how:
                 how["offset"] = _offset_to_advance(drive, x, snapshot)
             if _reads_prompt(drive, x, snapshot):
                 return drive, None
             tried.append(f"{drive.describe()}: the new tokens do not read the prompt")
+            quiet.append(how)
         except TargetRaised as e:
             tried.append(f"{drive.describe()}: raised {e.error[:80]}")
         except Exception as e:  # noqa: BLE001 -- the set-up or the cache object's own code (not the forward) refused: not this way (said in what was tried), never the doctor's error
             tried.append(f"{drive.describe()}: {type(e).__name__}: {str(e)[:80]}")
-    return None, tried
+    found = _read_when_filled(adapter, x, quiet) if quiet else None
+    if found is not None:
+        return _drive(adapter, found), None
+    return None, tried + (["nor on a copy with its zero weight matrices filled"] if quiet else [])
+
+
+def _read_when_filled(adapter, x, hows):
+    """The first of `hows` whose new tokens read the prompt on a twin of the adapter whose module is
+    a copy with its all-zero weight matrices filled; None where none does or nothing is zero."""
+    twin = copy.copy(adapter)
+    twin.module, twin._live = deep_copy(adapter.module), None
+    if getattr(adapter.module.__dict__.get("forward"), "_doctor_target", False):
+        twin.module.__dict__.pop("forward", None)   # the doctor's wrapper of the original's forward, copied with it
+    if not fill_zero_matrices(twin.module, 0):
+        return None
+    with target_scope(twin.module):
+        for how in hows:
+            try:
+                if _reads_prompt(_drive(twin, how), x, Snapshot(twin.module)):
+                    return {**how, "filled_copy": True}
+            except Exception:  # noqa: BLE001 -- it ran on the model itself: a raise on the copy is not this way, said as not read
+                continue
+    return None

@@ -118,4 +118,6 @@ class PresentsDrive:
         return (f"{how['arg']}= the presents it returns (part {how['part'] + 1} after the logits"
                 + (f", with {how['switch']}=True" if how["switch"] else "")
                 + f": {how['layers']} layer(s) of {how['per_layer']} tensor(s) along the tokens, "
-                + ("grown by each call" if how["grown"] else "the new tokens' only") + ") passed back in")
+                + ("grown by each call" if how["grown"] else "the new tokens' only") + ") passed back in"
+                + (" (read on a copy with its zero weight matrices filled: its own outputs do not show the prompt)"
+                   if how.get("filled_copy") else ""))

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from attention_doctor import examine
-from attention_doctor.caches import annotated_classes, guesses
+from attention_doctor.cache_params import annotated_classes, guesses
 from attention_doctor.presents import output_parts, time_axes
 from doctor_lab.hand_caches import input_pos, own_cache, presents
 
@@ -38,6 +38,22 @@ def test_a_cache_object_of_the_models_own_class_with_its_kv_heads_guessed(bug):
     if bug == "chunk_smear":   # nanochat#756: one new token is right, three after the prefill are not
         one, three = row.measurements["trials"]
         assert one["new"] <= 1e-5 and three["new"] > 1e-2, row.measurements
+
+
+@pytest.mark.parametrize("bug", [None, "cache_top_left"])
+def test_a_cache_read_only_where_zero_output_projections_are_filled(bug):
+    """nanochat's init: every output projection zero, so no output shows the prompt and no way of
+    driving the cache can be seen to read it on the model itself; on the doctor's copy with those
+    matrices filled it is, and the bug shows there."""
+    model = presents.build("kv", bug)
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.out.weight.zero_()
+            block.mlp[2].weight.zero_()
+    row, conv = kv(model)
+    assert conv["cache"].startswith("past_key_values= the presents") and "zero weight matrices filled" in conv["cache"]
+    assert row.outcome == ("pass" if bug is None else "fail"), row.detail
+    assert not model.blocks[0].attn.out.weight.any()   # the caller's model as it was given
 
 
 def test_the_guesses_are_the_models_integers_that_share_the_parameters_words():
