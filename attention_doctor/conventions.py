@@ -9,12 +9,14 @@ names and by measurement, as people write them:
 - positions named `position_ids`, `pos`, `positions` ((B, T) ids), `input_pos` ((T,) after a
   cache set up by `set_kv_cache` or `setup_caches`, LitGPT, gpt-fast; else (B, T) ids, torchtune) or `start_pos` (an int
   offset, Meta's Llama); without any, an nn.Embedding a plain forward feeds 0..T-1 (a learned
-  position table) is fed the ids;
+  position table) is fed the ids; a forward that raises without input_pos behind setup_caches
+  (gpt-fast's model.py) is given both on every plain call (_first_call);
 - a KV cache driven by `start_pos` (a cache kept inside, written at that offset), by `input_pos`
   after `set_kv_cache(batch_size)` (LitGPT) or `setup_caches(max_batch_size, max_seq_length)`
   (gpt-fast: buffers written in place at a 1-D `input_pos`), or passed back in (`cache=` with `return_intermediates=True`:
   the whole sequence in, the last `cache_age` tokens computed, as x-transformers does); else one
-  found by trying (caches.py: a set-up method of another signature, a cache object passed in);
+  found by trying (caches.py: a set-up method of another signature, presents returned and passed
+  back, a cache object passed in);
 - attention paths switched by a boolean `flash` on its modules (nanoGPT, x-transformers), where
   both settings run.
 
