@@ -174,7 +174,13 @@ def candidates(adapter, x):
                 kw, _ = fill(cls, a.module, x.shape[0], x.shape[1], a.device, a.dtype, all_lengths=True, chosen=chosen)
                 yield {"kind": "object", "arg": arg, "cls": cls, "chosen": chosen,
                        "filled": sorted(f"{k}={taken[k]}" if k in taken else k for k in kw)}, None
-        yield from presents.candidates(a, x, arg)
+        snapshot = Snapshot(a.module)   # what the measuring calls change in the model is put back
+        try:
+            found = list(presents.candidates(a, x, arg))
+        finally:
+            snapshot.capture()
+            snapshot.restore()
+        yield from found
 
 
 def _offset_to_advance(drive, x, snapshot):
