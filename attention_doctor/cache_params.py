@@ -101,17 +101,20 @@ def _own_modules(module) -> list:
 
 def annotated_classes(module, arg) -> list[type]:
     """The classes the forward's annotation of `arg` names (`kv_cache: KVCache | None`, or the string
-    "Optional[KVCache]" read in the forward's own module), other than torch's and builtins'."""
+    "Optional[KVCache]" read in the forward's own module), then its default's class, other than
+    torch's and builtins'."""
     fwd = inspect.unwrap(module.forward)
     try:
         p = inspect.signature(fwd).parameters.get(arg)
     except (TypeError, ValueError):
         return []
-    if p is None or p.annotation is p.empty:
+    if p is None:
         return []
     names = getattr(getattr(fwd, "__func__", fwd), "__globals__", {})
-    return [c for c in _classes_in(p.annotation, names)
-            if c.__module__.split(".")[0] not in ("torch", "builtins", "typing") and not issubclass(c, nn.Module)]
+    found = [] if p.annotation is p.empty else _classes_in(p.annotation, names)
+    found += [] if p.default is p.empty or p.default is None else [type(p.default)]
+    return [c for i, c in enumerate(found) if c not in found[:i] and not issubclass(c, nn.Module)
+            and c.__module__.split(".")[0] not in ("torch", "builtins", "typing")]
 
 
 def _classes_in(ann, names) -> list[type]:

@@ -27,7 +27,7 @@ from attention_doctor import presents
 from attention_doctor.adapters import CACHE_ARGS, _first_output, _params, deep_copy, target_scope
 from attention_doctor.cache_params import BATCH, cache_classes, fill, fillings
 from attention_doctor.module_state import Snapshot
-from attention_doctor.presents import PresentsDrive
+from attention_doctor.presents import PresentsDrive, given_positions
 from attention_doctor.sensitivity import fill_zero_matrices
 from attention_doctor.signals import TargetRaised
 
@@ -117,8 +117,8 @@ class Drive:
             if how.get("mask"):
                 kw[a.mask_name] = cache_mask(how["mask"], x.shape[0], start, n, state["length"], x.device, a.dtype)
         else:
-            obj = state["obj"]
-            kw[how["arg"]] = obj
+            kw[how["arg"]] = state["obj"]
+            kw.update(given_positions(self.a, start, x))
         y = _first_output(a._call(x, **kw))
         if how["kind"] == "object" and how.get("offset"):   # the caller advances it (Megatron's text generation)
             setattr(state["obj"], how["offset"], getattr(state["obj"], how["offset"]) + n)

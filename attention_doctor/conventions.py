@@ -10,7 +10,8 @@ names and by measurement, as people write them:
   cache set up by `set_kv_cache` or `setup_caches`, LitGPT, gpt-fast; else (B, T) ids, torchtune) or `start_pos` (an int
   offset, Meta's Llama); without any, an nn.Embedding a plain forward feeds 0..T-1 (a learned
   position table) is fed the ids; a forward that raises without input_pos behind setup_caches
-  (gpt-fast's model.py) is given both on every plain call (_first_call);
+  (gpt-fast's model.py) is given both on every plain call (_first_call), and position ids a
+  forward requires (no default) are 0..T-1 in a plain call;
 - a KV cache driven by `start_pos` (a cache kept inside, written at that offset), by `input_pos`
   after `set_kv_cache(batch_size)` (LitGPT) or `setup_caches(max_batch_size, max_seq_length)`
   (gpt-fast: buffers written in place at a 1-D `input_pos`), or passed back in (`cache=` with `return_intermediates=True`:
@@ -23,6 +24,7 @@ names and by measurement, as people write them:
 What was found is in `conventions` (the result's info); where nothing is found the check says
 which argument would enable it, and an Adapter remains the way in.
 """
+import inspect
 from contextlib import contextmanager
 
 import torch
@@ -114,6 +116,8 @@ class CallableLM(Adapter):
         self._live = None             # what a driven cache's set-up changed in the model, put back before other calls
         self.cache_tried = []         # the ways tried where a cache was seen and none drove it
         self.pos_needed = False       # a plain call needs input_pos behind a fresh cache set-up (_first_call)
+        # position ids the forward requires (no default): a plain call gets 0..T-1 in every row
+        self.ids_required = self.pos_name in ("position_ids", "pos", "positions") and _required(module.forward, self.pos_name)
         self.conventions = {}
 
     # -- found once, before the checks -----------------------------------------------------------
@@ -360,6 +364,8 @@ class CallableLM(Adapter):
                 return self._call(x, **kw, input_pos=torch.arange(x.shape[1], device=x.device))
             finally:
                 self._teardown()
+        if self.ids_required and self.pos_name not in kw:
+            kw[self.pos_name] = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
         if self.targets:
             kw["targets"] = x
         if self.cache == "start_pos" or self.pos_name == "start_pos":
@@ -476,6 +482,15 @@ class CallableLM(Adapter):
 
     def embedding(self):
         return token_embedding(self.module)
+
+
+def _required(fn, name) -> bool:
+    """fn's parameter `name` has no default."""
+    try:
+        p = inspect.signature(fn).parameters.get(name)
+    except (TypeError, ValueError):
+        return False
+    return p is not None and p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
 
 
 def _change(y, ref) -> float:

@@ -62,6 +62,14 @@ def _along(before, after, length) -> bool:
     return True
 
 
+def given_positions(adapter, start, x) -> dict:
+    """The position ids a forward requires (CallableLM's ids_required), counted on from `start` as a
+    caller decoding with the cache gives them; {} where it requires none (its own are its own)."""
+    if not getattr(adapter, "ids_required", False):
+        return {}
+    return {adapter.pos_name: torch.arange(start, start + x.shape[1], device=x.device).expand(x.shape[0], -1)}
+
+
 def switch_of(accepts) -> str | None:
     """The forward's switch that turns the returned cache on (use_cache), if it has one."""
     return next((a for a in sorted(accepts) if a.startswith("use_") and "cache" in a), None)
@@ -78,7 +86,8 @@ def candidates(adapter, x, arg):
         found = [(i, axes) for i, axes in ((i, time_axes(p, P)) for i, p in enumerate(parts)) if axes]
         grown, new_only = [], []
         for i, axes in found:
-            later = output_parts(adapter._call(x[:, P:P + n], **on, **{arg: parts[i]}))
+            step = x[:, P:P + n]
+            later = output_parts(adapter._call(step, **on, **{arg: parts[i]}, **given_positions(adapter, P, step)))
             if i < len(later) and _along(axes, later[i], P + n):
                 grown.append(i)
             elif i < len(later) and _along(axes, later[i], n):
@@ -108,7 +117,7 @@ class PresentsDrive:
         kw = {how["switch"]: True} if how["switch"] else {}
         if state["past"] is not None:
             kw[how["arg"]] = state["past"]
-        out = self.a._call(x, **kw)
+        out = self.a._call(x, **kw, **given_positions(self.a, state["pos"], x))
         state["past"] = output_parts(out)[how["part"]]
         state["pos"] += x.shape[1]
         return _first_output(out)

@@ -73,6 +73,11 @@ def test_a_cache_class_named_by_the_forwards_annotation():
     assert annotated_classes(M(), "cache") == [Cache]
     assert annotated_classes(M(), "other") == []   # torch's own classes are no cache holder
 
+    class Defaulted(torch.nn.Module):
+        def forward(self, idx, state=Cache(), n=3):
+            return idx
+    assert annotated_classes(Defaulted(), "state") == [Cache] and annotated_classes(Defaulted(), "n") == []
+
 
 @pytest.mark.parametrize("layout", presents.LAYOUTS)
 @pytest.mark.parametrize("bug", [None, *presents.PLANTED])
@@ -126,3 +131,22 @@ def test_nanochat_756_caught_bare_from_the_command_line():
                         "--checks", "eval_dropout,kv_cache"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 1, p.stdout + p.stderr
     assert "kv_cache" in p.stdout and "new_tokens_differ" in p.stdout and "Traceback" not in p.stderr, p.stdout
+
+
+class RequiredPositionsLM(presents.LM):
+    """Position ids the forward requires (no default); with a cache the caller counts them on."""
+
+    def forward(self, idx, position_ids, past_key_values=None, use_cache=False):
+        x, out = self.wte(idx), []
+        for i, block in enumerate(self.blocks):
+            x, present = block(x, position_ids[0], None if past_key_values is None else past_key_values[i])
+            out.append(present)
+        return self.head(self.ln_f(x)), tuple(out)
+
+
+@pytest.mark.parametrize("bug", [None, "cache_top_left"])
+def test_position_ids_a_forward_requires_are_given(bug):
+    torch.manual_seed(0)
+    r = examine(RequiredPositionsLM("kv", bug).eval(), checks=["eval_dropout", "future_leak", "kv_cache"], strict=True)
+    assert r["future_leak"].outcome == "pass", r["future_leak"].detail
+    assert r["kv_cache"].outcome == ("pass" if bug is None else "fail"), r["kv_cache"].detail
