@@ -6,75 +6,32 @@ x-transformers' cache=): found by trying what the target accepts, as people writ
   another `*cache*` method taking the batch size) that puts cache modules in the model, then
   `input_pos` (1-D (T,) or 2-D (B, T), tried in that order) and, where the forward asks for one
   under a cache, a mask of the new rows over the whole cache (B, S, L), as torchtune's generation;
+- the presents the forward returns, passed back in (`past_key_values=` with `use_cache=True`:
+  presents.py, found by what comes back);
 - a cache object passed in (mistral-inference's `cache=BufferCache(...)`, Megatron's
-  `inference_params=InferenceParams(...)`): a class of the model's own modules whose name shares a
-  word with the argument's, built from the model's attributes (n_kv_heads, head_dim, the number
-  of layers) and the batch and length; an integer `*offset*` attribute the model leaves at 0 after
-  the prompt is the caller's to advance (Megatron's sequence_len_offset).
+  `inference_params=InferenceParams(...)`, nanochat's `kv_cache=KVCache(...)`), built as
+  cache_params.py says; an integer `*offset*` attribute the model leaves at 0 after the prompt is
+  the caller's to advance (Megatron's sequence_len_offset).
 
 A way is taken only when it runs and the new tokens read the prompt (their outputs change with
-it); what the set-up changed in the model is put back before any other call (`Snapshot`). What
+it; where no way's do, on the doctor's copy with its all-zero weight matrices filled, as the checks
+see it: nanochat's zero output projections let no output show the prompt); what the set-up changed in the model is put back before any other call (`Snapshot`). What
 is found but cannot be driven is described (`cache_things`): the check is inconclusive with it,
 never n/a."""
-import inspect
-import sys
+import copy
 
 import torch
 import torch.nn as nn
 
-from attention_doctor.adapters import CACHE_ARGS, _first_output, _params
+from attention_doctor import presents
+from attention_doctor.adapters import CACHE_ARGS, _first_output, _params, deep_copy, target_scope
+from attention_doctor.cache_params import BATCH, cache_classes, fill, fillings
 from attention_doctor.module_state import Snapshot
+from attention_doctor.presents import PresentsDrive, given_positions
+from attention_doctor.sensitivity import fill_zero_matrices
 from attention_doctor.signals import TargetRaised
 
 CACHE_WORDS = ("cache", "past", "inference_params", "kv", "mems")   # a forward argument that may carry a cache
-# a forward argument name fragment -> what the doctor passes for it (names choose what to try)
-BATCH, LENGTH = ("batch", "bsz"), ("seq", "len", "length", "max_pos")
-NOT_LENGTH = ("encoder", "rope", "cross")   # a length of something else
-
-
-def _model_attr(module, name):
-    """An integer attribute `name` of the module or one of its submodules (the first found)."""
-    for m in module.modules():
-        v = getattr(m, name, None)   # an instance's, or its class's
-        if isinstance(v, int) and not isinstance(v, bool):
-            return v
-    return None
-
-
-def _layer_count(module) -> int:
-    """The longest ModuleList / ModuleDict: the model's layers."""
-    return max((len(m) for m in module.modules() if isinstance(m, (nn.ModuleList, nn.ModuleDict))), default=0)
-
-
-def fill(fn, module, batch, length, device, dtype, all_lengths=False):
-    """kwargs for fn by what its parameters are named: the batch, the length, the dtype, the device,
-    the model's own integer attribute of that name, the number of layers; a parameter with a
-    default is left to it unless it is a length (or all_lengths). Returns (kwargs, None) or (None,
-    the parameter it cannot fill)."""
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return None, "its signature"
-    kw = {}
-    for p in sig.parameters.values():
-        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-            continue
-        n, required = p.name.lower(), p.default is p.empty
-        if any(w in n for w in BATCH):
-            kw[p.name] = batch
-        elif "dtype" in n:
-            kw[p.name] = dtype
-        elif "device" in n:
-            kw[p.name] = device
-        elif _model_attr(module, p.name) is not None and required:
-            kw[p.name] = _model_attr(module, p.name)
-        elif "layer" in n and required and _layer_count(module):
-            kw[p.name] = _layer_count(module)
-        elif any(w in n for w in LENGTH) and not any(w in n for w in NOT_LENGTH) and (required or all_lengths or "max" in n):
-            kw[p.name] = length
-        elif required:
-            return None, p.name
-    return kw, None
 
 
 def setup_methods(module) -> list[str]:
@@ -94,26 +51,6 @@ def cache_args(accepts, switches=False) -> list[str]:
     (it says a cache is there, and carries none)."""
     return sorted(a for a in accepts if (a in CACHE_ARGS or any(w in a.lower() for w in CACHE_WORDS))
                   and (switches or not a.startswith("use_")))
-
-
-CLASS_WORDS = ("cache", "params", "state", "memory", "past")   # a class that may hold a cache
-
-
-def cache_classes(module, arg) -> list[type]:
-    """Classes of the model's own modules (not torch's) named like a cache holder whose name shares
-    a word with arg's (the model's own code: nothing else is built)."""
-    words = [w for w in arg.lower().split("_") if len(w) > 2 and w not in ("use", "key", "values")]
-    seen, out = set(), []
-    for m in module.modules():
-        mod = sys.modules.get(type(m).__module__)
-        if mod is None or mod.__name__.split(".")[0] in ("torch", "builtins") or mod.__name__ in seen:
-            continue
-        seen.add(mod.__name__)
-        for name, obj in vars(mod).items():
-            if (isinstance(obj, type) and not issubclass(obj, nn.Module) and obj.__module__ == mod.__name__
-                    and any(w in name.lower() for w in words) and any(w in name.lower() for w in CLASS_WORDS)):
-                out.append(obj)
-    return out
 
 
 def cache_things(module, accepts) -> list[str]:
@@ -141,6 +78,9 @@ def cache_mask(encoding, batch, start, n, length, device, dtype):
 CACHE_MASKS = ("keep (B, S, L)", "keep (B, 1, S, L)", "masked-out (B, 1, S, L)")
 
 
+FILLED = " (read on a copy with its zero weight matrices filled: its own outputs do not show the prompt)"
+
+
 class Drive:
     """One way of driving a found cache: prefill(x) then step(x) on the same state."""
 
@@ -158,7 +98,7 @@ class Drive:
             finally:
                 snapshot.capture()
             return {"pos": 0, "length": length}
-        kw, _ = fill(how["cls"], a.module, batch, length, a.device, a.dtype, all_lengths=True)
+        kw, _ = fill(how["cls"], a.module, batch, length, a.device, a.dtype, all_lengths=True, chosen=how.get("chosen"))
         obj = how["cls"](**kw)
         if callable(getattr(obj, "to", None)):
             try:
@@ -177,8 +117,8 @@ class Drive:
             if how.get("mask"):
                 kw[a.mask_name] = cache_mask(how["mask"], x.shape[0], start, n, state["length"], x.device, a.dtype)
         else:
-            obj = state["obj"]
-            kw[how["arg"]] = obj
+            kw[how["arg"]] = state["obj"]
+            kw.update(given_positions(self.a, start, x))
         y = _first_output(a._call(x, **kw))
         if how["kind"] == "object" and how.get("offset"):   # the caller advances it (Megatron's text generation)
             setattr(state["obj"], how["offset"], getattr(state["obj"], how["offset"]) + n)
@@ -188,10 +128,12 @@ class Drive:
     def describe(self) -> str:
         how = self.how
         if how["kind"] == "setup":
-            return (f"{how['method']}({', '.join(how['filled'])}), then a {how['pos_dims']}-D input_pos"
+            said = (f"{how['method']}({', '.join(how['filled'])}), then a {how['pos_dims']}-D input_pos"
                     + (f" and {self.a.mask_name} as {how['mask']}" if how.get("mask") else ""))
-        return (f"{how['arg']}={how['cls'].__name__}({', '.join(how['filled'])}) passed in"
-                + (f", its {how['offset']} advanced by the caller" if how.get("offset") else ""))
+        else:
+            said = (f"{how['arg']}={how['cls'].__name__}({', '.join(how['filled'])}) passed in"
+                    + (f", its {how['offset']} advanced by the caller" if how.get("offset") else ""))
+        return said + FILLED * bool(how.get("filled_copy"))
 
 
 def _reads_prompt(drive, x, snapshot) -> bool:
@@ -224,11 +166,21 @@ def candidates(adapter, x):
                     yield {"kind": "setup", "method": method, "filled": sorted(kw), "pos_dims": dims, "mask": m}, None
     for arg in cache_args(a.accepts):
         for cls in cache_classes(a.module, arg):
-            kw, missing = fill(cls, a.module, x.shape[0], x.shape[1], a.device, a.dtype, all_lengths=True)
-            if kw is None:
+            ways, missing = fillings(cls, a.module, x.shape[0], x.shape[1], a.device, a.dtype)
+            if ways is None:
                 yield None, f"{cls.__name__}: cannot fill its {missing}"
                 continue
-            yield {"kind": "object", "arg": arg, "cls": cls, "filled": sorted(kw)}, None
+            for chosen, taken in ways:
+                kw, _ = fill(cls, a.module, x.shape[0], x.shape[1], a.device, a.dtype, all_lengths=True, chosen=chosen)
+                yield {"kind": "object", "arg": arg, "cls": cls, "chosen": chosen,
+                       "filled": sorted(f"{k}={taken[k]}" if k in taken else k for k in kw)}, None
+        snapshot = Snapshot(a.module)   # what the measuring calls change in the model is put back
+        try:
+            found = list(presents.candidates(a, x, arg))
+        finally:
+            snapshot.capture()
+            snapshot.restore()
+        yield from found
 
 
 def _offset_to_advance(drive, x, snapshot):
@@ -243,22 +195,52 @@ def _offset_to_advance(drive, x, snapshot):
         snapshot.restore()
 
 
+def _drive(adapter, how):
+    return (PresentsDrive if how["kind"] == "presents" else Drive)(adapter, how)
+
+
 def find_drive(adapter, x):
-    """(the first way that runs and reads the prompt, None) or (None, what was tried and why not)."""
-    tried = []
+    """(the first way that runs and reads the prompt, None) or (None, what was tried and why not).
+    Ways that run and whose new tokens' outputs do not move with the prompt are tried again on a
+    copy with its all-zero weight matrices filled (sensitivity.py), where outputs cannot move by
+    construction; the first that reads the prompt there is taken, and says so."""
+    tried, quiet = [], []
     for how, why in candidates(adapter, x):
         if how is None:
             tried.append(why)
             continue
-        drive, snapshot = Drive(adapter, how), Snapshot(adapter.module)
+        drive, snapshot = _drive(adapter, how), Snapshot(adapter.module)
         try:
             if how["kind"] == "object" and "offset" not in how:
                 how["offset"] = _offset_to_advance(drive, x, snapshot)
             if _reads_prompt(drive, x, snapshot):
                 return drive, None
             tried.append(f"{drive.describe()}: the new tokens do not read the prompt")
+            quiet.append(how)
         except TargetRaised as e:
             tried.append(f"{drive.describe()}: raised {e.error[:80]}")
         except Exception as e:  # noqa: BLE001 -- the set-up or the cache object's own code (not the forward) refused: not this way (said in what was tried), never the doctor's error
             tried.append(f"{drive.describe()}: {type(e).__name__}: {str(e)[:80]}")
-    return None, tried
+    found = _read_when_filled(adapter, x, quiet) if quiet else None
+    if found is not None:
+        return _drive(adapter, found), None
+    return None, tried + (["nor on a copy with its zero weight matrices filled"] if quiet else [])
+
+
+def _read_when_filled(adapter, x, hows):
+    """The first of `hows` whose new tokens read the prompt on a twin of the adapter whose module is
+    a copy with its all-zero weight matrices filled; None where none does or nothing is zero."""
+    twin = copy.copy(adapter)
+    twin.module, twin._live = deep_copy(adapter.module), None
+    if getattr(adapter.module.__dict__.get("forward"), "_doctor_target", False):
+        twin.module.__dict__.pop("forward", None)   # the doctor's wrapper of the original's forward, copied with it
+    if not fill_zero_matrices(twin.module, 0):
+        return None
+    with target_scope(twin.module):
+        for how in hows:
+            try:
+                if _reads_prompt(_drive(twin, how), x, Snapshot(twin.module)):
+                    return {**how, "filled_copy": True}
+            except Exception:  # noqa: BLE001 -- it ran on the model itself: a raise on the copy is not this way, said as not read
+                continue
+    return None

@@ -9,18 +9,22 @@ names and by measurement, as people write them:
 - positions named `position_ids`, `pos`, `positions` ((B, T) ids), `input_pos` ((T,) after a
   cache set up by `set_kv_cache` or `setup_caches`, LitGPT, gpt-fast; else (B, T) ids, torchtune) or `start_pos` (an int
   offset, Meta's Llama); without any, an nn.Embedding a plain forward feeds 0..T-1 (a learned
-  position table) is fed the ids;
+  position table) is fed the ids; a forward that raises without input_pos behind setup_caches
+  (gpt-fast's model.py) is given both on every plain call (_first_call), and position ids a
+  forward requires (no default) are 0..T-1 in a plain call;
 - a KV cache driven by `start_pos` (a cache kept inside, written at that offset), by `input_pos`
   after `set_kv_cache(batch_size)` (LitGPT) or `setup_caches(max_batch_size, max_seq_length)`
   (gpt-fast: buffers written in place at a 1-D `input_pos`), or passed back in (`cache=` with `return_intermediates=True`:
   the whole sequence in, the last `cache_age` tokens computed, as x-transformers does); else one
-  found by trying (caches.py: a set-up method of another signature, a cache object passed in);
+  found by trying (caches.py: a set-up method of another signature, presents returned and passed
+  back, a cache object passed in);
 - attention paths switched by a boolean `flash` on its modules (nanoGPT, x-transformers), where
   both settings run.
 
 What was found is in `conventions` (the result's info); where nothing is found the check says
 which argument would enable it, and an Adapter remains the way in.
 """
+import inspect
 from contextlib import contextmanager
 
 import torch
@@ -111,6 +115,9 @@ class CallableLM(Adapter):
         self.drive = None             # a cache found by trying (caches.py): how it is driven
         self._live = None             # what a driven cache's set-up changed in the model, put back before other calls
         self.cache_tried = []         # the ways tried where a cache was seen and none drove it
+        self.pos_needed = False       # a plain call needs input_pos behind a fresh cache set-up (_first_call)
+        # position ids the forward requires (no default): a plain call gets 0..T-1 in every row
+        self.ids_required = self.pos_name in ("position_ids", "pos", "positions") and _required(module.forward, self.pos_name)
         self.conventions = {}
 
     # -- found once, before the checks -----------------------------------------------------------
@@ -134,6 +141,17 @@ class CallableLM(Adapter):
         return None
 
     def _set_up_cache(self, batch, length):
+        if self.pos_needed:   # afresh for this batch and length (gpt-fast's keeps a larger one, and writes every row)
+            self._teardown()
+            self._live = Snapshot(self.module)
+            try:
+                self._set_up(batch, length)
+            finally:
+                self._live.capture()
+            return
+        self._set_up(batch, length)
+
+    def _set_up(self, batch, length):
         if self.cache_setup == "set_kv_cache":
             self.module.set_kv_cache(batch_size=batch, device=self.device, dtype=self.dtype)
         else:   # gpt-fast keeps a larger cache it has; its stale slots lie beyond the positions read
@@ -148,7 +166,7 @@ class CallableLM(Adapter):
         """Find, by measurement on x, what the names alone do not say (what the target's forward
         raises is a TargetRaised here, as in the doctor's own calls)."""
         with torch.no_grad(), target_scope(self.module):
-            y = first_output(self._call(x))
+            y = first_output(self._first_call(x))
             if y.dim() == 3 and y.shape[1] == 1 and x.shape[1] > 1 and "targets" in self.accepts:
                 self.targets = True
                 self.conventions["targets"] = "the forward returns the last position's logits unless given targets: given targets"
@@ -176,6 +194,28 @@ class CallableLM(Adapter):
                                                   "it runs and the new tokens read the prompt)"}[self.cache]
         elif self.cache_tried:
             self.conventions["cache"] = "none driven: " + "; ".join(self.cache_tried)[:600]
+
+    def _first_call(self, x):
+        """The first plain call; where it raises and the forward takes input_pos behind a cache
+        set-up (gpt-fast's asserts its caches are set up and indexes its mask by input_pos), the
+        call that sets the cache up for the batch and gives input_pos 0..T-1, as its generate does:
+        every plain call from then on (pos_needed). Raises what the plain call raised where that
+        does not run either."""
+        try:
+            return self._call(x)
+        except TargetRaised as e:
+            if self.cache != "input_pos":
+                raise
+            self.pos_needed = True
+            try:
+                out = self._call(x)
+            except TargetRaised:
+                self.pos_needed = False
+                self._teardown()
+                raise e from None
+            self.conventions["plain call"] = (f"{self.cache_setup}(batch, length), then input_pos 0..T-1 (without them "
+                                              f"its forward raised: {e.error[:80]})")
+            return out
 
     def _find_position_table(self, x):
         """An embedding (not the token one) that a plain forward feeds 0..T-1: a learned position table."""
@@ -318,6 +358,14 @@ class CallableLM(Adapter):
 
     # -- the protocol ----------------------------------------------------------------------------
     def _call(self, x, **kw):
+        if self.pos_needed and "input_pos" not in kw:   # a cache set up for this call only, put back after it
+            self._set_up_cache(x.shape[0], x.shape[1])
+            try:
+                return self._call(x, **kw, input_pos=torch.arange(x.shape[1], device=x.device))
+            finally:
+                self._teardown()
+        if self.ids_required and self.pos_name not in kw:
+            kw[self.pos_name] = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
         if self.targets:
             kw["targets"] = x
         if self.cache == "start_pos" or self.pos_name == "start_pos":
@@ -385,6 +433,8 @@ class CallableLM(Adapter):
         finally:
             if hasattr(self.module, "clear_kv_cache"):
                 self.module.clear_kv_cache()
+            if self.pos_needed:
+                self._teardown()
 
     def prefill(self, x):
         T = x.shape[1]
@@ -432,6 +482,15 @@ class CallableLM(Adapter):
 
     def embedding(self):
         return token_embedding(self.module)
+
+
+def _required(fn, name) -> bool:
+    """fn's parameter `name` has no default."""
+    try:
+        p = inspect.signature(fn).parameters.get(name)
+    except (TypeError, ValueError):
+        return False
+    return p is not None and p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
 
 
 def _change(y, ref) -> float:

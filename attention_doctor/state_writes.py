@@ -29,11 +29,12 @@ def _state(module: nn.Module):
 
 
 class _FirstFailedWrite(TorchFunctionMode):
-    """Records the first in-place write that raised while the mode is on: (destination, sources)."""
+    """Records the first in-place write that raised while the mode is on: (destination, sources, the
+    module's state as it was then: a cache set up inside the call is gone after it)."""
 
-    def __init__(self):
+    def __init__(self, module):
         super().__init__()
-        self.failed = None
+        self.module, self.failed = module, None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -42,7 +43,7 @@ class _FirstFailedWrite(TorchFunctionMode):
         except Exception:  # noqa: BLE001 -- only looked at, then re-raised unchanged to the target's own code
             if self.failed is None and _writes_in_place(func) and args and isinstance(args[0], torch.Tensor):
                 sources = [a for a in (*args[1:], *kwargs.values()) if isinstance(a, torch.Tensor)]
-                self.failed = (args[0], sources)
+                self.failed = (args[0], sources, list(_state(self.module)))
             raise
 
 
@@ -50,7 +51,7 @@ def state_write_raised(module: nn.Module, run) -> str | None:
     """Runs run() (which raises) again; where the first in-place write that raised wrote into the
     module's own state from a tensor of another floating dtype, that write in words (the state's
     name and both dtypes), else None. What run() raises is swallowed: the caller has it already."""
-    mode = _FirstFailedWrite()
+    mode = _FirstFailedWrite(module)
     try:
         with mode:
             run()
@@ -58,14 +59,14 @@ def state_write_raised(module: nn.Module, run) -> str | None:
         pass
     if mode.failed is None:
         return None
-    dst, sources = mode.failed
+    dst, sources, state = mode.failed
     other = next((s.dtype for s in sources if s.is_floating_point() and s.dtype != dst.dtype), None)
     if other is None or not dst.is_floating_point():
         return None
     ptr = dst.untyped_storage().data_ptr()
     if not ptr:   # an empty tensor has no storage to share
         return None
-    name = next((n for n, t in _state(module) if t.untyped_storage().data_ptr() == ptr), None)
+    name = next((n for n, t in state if t.untyped_storage().data_ptr() == ptr), None)
     if name is None:
         return None
     dtype = lambda t: str(t).replace("torch.", "")
