@@ -58,12 +58,13 @@ class Delta:
 
 
 def _rows(z: dict) -> dict[tuple, Row]:
-    return {(r["arch"], r["impl"], c["name"]): Row.from_dict(c)
+    """(architecture, or architecture[options] for the option zoo's rows, impl, check) -> its row."""
+    return {(triage.row_name(r["arch"], r.get("option_label", "")), r["impl"], c["name"]): Row.from_dict(c)
             for r in z["results"] if r.get("status") == "examined" for c in r.get("checks", [])}
 
 
 def _examined(z: dict) -> set[str]:
-    return {r["arch"] for r in z["results"] if r.get("status") == "examined"}
+    return {triage.row_name(r["arch"], r.get("option_label", "")) for r in z["results"] if r.get("status") == "examined"}
 
 
 def _problems(z: dict, entries: list[dict]) -> set[str]:

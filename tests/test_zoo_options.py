@@ -1,0 +1,70 @@
+"""The option zoo's discovery (doctor_lab/zoo/options.py) on a tiny fake model: a config field that
+changes the attention code is found, one that changes the MLP only and one that changes nothing are
+not; the row key that names options, read by the triage and the sentinel."""
+import os
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from doctor_lab.report import triage  # noqa: E402
+from doctor_lab.zoo import option_zoo, options, sentinel, table  # noqa: E402
+
+HERE = str(Path(__file__).resolve().parent) + os.sep
+
+
+@pytest.fixture(scope="module")
+def found():
+    import option_fakes
+    option_fakes.register()
+    return options.discover(option_fakes.MODEL_TYPE, ["eager"], {"generic": option_fakes.GENERIC, "archs": {}},
+                            root=HERE)
+
+
+def test_only_the_field_that_changes_attention_code_is_an_option(found):
+    assert found["status"] == "discovered" and found["attention"] == ["attn"]
+    tried = {t["label"]: t for t in found["tried"]}
+    # every boolean of the class's own fields tried; the sizes the shrink sets are not candidates
+    assert {"halve_scores=true", "gelu_mlp=true", "unused_flag=true"} <= set(tried)
+    assert not any(k.startswith(("hidden_size", "num_attention_heads", "vocab_size")) for k in tried)
+    assert [k for k, t in tried.items() if t["found"]] == ["halve_scores=true"]
+    assert tried["halve_scores=true"]["by"] == ["lines", "outputs"] and tried["halve_scores=true"]["lines"] == 1
+    assert tried["gelu_mlp=true"]["by"] == [] and not tried["gelu_mlp=true"]["error"]
+    assert options.option_sets(found) == [{}, {"halve_scores": True}]
+    assert found["cost"]["wall_s"] > 0
+
+
+def test_a_job_per_option_set_and_its_row_key(found, tmp_path):
+    jobs = option_zoo.jobs({"fake": found})
+    assert sorted(v[1] == {} for v in jobs.values()) == [False, True] and "fake" in jobs
+    rows = option_zoo.write_table(tmp_path, {"fake": found})
+    assert [r["options"] for r in rows if r["found"] == "yes"] == ["halve_scores=true"]
+    assert (tmp_path / "options.csv").read_text().startswith("arch,options,kind,found,by")
+    assert options.label({"use_sliding_window": True, "max_window_layers": 0}) == \
+        "max_window_layers=0+use_sliding_window=true"
+    assert options.value_label("rope_scaling", {"rope_type": "yarn", "factor": 2.0}) == "rope_scaling=yarn"
+
+
+def _zoo(version, outcome):
+    row = {"name": "sliding_window", "outcome": outcome, "cause": "window_ignored" if outcome == "fail" else ""}
+    ok = {"name": "sliding_window", "outcome": "pass"}
+    return {"transformers": version, "results": [
+        {"arch": "qwen2", "impl": "eager", "status": "examined", "checks": [ok]},
+        {"arch": "qwen2", "impl": "eager", "status": "examined", "checks": [row],
+         "options": {"use_sliding_window": True}, "option_label": "use_sliding_window=true"}]}
+
+
+def test_the_sentinel_and_the_triage_read_option_rows_apart():
+    d = sentinel.compare(_zoo("4.47.1", "pass"), _zoo("4.48.0", "fail"), entries=[])
+    assert [(c.arch, c.impl, c.check) for c in d.new_fails] == [("qwen2[use_sliding_window=true]", "eager", "sliding_window")]
+    assert sentinel.compare(_zoo("4.48.0", "fail"), _zoo("4.49.0", "pass"), entries=[]).fixed[0].arch == \
+        "qwen2[use_sliding_window=true]"
+    (f,) = triage.flags(_zoo("4.48.0", "fail")["results"], "4.48.0")
+    assert f["options"] == "use_sliding_window=true"
+    rule = {"id": "x", "kind": "false_alarm", "note": "n", "check": "sliding_window", "archs": ["qwen2"]}
+    for opts, hit in ((["use_sliding_window=*"], True), ([""], False), (["!use_sliding_window=*"], False)):
+        e = {**rule, "options": opts, "rules": [{"check": "sliding_window", "archs": ["qwen2"], "options": opts}]}
+        assert (triage.assign(f, [e]) is not None) is hit, opts
+    assert triage.where([f]) == "qwen2[use_sliding_window=true] (eager)"
+    assert table.key(_zoo("4.48.0", "fail")["results"][1]) == ("qwen2", "use_sliding_window=true", "eager")
