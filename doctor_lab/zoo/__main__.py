@@ -73,6 +73,13 @@ def parse(argv):
                    help="the option zoo: find each architecture's attention options (doctor_lab/zoo/options.py), then "
                         "examine the default and every option set found (out: results/zoo_options/VERSION)")
     p.add_argument("--discover", action="store_true", help="with --options: only find the options (options.csv)")
+    p.add_argument("--launcher", default="local", choices=("local", "submitit_local", "slurm"),
+                   help="with --options: where its jobs run (one per architecture, then per architecture x option set): "
+                        "forked workers here, a process per job through submitit, or a SLURM cluster")
+    p.add_argument("--partition", help="with --launcher slurm: the partition")
+    p.add_argument("--sets-of", nargs="+", default=[], metavar="VERSION",
+                   help="with --options: also examine the option sets these releases' option tables found (rows that "
+                        "compare like for like across releases: an option set one release has and another lacks)")
     p.add_argument("--against", metavar="OLD", help="then write what changed since release OLD's table (sentinel.py): "
                    "<out>/against-OLD.md")
     return p.parse_args(argv)
@@ -159,8 +166,8 @@ def main(argv=None):
 
     from doctor_lab.zoo import runner, table
     from doctor_lab.zoo.shrink import entry_hash, load_table, parse_values, with_init
-    if a.discover and not a.options:
-        fail("--discover goes with --options")
+    if (a.discover or a.launcher != "local" or a.sets_of) and not a.options:
+        fail("--discover, --launcher and --sets-of go with --options")
     out = a.out or (OPTIONS_ROOT / transformers.__version__ if a.options else ROOT / "releases" / version if version else ROOT)
     every = list(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
     archs = [x for s in a.arch for x in s.split(",") if x] if a.arch else every
@@ -223,16 +230,17 @@ def option_zoo(a, out: Path, archs: list[str], impls: list[str], checks, shrink:
     architecture x option set, one job each, and the table."""
     import transformers
 
+    from doctor_lab.zoo import launch, runner, table
     from doctor_lab.zoo import option_zoo as oz
-    from doctor_lab.zoo import runner, table
     from doctor_lab.zoo.shrink import entry_hash
-    caps = {"workers": a.workers, "timeout_s": a.timeout, "cpu_s": a.cpu, "mem_bytes": int(a.mem_gb * 2 ** 30)}
+    caps = {"workers": a.workers, "timeout_s": a.timeout, "cpu_s": a.cpu, "mem_bytes": int(a.mem_gb * 2 ** 30),
+            "launcher": a.launcher, "partition": a.partition}
     found_key = {x: f"{entry_hash(x, shrink)}-options{oz.code_hash()}-tf{transformers.__version__}-{','.join(impls)}"
                  for x in archs}
     todo = runner.pending(archs, [oz.DISCOVER], out, found_key, a.redo, path=oz.discovery_path)
     if todo and not a.table:
         print(f"zoo: transformers {transformers.__version__}: finding the options of {len(todo)} architecture(s)", flush=True)
-        runner.run(todo, out, checks=impls, table=shrink, hashes=found_key, path=oz.discovery_path,
+        launch.run(todo, out, checks=impls, table=shrink, hashes=found_key, path=oz.discovery_path,
                    body=oz.discover_job, **caps)
     found = oz.load(out, archs)
     oz.write_table(out, found)
@@ -244,7 +252,11 @@ def option_zoo(a, out: Path, archs: list[str], impls: list[str], checks, shrink:
     print(f"zoo: the option table: {out}/options.csv", flush=True)
     if a.discover:
         return 0
-    sets = oz.jobs(found)
+    try:
+        also = oz.sets_of([out.parent / v for v in a.sets_of], archs)
+    except ValueError as e:
+        fail(str(e))
+    sets = oz.jobs(found, also)
     hashes = {k: f"{entry_hash(arch, shrink)}-{run_key}" for k, (arch, _) in sets.items()}
     tasks = runner.pending(list(sets), impls, out, hashes, a.redo)
     session = cost.Session(out, run_key, a.workers, reset=a.redo and not a.arch)

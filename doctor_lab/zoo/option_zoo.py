@@ -66,20 +66,35 @@ def write_table(out: Path, found: dict[str, dict]) -> list[dict]:
     atomic_write(Path(out) / "options.csv", w)
     summary = {a: {"status": d.get("status"), "reason": d.get("reason", ""), "attention": d.get("attention", []),
                    "transformers": d.get("transformers"), "tried": len(d.get("tried", [])),
-                   "found": sorted(t["label"] for t in d.get("tried", []) if t["found"]), "cost": d.get("cost", {})}
+                   "found": sorted(t["label"] for t in d.get("tried", []) if t["found"]), "cost": d.get("cost", {}),
+                   "sets": [{"label": t["label"], "options": t["options"]} for t in d.get("tried", []) if t["found"]]}
                for a, d in sorted(found.items())}
     text = json.dumps(summary, sort_keys=True, indent=1)
     atomic_write(Path(out) / "options.json", lambda f: f.write(text + "\n"))
     return rows
 
 
-def jobs(found: dict[str, dict]) -> dict[str, tuple[str, dict]]:
-    """One job per architecture x option set: key (a file name) -> (arch, options)."""
+def sets_of(table_dirs, archs) -> dict[str, list[dict]]:
+    """arch -> the option sets other releases' option tables (their options.json) found for it."""
+    out: dict[str, list[dict]] = {}
+    for d in table_dirs:
+        try:
+            summary = json.loads((Path(d) / "options.json").read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"no option table in {d} ({type(e).__name__}): run the option zoo there first") from None
+        for a in archs:
+            out.setdefault(a, []).extend(s["options"] for s in (summary.get(a) or {}).get("sets", []))
+    return out
+
+
+def jobs(found: dict[str, dict], also: dict[str, list[dict]] | None = None) -> dict[str, tuple[str, dict]]:
+    """One job per architecture x option set: key (a file name) -> (arch, options); `also`: option sets
+    found in other releases (sets_of), examined here too so that rows compare like for like."""
     out = {}
     for a, d in sorted(found.items()):
         if d.get("status") != "discovered":
             continue
-        for o in opt.option_sets(d):
+        for o in opt.option_sets(d) + [o for o in (also or {}).get(a, []) if o not in opt.option_sets(d)]:
             lab = opt.label(o)
             out[f"{a}@{hashlib.sha1(lab.encode()).hexdigest()[:10]}" if lab else a] = (a, o)
     return out
@@ -93,11 +108,12 @@ def examine_job(sets: dict, key: str, impl: str, table: dict, checks) -> dict:
 
 
 def run_jobs(sets: dict, tasks: dict, out: Path, **kw) -> None:
-    """The doctor over `tasks` (job key -> impls) through the zoo's runner; a row the runner wrote for
-    a job that died (timeout, crash, memory) names its architecture and options as the others do."""
-    from doctor_lab.zoo import runner
+    """The doctor over `tasks` (job key -> impls), a job each (launch.run: local workers, submitit_local
+    or slurm); a row written for a job that died (timeout, crash, memory) names its architecture and
+    options as the others do."""
+    from doctor_lab.zoo import launch
     from doctor_lab.zoo.worker import result_path
-    runner.run(tasks, out, body=functools.partial(run_arch, examine=functools.partial(examine_job, sets)), **kw)
+    launch.run(tasks, out, body=functools.partial(run_arch, examine=functools.partial(examine_job, sets)), **kw)
     for key, impls in tasks.items():
         arch, options = sets[key]
         for impl in impls:
