@@ -97,3 +97,15 @@ def test_local_workers_and_submitit_local_give_the_same_rows(tmp_path):
     assert local == sub and len({r["options"] for r in local}) >= 3   # the default and the options found
     assert {r["options"] for r in local} >= {"", "scale_attn_by_inverse_layer_idx=true"}
     assert {r["status"] for r in local} == {"examined"}
+
+
+def test_an_option_changes_the_default_before_the_shrink():
+    """What an option switches on is shrunk as a default is: Qwen2's use_sliding_window brings its
+    4096-token window, which the shrink makes 16; a per-layer list is given at the shrunk depth."""
+    from doctor_lab.zoo.shrink import load_table, make_config
+    t = load_table()
+    assert make_config("qwen2", t).sliding_window is None
+    on = make_config("qwen2", t, {"use_sliding_window": True})
+    assert on.use_sliding_window is True and on.sliding_window == 16 and on.num_hidden_layers == 2
+    kinds = ["sliding_attention", "full_attention"]
+    assert make_config("qwen2", t, {"use_sliding_window": True, "layer_types": kinds}).layer_types == kinds

@@ -237,6 +237,10 @@ def option_zoo(a, out: Path, archs: list[str], impls: list[str], checks, shrink:
             "launcher": a.launcher, "partition": a.partition}
     found_key = {x: f"{entry_hash(x, shrink)}-options{oz.code_hash()}-tf{transformers.__version__}-{','.join(impls)}"
                  for x in archs}
+    try:   # a release's version (its option zoo beside this one) or a directory holding an option table
+        also = oz.sets_of([Path(v) if os.sep in v else out.parent / v for v in a.sets_of], archs)
+    except ValueError as e:
+        fail(str(e))
     todo = runner.pending(archs, [oz.DISCOVER], out, found_key, a.redo, path=oz.discovery_path)
     if todo and not a.table:
         print(f"zoo: transformers {transformers.__version__}: finding the options of {len(todo)} architecture(s)", flush=True)
@@ -252,10 +256,6 @@ def option_zoo(a, out: Path, archs: list[str], impls: list[str], checks, shrink:
     print(f"zoo: the option table: {out}/options.csv", flush=True)
     if a.discover:
         return 0
-    try:
-        also = oz.sets_of([out.parent / v for v in a.sets_of], archs)
-    except ValueError as e:
-        fail(str(e))
     sets = oz.jobs(found, also)
     hashes = {k: f"{entry_hash(arch, shrink)}-{run_key}" for k, (arch, _) in sets.items()}
     tasks = runner.pending(list(sets), impls, out, hashes, a.redo)
@@ -267,7 +267,7 @@ def option_zoo(a, out: Path, archs: list[str], impls: list[str], checks, shrink:
             print(line, flush=True)
             session.record("archs_run")
         oz.run_jobs(sets, tasks, out, checks=checks, table=shrink, hashes=hashes, progress=progress, **caps)
-    s = table.write(out, archs, run_key)
+    table.write(out, archs, run_key)
     print(f"zoo: transformers {transformers.__version__}: {len(sets)} architecture x option sets; {out}/zoo.csv")
     if a.against:
         from doctor_lab.zoo import sentinel
@@ -275,8 +275,12 @@ def option_zoo(a, out: Path, archs: list[str], impls: list[str], checks, shrink:
             path, d = sentinel.write(out, OPTIONS_ROOT, a.against)
         except ValueError as e:
             fail(str(e))
-        print(f"zoo: against {a.against}: {len(d.new_fails)} new fail or warn rows, {len(d.fixed)} fixed: {path}")
-    return 0 if s else 0
+        new, gone = oz.options_delta(OPTIONS_ROOT / a.against, out)
+        with open(path, "a") as f:
+            f.write(oz.render_delta(new, gone, a.against, transformers.__version__))
+        print(f"zoo: against {a.against}: {len(d.new_fails)} new fail or warn rows, {len(d.fixed)} fixed; options found "
+              f"new {sum(map(len, new.values()))}, gone {sum(map(len, gone.values()))}: {path}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -124,3 +124,25 @@ def run_jobs(sets: dict, tasks: dict, out: Path, **kw) -> None:
                 continue
             if "option_label" not in r:
                 write_json(p, {**r, "arch": arch, "options": options, "option_label": opt.label(options)})
+
+
+def options_delta(old_dir: Path, new_dir: Path) -> tuple[dict, dict]:
+    """(new, gone): arch -> the option labels found in one release's option table only."""
+    def found(d):
+        try:
+            return {a: set(v.get("found", [])) for a, v in json.loads((Path(d) / "options.json").read_text()).items()}
+        except (OSError, ValueError):
+            return {}
+    o, n = found(old_dir), found(new_dir)
+    new = {a: sorted(n[a] - o.get(a, set())) for a in n if a in o and n[a] - o[a]}
+    gone = {a: sorted(o[a] - n.get(a, set())) for a in o if a in n and o[a] - n[a]}
+    return new, gone
+
+
+def render_delta(new: dict, gone: dict, old: str, release: str) -> str:
+    """The options found in one release only, as the sentinel's page ends with them."""
+    out = []
+    for title, by in ((f"Options found in {release} only", new), (f"Options found in {old} only", gone)):
+        if by:
+            out += [f"## {title} ({sum(map(len, by.values()))})", ""] + [f"- {a}: {', '.join(v)}" for a, v in sorted(by.items())] + [""]
+    return "\n" + "\n".join(out) if out else ""
