@@ -235,7 +235,10 @@ def option_zoo(a, out: Path, archs: list[str], impls: list[str], checks, shrink:
     from doctor_lab.zoo.shrink import entry_hash
     caps = {"workers": a.workers, "timeout_s": a.timeout, "cpu_s": a.cpu, "mem_bytes": int(a.mem_gb * 2 ** 30),
             "launcher": a.launcher, "partition": a.partition}
-    found_key = {x: f"{entry_hash(x, shrink)}-options{oz.code_hash()}-tf{transformers.__version__}-{','.join(impls)}"
+    # the options are found under every implementation the zoo knows, whichever the doctor examines: an
+    # option one path ignores (the bug itself) changes the other's code
+    measured = list(dict.fromkeys([*IMPLS, *impls]))
+    found_key = {x: f"{entry_hash(x, shrink)}-options{oz.code_hash()}-tf{transformers.__version__}-{','.join(measured)}"
                  for x in archs}
     try:   # a release's version (its option zoo beside this one) or a directory holding an option table
         also = oz.sets_of([Path(v) if os.sep in v else out.parent / v for v in a.sets_of], archs)
@@ -244,7 +247,7 @@ def option_zoo(a, out: Path, archs: list[str], impls: list[str], checks, shrink:
     todo = runner.pending(archs, [oz.DISCOVER], out, found_key, a.redo, path=oz.discovery_path)
     if todo and not a.table:
         print(f"zoo: transformers {transformers.__version__}: finding the options of {len(todo)} architecture(s)", flush=True)
-        launch.run(todo, out, checks=impls, table=shrink, hashes=found_key, path=oz.discovery_path,
+        launch.run(todo, out, checks=measured, table=shrink, hashes=found_key, path=oz.discovery_path,
                    body=oz.discover_job, **caps)
     found = oz.load(out, archs)
     oz.write_table(out, found)
