@@ -275,7 +275,7 @@ def option_zoo(a, out: Path, archs: list[str], impls: list[str], checks, shrink:
     if a.against:
         from doctor_lab.zoo import sentinel
         try:
-            path, d = sentinel.write(out, OPTIONS_ROOT, a.against)
+            path, d = sentinel.write(out, OPTIONS_ROOT, a.against, " --options --arch " + " ".join(archs))
         except ValueError as e:
             fail(str(e))
         new, gone = oz.options_delta(OPTIONS_ROOT / a.against, out)
