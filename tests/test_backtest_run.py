@@ -195,3 +195,35 @@ def test_the_zoos_init_refuses_bad_input_in_one_line(tmp_path, args, says):
     r = subprocess.run([sys.executable, "-m", "doctor_lab.zoo", "--arch", "gpt2", *args], cwd=ROOT,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_the_option_zoos_rows_bracket_an_entry_without_its_config(tmp_path):
+    """--options: the entry's hand-written config is unused; each option set the option zoo examined is
+    a row of its own, bracketed as an architecture is (an option set one release lacks: not run there)."""
+    from doctor_lab.backtest import runner
+    e = ENTRIES["qwen2_sliding_window_refactor"]
+    p = plan.plan(e, CHECKS, options=True)
+    assert e.config and p.config == ()
+    d = {r: plan.run_dir(tmp_path, r, p.checks, p.config, p.options) for r in ("4.47.1", "4.48.0", "4.49.0")}
+    assert d["4.48.0"].name == "sliding_window@options"
+
+    def row(outcome):
+        return {"name": "sliding_window", "outcome": outcome, "reason": "", "measured": 0.299 if outcome == "fail" else 0.0,
+                "cause": "window_ignored" if outcome == "fail" else "", "measurements": {}, "detail": ""}
+    for release, got in (("4.47.1", "pass"), ("4.48.0", "fail"), ("4.49.0", "pass")):
+        d[release].mkdir(parents=True)
+        rs = [{"arch": "qwen2", "impl": i, "status": "examined", "checks": [row("pass")]} for i in p.impls]
+        rs += [{"arch": "qwen2", "impl": i, "status": "examined", "checks": [row(got)], "options": {"use_sliding_window": True},
+                "option_label": "use_sliding_window=true"} for i in p.impls]
+        (d[release] / "zoo.json").write_text(json.dumps({"transformers": release, "results": rs}))
+    cs = outcomes.cells(p, tmp_path)
+    assert {c.pair for c in cs} == {"qwen2/eager", "qwen2/sdpa", "qwen2[use_sliding_window=true]/eager",
+                                     "qwen2[use_sliding_window=true]/sdpa"}
+    v = outcomes.verdict(p, cs)
+    assert v.kind == "caught" and "on qwen2[use_sliding_window=true]/eager, qwen2[use_sliding_window=true]/sdpa" in v.text
+    assert section._details(table.entry(p, cs, v))[-1].startswith("| qwen2_sliding_window_refactor | "
+                                                                  "qwen2[use_sliding_window=true]/sdpa |")
+    (d["4.47.1"] / "zoo.json").write_text(json.dumps({"transformers": "4.47.1", "results": rs[:2]}))   # the set absent
+    assert outcomes.verdict(p, outcomes.cells(p, tmp_path)).kind == "caught, unbracketed"
+    cmd = runner.zoo_command("4.48.0", tmp_path, d["4.48.0"], "qwen2", ["eager"], p.checks, 300, p.config, ("--options",))
+    assert cmd[-1] == "--options" and "--init" not in cmd

@@ -5,6 +5,8 @@ release installed in isolation; then the table and the recall.
     python -m doctor_lab.backtest --pinned DIR            # every entry; releases installed in DIR/tf-VERSION
     python -m doctor_lab.backtest --ids gpt_sdpa_cache_no_mask --pinned DIR
     python -m doctor_lab.backtest --table                 # only rewrite the table from the runs there are
+    python -m doctor_lab.backtest --options --pinned DIR  # each entry's architectures over every option set the
+                                                          # option zoo finds (doctor_lab/zoo/options.py), config: unused
 
 Runs go to <out>/runs/<release>/<checks>/ (the zoo's layout; kept: a killed backtest resumes), the
 table to <out>/backtest.csv, backtest.json and backtest.md (the whole record, whichever --ids ran).
@@ -34,6 +36,9 @@ def parse(argv):
     p.add_argument("--no-nearest", action="store_true",
                    help="do not run the nearest checks for an entry whose check is a probe the doctor lacks")
     p.add_argument("--table", action="store_true", help="no installs, no runs: rewrite the table from OUT/runs")
+    p.add_argument("--options", action="store_true",
+                   help="run the option zoo (every option set found by measurement, on every release the entries "
+                        "run, so rows compare like for like) instead of the entries' hand-written config values")
     return p.parse_args(argv)
 
 
@@ -49,11 +54,11 @@ def calls(plans: list[plan.Plan], runs: Path) -> dict[Path, list[tuple[str, str,
         if not p.checks:
             continue
         for release in p.releases.values():
-            d = plan.run_dir(runs, release, p.checks, p.entry.config)
+            d = plan.run_dir(runs, release, p.checks, p.config, p.options)
             for arch in p.entry.architectures:
-                have = out.setdefault(d, {}).get(arch, (release, arch, (), p.checks, p.entry.config))
+                have = out.setdefault(d, {}).get(arch, (release, arch, (), p.checks, p.config))
                 out[d][arch] = (release, arch, have[2] + tuple(i for i in p.impls if i not in have[2]), p.checks,
-                                p.entry.config)
+                                p.config)
     return {d: list(by.values()) for d, by in out.items()}
 
 
@@ -69,19 +74,31 @@ def run(plans: list[plan.Plan], a) -> dict:
     done, kept = [], []
     shrink = load_table()
 
-    def one_dir(d: Path):
+    def one_dir(d: Path, extra=()):
         for release, arch, impls, checks, config in todo[d]:
             if release not in ok:
                 continue
-            if runner.current(d, release, arch, impls, checks, shrink, config):
+            if not a.options and runner.current(d, release, arch, impls, checks, shrink, config):
                 kept.append(arch)
                 continue
-            at = runner.run_arch(release, a.pinned, d, arch, impls, checks, a.cpu, config)
+            more = extra(d) if callable(extra) else extra
+            at = runner.run_arch(release, a.pinned, d, arch, impls, checks, a.cpu, config, more)
             done.append(at)
-            print(f"[{len(done) + len(kept)}/{n}] transformers {release} {arch} {','.join(impls)} {'+'.join(checks)}: "
-                  f"exit {at['rc']} ({at['seconds']:.0f} s) {at['said'][:160]}", flush=True)
+            print(f"[{len(done) + len(kept)}/{n}] transformers {release} {arch} {','.join(impls)} {'+'.join(checks)}"
+                  f"{' ' + ' '.join(more[:2]) if more else ''}: exit {at['rc']} ({at['seconds']:.0f} s) {at['said'][:160]}",
+                  flush=True)
+
+    def beside(d: Path) -> tuple:
+        """The option zoo's call: every option set the other releases' option tables (same checks) found too."""
+        others = [str(o.resolve()) for o in sorted(d.parent.parent.glob(f"*/{d.name}")) if o != d and (o / "options.json").exists()]
+        return ("--options",) + (("--sets-of", *others) if others else ())
     with ThreadPoolExecutor(max(1, a.workers)) as pool:
-        list(pool.map(one_dir, todo))
+        if a.options:   # first every release's option table, then the doctor over all of their option sets
+            n *= 2
+            list(pool.map(lambda d: one_dir(d, ("--options", "--discover")), todo))
+            list(pool.map(lambda d: one_dir(d, beside), todo))
+        else:
+            list(pool.map(one_dir, todo))
     if kept:
         print(f"backtest: {len(kept)} zoo call(s) skipped: their results are there and current", flush=True)
     return {"zoo_calls": len(done), "installs": len([v for v in fresh if v in ok])}
@@ -106,7 +123,7 @@ def main(argv=None) -> int:
         except OSError as e:
             return fail(f"--pinned {a.pinned} cannot be made: {e.strerror or e}")
     registered = record.registered_checks()
-    plans = [plan.plan(e, registered, nearest=not a.no_nearest) for e in entries]
+    plans = [plan.plan(e, registered, nearest=not a.no_nearest, options=a.options) for e in entries]
     last = table.previous_run(a.out)
     if not a.table:
         chosen = [p for p in plans if not a.ids or p.entry.id in a.ids]

@@ -21,6 +21,7 @@ from pathlib import Path
 from attention_doctor.result import FAIL, INCONCLUSIVE, WARN, Row
 from doctor_lab.backtest import runner
 from doctor_lab.backtest.plan import Plan, run_dir
+from doctor_lab.report.triage import row_name
 
 CAUGHT, IMPRECISE, UNBRACKETED, MISSED, NOT_RUN = (
     "caught", "caught, imprecise", "caught, unbracketed", "missed", "not run")
@@ -37,6 +38,7 @@ class Cell:
     row: Row | None
     not_run: str = ""     # why there is no row
     status: str = ""      # the zoo's status of the result (examined, unsupported, ...); "" without one
+    options: str = ""     # the option zoo's option set (its label; "" the default config)
 
     @property
     def flagged(self) -> bool:
@@ -54,7 +56,7 @@ class Cell:
 
     @property
     def pair(self) -> str:
-        return f"{self.arch}/{self.impl}"
+        return f"{row_name(self.arch, self.options)}/{self.impl}"
 
     def text(self) -> str:
         """'fail (new_tokens_differ, 0.281)', 'pass (2.67e-07)', 'n/a: why', 'not run: why'."""
@@ -87,12 +89,13 @@ def measured(x) -> str:
     return f"{x:.3g}" if isinstance(x, float) else str(x)
 
 
-def _results(out: Path) -> dict[tuple[str, str], dict]:
+def _results(out: Path) -> dict[tuple[str, str, str], dict]:
+    """(arch, option set, impl) -> its result (option set '' for the default config)."""
     try:
         z = json.loads((Path(out) / "zoo.json").read_text())
     except (OSError, ValueError):
         return {}
-    return {(r["arch"], r["impl"]): r for r in z.get("results", [])}
+    return {(r["arch"], r.get("option_label", ""), r["impl"]): r for r in z.get("results", [])}
 
 
 def _no_result(root: Path, release: str, out: Path, arch: str) -> str:
@@ -108,32 +111,37 @@ def _no_result(root: Path, release: str, out: Path, arch: str) -> str:
     return "the zoo wrote no result"
 
 
-def cell(role: str, release: str, arch: str, impl: str, check: str, result: dict | None, why: str) -> Cell:
+def cell(role: str, release: str, arch: str, impl: str, check: str, result: dict | None, why: str,
+         options: str = "") -> Cell:
     """The cell of one zoo result (None: `why` there is none)."""
     if result is None:
-        return Cell(role, release, arch, impl, check, None, why)
+        return Cell(role, release, arch, impl, check, None, why, options=options)
     if result.get("status") != EXAMINED:
         return Cell(role, release, arch, impl, check, None,
                     f"{result.get('status')}: {' '.join(str(result.get('reason', '')).split())[:200]}",
-                    result.get("status", ""))
+                    result.get("status", ""), options)
     rows = [c for c in result.get("checks", []) if c.get("name") == check]
     if not rows:
-        return Cell(role, release, arch, impl, check, None, f"the zoo's result has no {check} row")
-    return Cell(role, release, arch, impl, check, Row.from_dict(rows[0]), status=EXAMINED)
+        return Cell(role, release, arch, impl, check, None, f"the zoo's result has no {check} row", options=options)
+    return Cell(role, release, arch, impl, check, Row.from_dict(rows[0]), status=EXAMINED, options=options)
 
 
 def cells(p: Plan, root: Path) -> list[Cell]:
-    """Every release x architecture x implementation x check of the plan, from root/<release>/<checks>/."""
+    """Every release x architecture (x option set, under the option zoo: each set any release examined)
+    x implementation x check of the plan, from root/<release>/<checks>/."""
     out = []
+    dirs = {role: run_dir(root, release, p.checks, p.config, p.options) for role, release in p.releases.items()}
+    results = {role: _results(d) for role, d in dirs.items()}
     for role, release in p.releases.items():
-        d = run_dir(root, release, p.checks, p.entry.config)
-        results = _results(d)
         for arch in p.entry.architectures:
-            why = "" if any((arch, i) in results for i in p.impls) else _no_result(root, release, d, arch)
-            for impl in p.impls:
-                for check in p.checks:
-                    r = results.get((arch, impl))
-                    out.append(cell(role, release, arch, impl, check, r, why or "the zoo wrote no result"))
+            why = "" if any((arch, "", i) in results[role] for i in p.impls) else _no_result(root, release, dirs[role], arch)
+            sets = sorted({o for rs in results.values() for (a, o, _) in rs if a == arch} | {""})
+            for o in sets:
+                for impl in p.impls:
+                    for check in p.checks:
+                        r = results[role].get((arch, o, impl))
+                        out.append(cell(role, release, arch, impl, check, r,
+                                        why or ("the zoo wrote no result" if not o else "option set not examined here"), o))
     return out
 
 

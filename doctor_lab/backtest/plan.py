@@ -20,6 +20,12 @@ class Plan:
     entry: rec.Regression
     checks: tuple[str, ...]     # what the zoo runs (empty: nothing runs)
     nearest: bool               # checks are NEAREST's, not the entry's own
+    options: bool = False       # the option zoo's rows (every option set found), not the entry's config
+
+    @property
+    def config(self) -> tuple:
+        """The values the entry gives the zoo's configs; none under the option zoo, which finds them."""
+        return () if self.options else self.entry.config
 
     @property
     def releases(self) -> dict[str, str]:
@@ -37,14 +43,17 @@ def is_probe(entry: rec.Regression, registered: frozenset[str]) -> bool:
     return entry.check not in registered
 
 
-def plan(entry: rec.Regression, registered: frozenset[str], nearest: bool = True) -> Plan:
+def plan(entry: rec.Regression, registered: frozenset[str], nearest: bool = True, options: bool = False) -> Plan:
     if not is_probe(entry, registered):
-        return Plan(entry, (entry.check,), False)
-    return Plan(entry, NEAREST.get(entry.check, ()) if nearest else (), True)
+        return Plan(entry, (entry.check,), False, options)
+    return Plan(entry, NEAREST.get(entry.check, ()) if nearest else (), True, options)
 
 
-def run_dir(root: Path, release: str, checks: tuple[str, ...], config: tuple = ()) -> Path:
-    """One zoo output dir per release, set of checks and config values: a result of other checks is
-    stale to the zoo (its run key names them), so entries that share a release but not their checks
-    (or the values they give the configs) never redo each other's runs."""
-    return Path(root) / release / ("+".join(checks) + "".join(f"@{k}={v}" for k, v in config))
+OPTIONS = "@options"   # a run dir of the option zoo (python -m doctor_lab.zoo --options)
+
+
+def run_dir(root: Path, release: str, checks: tuple[str, ...], config: tuple = (), options: bool = False) -> Path:
+    """One zoo output dir per release, set of checks and config values (or the option zoo's): a result
+    of other checks is stale to the zoo (its run key names them), so entries that share a release but
+    not their checks (or the values they give the configs) never redo each other's runs."""
+    return Path(root) / release / ("+".join(checks) + "".join(f"@{k}={v}" for k, v in config) + (OPTIONS if options else ""))

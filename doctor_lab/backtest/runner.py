@@ -45,12 +45,12 @@ def _last_line(text: str) -> str:
 
 
 def zoo_command(release: str, pinned: Path, out: Path, arch: str, impls, checks, cpu_s: int,
-                config: tuple = ()) -> list[str]:
+                config: tuple = (), extra: tuple = ()) -> list[str]:
     return [sys.executable, "-m", "doctor_lab.zoo", "--release", release, "--pinned", str(Path(pinned).resolve()),
             "--arch", arch, "--impl", ",".join(impls), "--checks", ",".join(checks),
             "--out", str(Path(out).resolve()), "--no-confirm", "--workers", "1",
             "--timeout", str(ZOO_TIMEOUT_S), "--cpu", str(cpu_s)] + (
-        ["--init", *(f"{k}={json.dumps(v)}" for k, v in config)] if config else [])
+        ["--init", *(f"{k}={json.dumps(v)}" for k, v in config)] if config else []) + list(extra)
 
 
 @functools.cache
@@ -75,10 +75,11 @@ def current(out: Path, release: str, arch: str, impls, checks, shrink: dict, con
 
 
 def run_arch(release: str, pinned: Path, out: Path, arch: str, impls, checks, cpu_s: int = 300,
-             config: tuple = ()) -> dict:
-    """One zoo call; its attempt record (exit code, its last line, seconds), also written to attempts/."""
+             config: tuple = (), extra: tuple = ()) -> dict:
+    """One zoo call; its attempt record (exit code, its last line, seconds), also written to attempts/.
+    extra: more arguments (the option zoo's)."""
     t0 = time.monotonic()
-    cmd = zoo_command(release, pinned, out, arch, impls, checks, cpu_s, config)
+    cmd = zoo_command(release, pinned, out, arch, impls, checks, cpu_s, config, extra)
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=ZOO_TIMEOUT_S + SLACK_S)
         rc, said = r.returncode, _last_line(r.stderr if r.returncode else r.stdout) or _last_line(r.stderr)

@@ -22,7 +22,7 @@ KINDS = {"known": "known behaviour", "false_alarm": "doctor false alarm", "findi
 # it needs); only the last is the doctor's to mend
 LIMITS = {"target_limit": "limit of the target", "machine_limit": "limit of this machine",
           "doctor_limit": "limit of the doctor"}
-RULE_KEYS = {"check", "verdict", "impl", "archs", "sides", "cause", "error", "measures", "not_run", "releases"}
+RULE_KEYS = {"check", "verdict", "impl", "archs", "options", "sides", "cause", "error", "measures", "not_run", "releases"}
 ENTRY_KEYS = {"id", "kind", "thread", "finding", "note", "match"}
 OUTCOMES = tuple(o.value for o in ALL_OUTCOMES)
 # a target x path the doctor never examined because it raised first (doctor_lab/zoo/worker.py's
@@ -52,6 +52,13 @@ class Spec:
 
     def is_absent(self, r: dict) -> bool:
         return r["status"] == "build_error" and any(w in r.get("reason", "") for w in self.absent)
+
+
+def row_name(arch: str, options: str = "") -> str:
+    """An architecture, or an architecture with the option values it was built with (the option zoo's
+    rows, doctor_lab/zoo/options.py): `qwen2[max_window_layers=0+use_sliding_window=true]`. The
+    sentinel and the triage key rows by it, as they key architectures."""
+    return f"{arch}[{options}]" if options else arch
 
 
 def release_of(z: dict) -> str:
@@ -102,12 +109,13 @@ def flags(results: list[dict], release: str = "", kinds=("fail", "warn"), absent
     row's error (the library's exception, as the worker recorded it) in measurements["error"]."""
     out = []
     for r in results:
+        opts = {"options": r["option_label"]} if r.get("option_label") else {}
         if r.get("status") != "examined":
             if "error" in kinds and r.get("status") in ERRORS and not (
                     r["status"] == "build_error" and any(w in r.get("reason", "") for w in absent)):
                 out.append({"arch": r["arch"], "impl": r["impl"], "check": r["status"], "verdict": "error",
                             "measured": None, "tolerance": "", "detail": r.get("reason") or "", "cause": "",
-                            "measurements": {"error": r.get("reason") or ""}, "release": release})
+                            "measurements": {"error": r.get("reason") or ""}, "release": release, **opts})
             continue
         for c in r.get("checks", []):
             row = Row.from_dict(c)
@@ -116,7 +124,7 @@ def flags(results: list[dict], release: str = "", kinds=("fail", "warn"), absent
                 out.append({"arch": r["arch"], "impl": r["impl"], "check": row.name, "verdict": kind,
                             "measured": row.measured, "tolerance": row.tolerance,
                             "detail": "; ".join(x for x in (row.reason, row.detail) if x),  # for people: never matched
-                            "cause": row.cause, "measurements": row.measurements, "release": release})
+                            "cause": row.cause, "measurements": row.measurements, "release": release, **opts})
     return out
 
 
@@ -177,6 +185,11 @@ def _rule_matches(rule: dict, f: dict) -> bool:
     if not any(fnmatch.fnmatchcase(f["arch"], p) for p in archs if not p.startswith("!")) or any(
             fnmatch.fnmatchcase(f["arch"], p[1:]) for p in archs if p.startswith("!")):
         return False  # `!pattern`: not these architectures (another entry explains them first)
+    if "options" in rule:   # the option zoo's rows: fnmatch patterns of the option label ("" the default)
+        got = f.get("options", "")
+        if not any(fnmatch.fnmatchcase(got, p) for p in rule["options"] if not p.startswith("!")) or any(
+                fnmatch.fnmatchcase(got, p[1:]) for p in rule["options"] if p.startswith("!")):
+            return False
     if "cause" in rule and f.get("cause") and not any(fnmatch.fnmatchcase(f["cause"], p) for p in rule["cause"]):
         return False  # the doctor named another cause than this entry's
     m = f.get("measurements") or {}
@@ -206,7 +219,7 @@ def problem_key(f: dict, entry: dict | None) -> str:
     under that cause, otherwise under its architecture and check."""
     if entry is not None:
         return entry["id"]
-    return f"cause:{f['cause']}" if f.get("cause") else f"untriaged:{f['arch']}:{f['check']}"
+    return f"cause:{f['cause']}" if f.get("cause") else f"untriaged:{row_name(f['arch'], f.get('options', ''))}:{f['check']}"
 
 
 def problems(fl: list[dict], entries: list[dict]) -> list[dict]:
@@ -224,7 +237,7 @@ def where(rows: list[dict]) -> str:
     """'arch (eager+sdpa), ...' for a problem's rows."""
     by: dict[str, set] = {}
     for f in rows:
-        by.setdefault(f["arch"], set()).add(f["impl"])
+        by.setdefault(row_name(f["arch"], f.get("options", "")), set()).add(f["impl"])
     return ", ".join(f"{a} ({'+'.join(sorted(i))})" for a, i in sorted(by.items()))
 
 

@@ -9,13 +9,18 @@ the attention doctor with each attention implementation; one table per transform
     python -m doctor_lab.zoo --arch phi3 --init sliding_window=16 --out DIR   # a condition the default lacks
     python -m doctor_lab.zoo --table                        # rewrite the tables from the results
     python -m doctor_lab.zoo --release 5.25.0 --pinned DIR --against 5.23.0   # and only what changed since 5.23.0
+    python -m doctor_lab.zoo --options --arch qwen2 --release 4.48.0 --pinned DIR   # the option zoo (option_zoo.py)
+    python -m doctor_lab.zoo --options --discover --arch llama gpt2           # only the option table
 
 Writes <out>/runs/<arch>__<impl>.json (one per result, atomically; a rerun skips those done with
 the same shrink, the same doctor and the same release), then reruns every fail and warn that is
 not a known behaviour under the conditions of conditions.py (<out>/confirm/), then <out>/zoo.csv +
 zoo.json, <out>/logs/ and <out>/cost.json (the run's wall and CPU time, all sessions). <out> is
 results/zoo for the installed transformers, results/zoo/releases/<version> for another release;
-results/zoo/releases.csv is then the table over releases.
+results/zoo/releases.csv is then the table over releases. The option zoo (--options) writes
+results/zoo_options/<version>/: options.csv and options.json (the option table: every config value
+tried, found or not, by what, and the cost of finding them), then runs/, zoo.csv and zoo.json as the
+zoo's, one row per architecture x option set x implementation x check.
 """
 from doctor_lab.zoo import cost  # noqa: I001  first: the run's clock starts here
 
@@ -39,6 +44,7 @@ os.environ.setdefault("USE_HUB_KERNELS", "NO")
 IMPLS = ("eager", "sdpa")
 FLEX, FLEX_EAGER = "flex_attention", ("TORCHDYNAMO_DISABLE", "1")
 ROOT = Path("results/zoo")  # the installed release's table; other releases under ROOT/releases/
+OPTIONS_ROOT = Path("results/zoo_options")  # the option zoo's tables, one dir per release
 
 
 def parse(argv):
@@ -63,6 +69,17 @@ def parse(argv):
     p.add_argument("--no-confirm", action="store_true", help="skip the reruns of new fails and warns under other conditions")
     p.add_argument("--redo", action="store_true", help="rerun results that exist")
     p.add_argument("--table", action="store_true", help="only rewrite zoo.csv, zoo.json (and the table over releases)")
+    p.add_argument("--options", action="store_true",
+                   help="the option zoo: find each architecture's attention options (doctor_lab/zoo/options.py), then "
+                        "examine the default and every option set found (out: results/zoo_options/VERSION)")
+    p.add_argument("--discover", action="store_true", help="with --options: only find the options (options.csv)")
+    p.add_argument("--launcher", default="local", choices=("local", "submitit_local", "slurm"),
+                   help="with --options: where its jobs run (one per architecture, then per architecture x option set): "
+                        "forked workers here, a process per job through submitit, or a SLURM cluster")
+    p.add_argument("--partition", help="with --launcher slurm: the partition")
+    p.add_argument("--sets-of", nargs="+", default=[], metavar="VERSION",
+                   help="with --options: also examine the option sets these releases' option tables found (rows that "
+                        "compare like for like across releases: an option set one release has and another lacks)")
     p.add_argument("--against", metavar="OLD", help="then write what changed since release OLD's table (sentinel.py): "
                    "<out>/against-OLD.md")
     return p.parse_args(argv)
@@ -149,7 +166,9 @@ def main(argv=None):
 
     from doctor_lab.zoo import runner, table
     from doctor_lab.zoo.shrink import entry_hash, load_table, parse_values, with_init
-    out = a.out or (ROOT / "releases" / version if version else ROOT)
+    if (a.discover or a.launcher != "local" or a.sets_of) and not a.options:
+        fail("--discover, --launcher and --sets-of go with --options")
+    out = a.out or (OPTIONS_ROOT / transformers.__version__ if a.options else ROOT / "releases" / version if version else ROOT)
     every = list(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
     archs = [x for s in a.arch for x in s.split(",") if x] if a.arch else every
     unknown = [x for x in archs if x not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES]
@@ -173,6 +192,8 @@ def main(argv=None):
     # one table, one doctor, one release: a result of another is stale
     run_key = f"{runner.doctor_hash()}-tf{transformers.__version__}" + ("" if checks is None else "-" + ",".join(checks or ["none"]))
     hashes = {x: f"{entry_hash(x, shrink)}-{run_key}" for x in archs}
+    if a.options:
+        return option_zoo(a, out, archs, impls, checks, shrink, run_key)
     tasks = runner.pending(archs, impls, out, hashes, a.redo)
     session = cost.Session(out, run_key, a.workers, reset=a.redo and not a.arch)
     if not a.table and tasks:
@@ -200,6 +221,68 @@ def main(argv=None):
             fail(str(e))
         print(f"zoo: against {a.against}: {len(d.new_fails)} new fail or warn rows, {len(d.new_blind)} new inconclusive, "
               f"{len(d.fixed)} fixed; problems new {len(d.problems_new)}, gone {len(d.problems_gone)}: {path}")
+    return 0
+
+
+def option_zoo(a, out: Path, archs: list[str], impls: list[str], checks, shrink: dict, run_key: str) -> int:
+    """Find the options of `archs` (one capped process each; resumable), write the option table and
+    print what finding them cost per architecture; then (unless --discover) the doctor on each
+    architecture x option set, one job each, and the table."""
+    import transformers
+
+    from doctor_lab.zoo import launch, runner, table
+    from doctor_lab.zoo import option_zoo as oz
+    from doctor_lab.zoo.shrink import entry_hash
+    caps = {"workers": a.workers, "timeout_s": a.timeout, "cpu_s": a.cpu, "mem_bytes": int(a.mem_gb * 2 ** 30),
+            "launcher": a.launcher, "partition": a.partition}
+    # the options are found under every implementation the zoo knows, whichever the doctor examines: an
+    # option one path ignores (the bug itself) changes the other's code
+    measured = list(dict.fromkeys([*IMPLS, *impls]))
+    found_key = {x: f"{entry_hash(x, shrink)}-options{oz.code_hash()}-tf{transformers.__version__}-{','.join(measured)}"
+                 for x in archs}
+    try:   # a release's version (its option zoo beside this one) or a directory holding an option table
+        also = oz.sets_of([Path(v) if os.sep in v else out.parent / v for v in a.sets_of], archs)
+    except ValueError as e:
+        fail(str(e))
+    todo = runner.pending(archs, [oz.DISCOVER], out, found_key, a.redo, path=oz.discovery_path)
+    if todo and not a.table:
+        print(f"zoo: transformers {transformers.__version__}: finding the options of {len(todo)} architecture(s)", flush=True)
+        launch.run(todo, out, checks=measured, table=shrink, hashes=found_key, path=oz.discovery_path,
+                   body=oz.discover_job, **caps)
+    found = oz.load(out, archs)
+    oz.write_table(out, found)
+    for x, d in sorted(found.items()):
+        c = d.get("cost", {})
+        print(f"zoo: options of {x}: {sum(t['found'] for t in d.get('tried', []))} found of {len(d.get('tried', []))} "
+              f"tried ({d.get('status')}{': ' + d['reason'] if d.get('reason') else ''}); "
+              f"{c.get('wall_s', '?')} s wall, {c.get('cpu_s', '?')} s CPU", flush=True)
+    print(f"zoo: the option table: {out}/options.csv", flush=True)
+    if a.discover:
+        return 0
+    sets = oz.jobs(found, also)
+    hashes = {k: f"{entry_hash(arch, shrink)}-{run_key}" for k, (arch, _) in sets.items()}
+    tasks = runner.pending(list(sets), impls, out, hashes, a.redo)
+    session = cost.Session(out, run_key, a.workers, reset=a.redo and not a.arch)
+    if tasks and not a.table:
+        print(f"zoo: {len(tasks)} architecture x option set job(s) to run, {len(sets) - len(tasks)} already done", flush=True)
+
+        def progress(line):
+            print(line, flush=True)
+            session.record("archs_run")
+        oz.run_jobs(sets, tasks, out, checks=checks, table=shrink, hashes=hashes, progress=progress, **caps)
+    table.write(out, archs, run_key)
+    print(f"zoo: transformers {transformers.__version__}: {len(sets)} architecture x option sets; {out}/zoo.csv")
+    if a.against:
+        from doctor_lab.zoo import sentinel
+        try:
+            path, d = sentinel.write(out, OPTIONS_ROOT, a.against, " --options --arch " + " ".join(archs))
+        except ValueError as e:
+            fail(str(e))
+        new, gone = oz.options_delta(OPTIONS_ROOT / a.against, out)
+        with open(path, "a") as f:
+            f.write(oz.render_delta(new, gone, a.against, transformers.__version__))
+        print(f"zoo: against {a.against}: {len(d.new_fails)} new fail or warn rows, {len(d.fixed)} fixed; options found "
+              f"new {sum(map(len, new.values()))}, gone {sum(map(len, gone.values()))}: {path}")
     return 0
 
 

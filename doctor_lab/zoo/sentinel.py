@@ -58,12 +58,13 @@ class Delta:
 
 
 def _rows(z: dict) -> dict[tuple, Row]:
-    return {(r["arch"], r["impl"], c["name"]): Row.from_dict(c)
+    """(architecture, or architecture[options] for the option zoo's rows, impl, check) -> its row."""
+    return {(triage.row_name(r["arch"], r.get("option_label", "")), r["impl"], c["name"]): Row.from_dict(c)
             for r in z["results"] if r.get("status") == "examined" for c in r.get("checks", [])}
 
 
 def _examined(z: dict) -> set[str]:
-    return {r["arch"] for r in z["results"] if r.get("status") == "examined"}
+    return {triage.row_name(r["arch"], r.get("option_label", "")) for r in z["results"] if r.get("status") == "examined"}
 
 
 def _problems(z: dict, entries: list[dict]) -> set[str]:
@@ -104,10 +105,10 @@ def _grouped(changes: list[Change]) -> list[str]:
     return lines
 
 
-def render(d: Delta) -> str:
+def render(d: Delta, flags: str = "") -> str:
     """The Delta as markdown: a summary line, then one table per kind of change."""
     out = [f"# The zoo: transformers {d.new} against {d.old}", "",
-           f"Only what changed (`python -m doctor_lab.zoo --release {d.new} --pinned DIR --against {d.old}`): "
+           f"Only what changed (`python -m doctor_lab.zoo{flags} --release {d.new} --pinned DIR --against {d.old}`): "
            f"{len(d.new_fails)} new fail or warn rows, {len(d.new_blind)} new inconclusive, {len(d.fixed)} fixed; "
            f"problems new {len(d.problems_new)}, gone {len(d.problems_gone)}; architectures examined new "
            f"{len(d.archs_new)}, gone {len(d.archs_gone)}.", ""]
@@ -130,9 +131,10 @@ def table_of(root: Path, version: str) -> dict | None:
     return load_tables(root).get(version)
 
 
-def write(out_dir: Path, root: Path, old: str) -> tuple[Path, Delta]:
+def write(out_dir: Path, root: Path, old: str, flags: str = "") -> tuple[Path, Delta]:
     """out_dir/against-OLD.md for the table in out_dir against OLD's under root; ValueError (one
-    line) when either table is missing."""
+    line) when either table is missing. flags: what the page's command line names between the module
+    and --release (the option zoo's `--options --arch ...`)."""
     new_path = Path(out_dir) / "zoo.json"
     if not new_path.exists():
         raise ValueError(f"no zoo table in {out_dir} to compare")
@@ -143,5 +145,5 @@ def write(out_dir: Path, root: Path, old: str) -> tuple[Path, Delta]:
         raise ValueError(f"--against {old}: no zoo table of transformers {old} under {root} (tables: {known})")
     d = compare(before, new)
     p = Path(out_dir) / f"against-{old}.md"
-    p.write_text(render(d))
+    p.write_text(render(d, flags))
     return p, d

@@ -113,19 +113,30 @@ def _set(cfg, dotted: str, value):
     setattr(cfg, name, value)
 
 
-def make_config(arch: str, table: dict | None = None):
-    """The shrunk config of `arch`; NotExamined when the table skips it."""
+def per_layer(value) -> bool:
+    """A value given per layer (a list: layer_types), which only the shrunk depth can take."""
+    return isinstance(value, (list, tuple))
+
+
+def make_config(arch: str, table: dict | None = None, options: dict | None = None):
+    """The shrunk config of `arch`; NotExamined when the table skips it. options (the option zoo's,
+    doctor_lab/zoo/options.py): config values that change the family's default before it is shrunk,
+    so that what they switch on is shrunk as every default is (use_sliding_window's 4096-token window
+    becomes the table's 16), and given again over the shrink; a per-layer list is given at the shrunk
+    depth only."""
     from transformers import AutoConfig
     table = table or load_table()
     entry = table["archs"].get(arch) or {}
     if entry.get("skip"):
         raise NotExamined(entry["skip"])
     init = entry.get("init", {})
+    options = options or {}
+    before = {k: v for k, v in options.items() if not per_layer(v)}
     try:
-        default = AutoConfig.for_model(arch)
+        default = AutoConfig.for_model(arch, **before)
     except Exception:  # noqa: BLE001  a default that fails its own validator: the entry's init repairs it (else raises)
-        default = AutoConfig.for_model(arch, **init)
-    kw = _shrunk_kwargs(default, table["generic"], init)
+        default = AutoConfig.for_model(arch, **init, **before)
+    kw = {**_shrunk_kwargs(default, table["generic"], init), **options}
     cfg = AutoConfig.for_model(arch, **kw)
     _fix_derived(cfg, table["generic"], {**init, **entry.get("set", {})})
     for k, v in entry.get("set", {}).items():

@@ -18,6 +18,12 @@ COLUMNS = ["arch", "impl", "class", "status", "checks_run", "check", "verdict", 
            "reruns", "needs", "detail"]
 
 
+def key(r: dict) -> tuple:
+    """A result's place in a table: architecture, the option values it was built with (the option
+    zoo's, doctor_lab/zoo/options.py; '' for the default config), implementation."""
+    return r["arch"], r.get("option_label", ""), r["impl"]
+
+
 def load(out: Path, sub: str = "runs") -> list[dict]:
     rows = []
     for p in sorted((Path(out) / sub).glob("*.json")):
@@ -25,7 +31,7 @@ def load(out: Path, sub: str = "runs") -> list[dict]:
             rows.append(json.loads(p.read_text()))
         except ValueError:
             continue  # written atomically, so only a foreign file can be half-written
-    return sorted(rows, key=lambda r: (r["arch"], r["impl"]))
+    return sorted(rows, key=key)
 
 
 def _short(text, n=160) -> str:
@@ -66,7 +72,8 @@ def flat(results: list[dict], reran: list[dict] = ()) -> list[dict]:
         ran = (f"{info['checks_run']}/{info['checks_total']}" if "checks_total" in info
                else str(sum(outcome(c) in ("pass", "fail", "warn") for c in r.get("checks", []))))
         base = {"arch": r["arch"], "impl": r["impl"], "class": r.get("class") or "", "status": r["status"],
-                "checks_run": ran if r["status"] == EXAMINED else ""}
+                "checks_run": ran if r["status"] == EXAMINED else "",
+                **({"options": r["option_label"]} if "option_label" in r else {})}
         if r["status"] == EXAMINED:
             for c in r["checks"]:
                 m = c.get("measured")
@@ -118,16 +125,15 @@ def committed(out: Path, results: list[dict], versions: dict, wanted=()) -> tupl
         old = None
     if not old or not isinstance(old.get("results"), list) or any(old.get(k) != v for k, v in versions.items()):
         return results, None
-    before = {(r["arch"], r["impl"]): r for r in old["results"]}
+    before = {key(r): r for r in old["results"]}
     # an architecture with no result file here (a clone holds the committed table, not the runs; a rerun
     # of a few with --arch) keeps its committed rows: the table is never cut to what this machine ran
     ran = {r["arch"] for r in results}
-    results = sorted(results + [r for r in old["results"] if r["arch"] in wanted and r["arch"] not in ran],
-                     key=lambda r: (r["arch"], r["impl"]))
+    results = sorted(results + [r for r in old["results"] if r["arch"] in wanted and r["arch"] not in ran], key=key)
     kept = [before[k] if k in before and _verdicts(before[k]) == _verdicts(r) else r
-            for k, r in (((r["arch"], r["impl"]), r) for r in results)]
+            for k, r in ((key(r), r) for r in results)]
     unchanged = len(before) == len(results) and all(a is b for a, b in zip(
-        kept, (before.get((r["arch"], r["impl"])) for r in results)))
+        kept, (before.get(key(r)) for r in results)))
     if unchanged:
         print(f"{out}: no verdict changed; zoo.csv and zoo.json left as they are")
         return None, old
@@ -155,8 +161,10 @@ def write(out: Path, archs: list[str], key: str = "") -> dict:
                        key=lambda e: (e["arch"], e["impl"], e["check"]))
     rows = flat(results, reran)
 
+    columns = COLUMNS[:1] + ["options"] + COLUMNS[1:] if any("options" in r for r in rows) else COLUMNS
+
     def w(f):
-        wr = csv.DictWriter(f, fieldnames=COLUMNS, lineterminator="\n")
+        wr = csv.DictWriter(f, fieldnames=columns, lineterminator="\n")
         wr.writeheader()
         wr.writerows(rows)
     atomic_write(Path(out) / "zoo.csv", w)

@@ -131,9 +131,10 @@ def StandIn(name: str):
     return StandIn()
 
 
-def build(arch: str, impl: str, table: dict, seed: int = 0):
+def build(arch: str, impl: str, table: dict, seed: int = 0, options: dict | None = None):
     """(the row so far, the shrunk model in eval mode, its config), built as every zoo row
-    builds it: torch seeded with `seed`, then the table's config. NotBuilt says why not."""
+    builds it: torch seeded with `seed`, then the table's config (with `options`: shrink.make_config).
+    NotBuilt says why not."""
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -145,7 +146,7 @@ def build(arch: str, impl: str, table: dict, seed: int = 0):
     if entry.get("why"):
         res["shrink"] = entry["why"]
     try:
-        cfg = make_config(arch, table)
+        cfg = make_config(arch, table, options)
     except NotExamined as e:
         raise NotBuilt({**res, "status": SKIPPED, "reason": str(e)}) from None
     except Exception as e:  # noqa: BLE001 -- transformers' config raised: status not_built (stage config), never a verdict
@@ -171,10 +172,10 @@ def build(arch: str, impl: str, table: dict, seed: int = 0):
     return res, model, cfg
 
 
-def examine_one(arch: str, impl: str, table: dict, checks) -> dict:
+def examine_one(arch: str, impl: str, table: dict, checks, options: dict | None = None) -> dict:
     """The result of one architecture x implementation (never raises, except for memory)."""
     try:
-        res, model, cfg = build(arch, impl, table)
+        res, model, cfg = build(arch, impl, table, options=options)
     except NotBuilt as e:
         return e.result
     with stand_ins(arch, table, cfg):

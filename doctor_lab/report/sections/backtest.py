@@ -6,6 +6,8 @@ the file, one line says so and how to make it."""
 import json
 from pathlib import Path
 
+from doctor_lab.report.triage import row_name
+
 NAME = "backtest"
 TITLE = "## The backtest: transformers' attention regressions under the doctor"
 ANCHOR = "#the-backtest-transformers-attention-regressions-under-the-doctor"
@@ -51,7 +53,7 @@ def _cell(c: dict) -> str:
 def _details(e: dict) -> list[str]:
     rows, seen = [], {}
     for c in e["cells"]:
-        seen.setdefault((c["arch"], c["impl"], c["check"]), {})[c["role"]] = c
+        seen.setdefault((row_name(c["arch"], c.get("options", "")), c["impl"], c["check"]), {})[c["role"]] = c
     for (arch, impl, check), by in seen.items():
         rows.append(f"| {e['id']} | {arch}/{impl} | {check} | "
                     + " | ".join(_cell(by[r]) if r in by else "" for r in ROLES) + " |")

@@ -1,0 +1,111 @@
+"""The option zoo's discovery (doctor_lab/zoo/options.py) on a tiny fake model: a config field that
+changes the attention code is found, one that changes the MLP only and one that changes nothing are
+not; the row key that names options, read by the triage and the sentinel."""
+import os
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from doctor_lab.report import triage  # noqa: E402
+from doctor_lab.zoo import option_zoo, options, sentinel, table  # noqa: E402
+
+HERE = str(Path(__file__).resolve().parent) + os.sep
+
+
+@pytest.fixture(scope="module")
+def found():
+    import option_fakes
+    option_fakes.register()
+    return options.discover(option_fakes.MODEL_TYPE, ["eager"], {"generic": option_fakes.GENERIC, "archs": {}},
+                            root=HERE)
+
+
+def test_only_the_field_that_changes_attention_code_is_an_option(found):
+    assert found["status"] == "discovered" and found["attention"] == ["attn"]
+    tried = {t["label"]: t for t in found["tried"]}
+    # every boolean of the class's own fields tried; the sizes the shrink sets are not candidates
+    assert {"halve_scores=true", "gelu_mlp=true", "unused_flag=true"} <= set(tried)
+    assert not any(k.startswith(("hidden_size", "num_attention_heads", "vocab_size")) for k in tried)
+    assert [k for k, t in tried.items() if t["found"]] == ["halve_scores=true"]
+    assert tried["halve_scores=true"]["by"] == ["lines", "outputs"] and tried["halve_scores=true"]["lines"] == 1
+    assert tried["gelu_mlp=true"]["by"] == [] and not tried["gelu_mlp=true"]["error"]
+    assert options.option_sets(found) == [{}, {"halve_scores": True}]
+    assert found["cost"]["wall_s"] > 0
+
+
+def test_a_job_per_option_set_and_its_row_key(found, tmp_path):
+    jobs = option_zoo.jobs({"fake": found})
+    assert sorted(v[1] == {} for v in jobs.values()) == [False, True] and "fake" in jobs
+    rows = option_zoo.write_table(tmp_path, {"fake": found})
+    assert [r["options"] for r in rows if r["found"] == "yes"] == ["halve_scores=true"]
+    assert (tmp_path / "options.csv").read_text().startswith("arch,options,kind,found,by")
+    assert options.label({"use_sliding_window": True, "max_window_layers": 0}) == \
+        "max_window_layers=0+use_sliding_window=true"
+    assert options.value_label("rope_scaling", {"rope_type": "yarn", "factor": 2.0}) == "rope_scaling=yarn"
+
+
+def _zoo(version, outcome):
+    row = {"name": "sliding_window", "outcome": outcome, "cause": "window_ignored" if outcome == "fail" else ""}
+    ok = {"name": "sliding_window", "outcome": "pass"}
+    return {"transformers": version, "results": [
+        {"arch": "qwen2", "impl": "eager", "status": "examined", "checks": [ok]},
+        {"arch": "qwen2", "impl": "eager", "status": "examined", "checks": [row],
+         "options": {"use_sliding_window": True}, "option_label": "use_sliding_window=true"}]}
+
+
+def test_the_sentinel_and_the_triage_read_option_rows_apart():
+    d = sentinel.compare(_zoo("4.47.1", "pass"), _zoo("4.48.0", "fail"), entries=[])
+    assert [(c.arch, c.impl, c.check) for c in d.new_fails] == [("qwen2[use_sliding_window=true]", "eager", "sliding_window")]
+    assert sentinel.compare(_zoo("4.48.0", "fail"), _zoo("4.49.0", "pass"), entries=[]).fixed[0].arch == \
+        "qwen2[use_sliding_window=true]"
+    (f,) = triage.flags(_zoo("4.48.0", "fail")["results"], "4.48.0")
+    assert f["options"] == "use_sliding_window=true"
+    rule = {"id": "x", "kind": "false_alarm", "note": "n", "check": "sliding_window", "archs": ["qwen2"]}
+    for opts, hit in ((["use_sliding_window=*"], True), ([""], False), (["!use_sliding_window=*"], False)):
+        e = {**rule, "options": opts, "rules": [{"check": "sliding_window", "archs": ["qwen2"], "options": opts}]}
+        assert (triage.assign(f, [e]) is not None) is hit, opts
+    assert triage.where([f]) == "qwen2[use_sliding_window=true] (eager)"
+    assert table.key(_zoo("4.48.0", "fail")["results"][1]) == ("qwen2", "use_sliding_window=true", "eager")
+
+
+def test_local_workers_and_submitit_local_give_the_same_rows(tmp_path):
+    """One architecture's option zoo (llama, eager, two checks): its jobs on forked local workers and,
+    from the same option table, one submitit_local process each; the tables agree row for row."""
+    import csv
+    import shutil
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    args = ["--options", "--arch", "llama", "--impl", "eager", "--checks", "future_leak,kv_cache", "--workers", "2"]
+
+    def zoo(out, *more):
+        p = subprocess.run([sys.executable, "-m", "doctor_lab.zoo", *args, "--out", str(out), *more], cwd=ROOT,
+                           env=env, capture_output=True, text=True, timeout=900)
+        assert p.returncode == 0, p.stderr[-2000:]
+        return p.stdout
+    said = zoo(tmp_path / "local")
+    assert "zoo: options of llama:" in said and "s CPU" in said   # the cost of finding them, per architecture
+    shutil.copytree(tmp_path / "local" / "discovery", tmp_path / "sub" / "discovery")   # the same option table
+    said = zoo(tmp_path / "sub", "--launcher", "submitit_local")
+    assert "submitit_local" in said and list((tmp_path / "sub" / "submitit").glob("*_result.pkl"))
+
+    local, sub = (list(csv.DictReader(open(tmp_path / d / "zoo.csv"))) for d in ("local", "sub"))
+    assert local == sub and len({r["options"] for r in local}) >= 3   # the default and the options found
+    assert {r["options"] for r in local} >= {"", "rope_parameters=linear"}   # a rope type moves its outputs
+    assert {r["status"] for r in local} == {"examined"}
+
+
+def test_an_option_changes_the_default_before_the_shrink():
+    """What an option switches on is shrunk as a default is: Qwen2's use_sliding_window brings its
+    4096-token window, which the shrink makes 16; a per-layer list is given at the shrunk depth."""
+    from doctor_lab.zoo.shrink import load_table, make_config
+    t = load_table()
+    assert make_config("qwen2", t).sliding_window is None
+    on = make_config("qwen2", t, {"use_sliding_window": True})
+    assert on.use_sliding_window is True and on.sliding_window == 16 and on.num_hidden_layers == 2
+    kinds = ["sliding_attention", "full_attention"]
+    assert make_config("qwen2", t, {"use_sliding_window": True, "layer_types": kinds}).layer_types == kinds
