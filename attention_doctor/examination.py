@@ -206,10 +206,16 @@ def _sensitive(ctx, x, y, strict):
     try:
         if moves_later_outputs(ctx, x, y):
             return y
-        filled = fill_zero_matrices(ctx.adapter.module, ctx.seed)
+        filled = []
+        for gates in (False, True):   # the matrices first; the zero gates only where they leave the outputs still
+            more = fill_zero_matrices(ctx.adapter.module, ctx.seed, gates=gates)
+            if more:
+                filled += more
+                y = ctx.run(x)
+                if moves_later_outputs(ctx, x, y):
+                    break
         if filled:
             ctx.info["filled_zero_weights"] = filled
-            y = ctx.run(x)
         if not filled or not moves_later_outputs(ctx, x, y):
             ctx.info["insensitive_outputs"] = True
     except Signal as s:   # the target raised or the adapter did: the checks that run it say so

@@ -23,11 +23,14 @@ def _matrices(module):
     return [(n, p) for n, p in module.named_parameters() if p.dim() >= 2 and p.is_floating_point()]
 
 
-def fill_zero_matrices(module, seed: int) -> list[str]:
+def fill_zero_matrices(module, seed: int, gates: bool = False) -> list[str]:
     """Fill every all-zero weight matrix of `module` (the doctor's copy) with normal noise at the
-    median std of its other matrices; the names filled."""
+    median std of its other matrices; the names filled. `gates`: the all-zero vectors and scalars
+    instead (a LayerScale's gamma, a zero-initialised gate: x-transformers' use_layerscale), for
+    where filling the matrices left the outputs still."""
     mats = _matrices(module)
-    zero = [(n, p) for n, p in mats if not p.detach().any()]
+    zero = [(n, p) for n, p in module.named_parameters()
+            if p.is_floating_point() and (p.dim() < 2) == gates and not p.detach().any()]
     if not zero:
         return []
     scales = [float(p.detach().float().std()) for _, p in mats if p.detach().any() and p.numel() > 1]

@@ -50,3 +50,30 @@ def test_an_own_key_zeroed_in_the_weights_that_mix_the_values_is_seen():
     torch.manual_seed(0)
     r = examine(Differential(own_dropped=True), checks=["eval_dropout", "self_visibility"])
     assert r["self_visibility"].failed and r["self_visibility"].cause == "own_key_masked", r.details()
+
+
+class Hard(nn.Module):
+    """Hard attention written by hand: each row's argmax as a one-hot (straight through the softmax's
+    gradient) is what mixes the values. Its zeros move with the tokens: a choice of key, not a mask."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.qkv = nn.Embedding(V, C), nn.Linear(C, 3 * H * D)
+        self.out, self.head = nn.Linear(H * D, C), nn.Linear(C, V)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        B, T, _ = x.shape
+        q, k, v = (t.view(B, T, H, D).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+        hidden = torch.ones(T, T, dtype=torch.bool).triu(1)
+        soft = torch.softmax((q @ k.transpose(-2, -1) / D ** 0.5).masked_fill(hidden, float("-inf")), -1)
+        hard = nn.functional.one_hot(soft.argmax(-1), T).to(soft.dtype)
+        y = ((hard - soft.detach() + soft) @ v).transpose(1, 2).reshape(B, T, H * D)
+        return self.head(x + self.out(y))
+
+
+def test_hard_attention_choosing_another_key_is_no_own_key_masked():
+    # x-transformers' attn_hard failed own_key_masked once the one-hot was read as a mask
+    torch.manual_seed(0)
+    r = examine(Hard(), checks=["eval_dropout", "self_visibility"])
+    assert not r["self_visibility"].failed, r.details()

@@ -51,3 +51,32 @@ def test_outputs_that_move_with_nothing_are_inconclusive_not_a_pass():
     assert r.info.get("insensitive_outputs") and "filled_zero_weights" not in r.info
     assert r["future_leak"].inconclusive and r["future_leak"].cause == "insensitive_outputs", r.details()
     assert r.exit_code == 3
+
+
+class LayerScaleLM(ZeroProjLM):
+    """The attention's output scaled by a per-channel gamma that starts at zero (LayerScale, as
+    x-transformers' use_layerscale builds it): no matrix is zero, the outputs still cannot move."""
+
+    def __init__(self, diagonal=1):
+        super().__init__(diagonal, self_only=False)
+        nn.init.normal_(self.proj.weight, std=0.1)
+        self.gamma = nn.Parameter(torch.zeros(C))
+
+    def forward(self, ids):
+        B, T = ids.shape
+        x = self.emb(ids)
+        q, k, v = (t.view(B, T, H, -1).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+        hidden = torch.ones(T, T, dtype=torch.bool).triu(self.diagonal)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=~hidden)
+        return self.head(x + self.gamma * self.proj(y.transpose(1, 2).reshape(B, T, C)))
+
+
+def test_a_zero_gate_is_filled_where_the_matrices_leave_the_outputs_still():
+    torch.manual_seed(0)
+    leaky = LayerScaleLM(diagonal=2)
+    r = examine(leaky, checks=["eval_dropout", "future_leak"])
+    assert r["future_leak"].failed and r["future_leak"].cause == "outputs_move", r.details()
+    assert r.info["filled_zero_weights"] == ["gamma"]
+    assert not leaky.gamma.any()                      # the caller's model keeps its zeros
+    healthy = examine(LayerScaleLM(), checks=["eval_dropout", "future_leak"])
+    assert healthy["future_leak"].outcome.value == "pass", healthy.details()

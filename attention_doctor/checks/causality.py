@@ -9,6 +9,7 @@ from attention_doctor.checks.common import (
     EXACT_REL,
     NOISE_MARGIN,
     Description,
+    applied_mask,
     held_in_part,
     inconclusive,
     judged,
@@ -438,10 +439,10 @@ def self_visibility(ctx):
             continue
         mine = mine.expand_as(w)
         visible = c.visible
-        applied = c.extra.get("applied_weights")
+        applied = applied_mask(c, c2)
         if applied is not None and applied.shape == w.shape:   # what mixed the values, not the softmax's weights
-            w = applied.double()
-            visible = w != 0
+            w = c.extra["applied_weights"].double()
+            visible = applied
         own_w = w.abs().masked_fill(~mine, 0.0).amax(-1)
         if visible is not None:   # the mask decides: a row that sees no key is fully_masked_rows' case
             vis = visible.expand_as(w)

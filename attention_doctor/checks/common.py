@@ -370,6 +370,19 @@ def held_in_part(r: Row, not_run: dict) -> Row:
     return Row("", INCONCLUSIVE, why, "part_not_run", r.measured, r.tolerance, r.measurements, detail=r.detail)
 
 
+def applied_mask(call, other) -> torch.Tensor | None:
+    """The keys the product with the values gave weight to, where it took other weights than the
+    softmax's (probes: applied_weights) and their zeros are a mask: the same zeros on other tokens
+    (`other`: the same call on them), as a window or an own key dropped after the softmax leaves.
+    None where the product took the softmax's weights, where the other call is not comparable, or
+    where the zeros move with the tokens: hard attention's one-hot argmax chooses a key, it masks none."""
+    applied = call.extra.get("applied_weights")
+    again = other.extra.get("applied_weights") if other is not None else None
+    if applied is None or again is None or again.shape != applied.shape:
+        return None
+    return applied != 0 if torch.equal(applied == 0, again == 0) else None
+
+
 def visible_scores(call) -> torch.Tensor:
     """The scores of a call at its visible entries, float64 (q k^T * scale where q, k are known;
     a hand-made normalisation's q k^T times the scale fitted to its exp, or as it is without one)."""

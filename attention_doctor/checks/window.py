@@ -11,7 +11,7 @@ transformers' layer_types alternates in its code): outputs beyond every stacked 
 move pass; where they move, the calls' masks must show the window applied on at least one layer."""
 import torch
 
-from attention_doctor.checks.common import EXACT_REL, judged, na, rel
+from attention_doctor.checks.common import EXACT_REL, applied_mask, judged, na, rel
 from attention_doctor.signals import NotPerformed, Unreachable
 
 MAX_T = 512    # the longest sequence the check runs (a window the stacked layers reach beyond: inconclusive)
@@ -37,15 +37,16 @@ def _far(T: int, w: int) -> torch.Tensor:
     return (i[:, None] - i[None, :]) > w
 
 
-def _token_mask(c):
+def _token_mask(c, other):
     """A call's mask over the tokens' keys: where other columns were concatenated to q k^T's scores
     (attention sinks' logits: GPT-OSS, MiMo), only the block of the tokens' keys; where the product
-    with the values took other weights than the softmax's (a window applied after it, the weights
-    zeroed and renormalised), the keys those weights give weight to: the mask read from the scores
-    is not what mixed the values; None: not known."""
-    applied = c.extra.get("applied_weights")
+    with the values took other weights than the softmax's and their zeros are a mask (a window
+    applied after it, the weights zeroed and renormalised: common.applied_mask, `other` the same
+    call on other tokens), the keys those weights give weight to: the mask read from the scores is
+    not what mixed the values; None: not known."""
+    applied = applied_mask(c, other)
     if applied is not None and c.visible is not None and applied.shape[-2:] == c.visible.shape[-2:]:
-        return applied != 0
+        return applied
     block = c.extra.get("key_block")
     return c.visible if c.visible is None or block is None else c.visible[..., block]
 
@@ -61,7 +62,9 @@ def _per_call(ctx, w: int, slides: list[bool | str] | None) -> dict:
     unread = [c.extra["layout_unmeasured"] for c in calls if "layout_unmeasured" in c.extra]
     if unread:   # its mask's queries unknown: not read in an assumed layout
         raise NotPerformed(f"{len(unread)} attention call(s) not read: {unread[0]}", "layout_unmeasured")
-    square = [(c, m) for c, m in ((c, _token_mask(c)) for c in calls)
+    _, others = ctx.probe(ctx.sample(T=T, k=61))   # the same calls on other tokens: whether zeros are a mask
+    others = others if len(others) == len(calls) else [None] * len(calls)
+    square = [(c, m) for c, m in ((c, _token_mask(c, o)) for c, o in zip(calls, others))
               if m is not None and m.shape[-1] == T and m.shape[-2] in (1, T)]
     if not square:   # calls seen (a fused kernel) are attention already: no forward to rule it out
         why = "no attention call whose mask the doctor can read (a fused kernel)"
