@@ -110,7 +110,8 @@ def population() -> dict[str, list[Style]]:
 
 def sample(n: int, seed: int = 0, healthy_share: float = 0.2) -> list[Combo]:
     """n combinations: healthy_share of them healthy, the rest spread evenly over the bugs; each
-    bug's styles drawn without replacement, seeded (the same n and seed give the same bed)."""
+    bug's styles drawn without replacement, seeded (the same n and seed give the same bed), in a
+    seeded shuffled order (a run cut short is a uniform part of it)."""
     rng = random.Random(seed)
     pop = population()
     n_healthy = round(n * healthy_share)
@@ -119,4 +120,5 @@ def sample(n: int, seed: int = 0, healthy_share: float = 0.2) -> list[Combo]:
     out = []
     for bug, k in counts.items():
         out += [Combo(s, bug) for s in rng.sample(pop[bug], min(k, len(pop[bug])))]
+    rng.shuffle(out)
     return out

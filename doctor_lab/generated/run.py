@@ -57,8 +57,10 @@ def _worker(args):
     return examine_combo(*args)
 
 
-def run(ids: list[str], out: Path, workers: int = 1, timeout: int = 300, log=print) -> list[dict]:
-    """Every id's record, appended to out/combos.jsonl as it comes (ids already there are kept)."""
+def run(ids: list[str], out: Path, workers: int = 1, timeout: int = 300, log=print,
+        stop_after: float | None = None) -> list[dict]:
+    """Every id's record, appended to out/combos.jsonl as it comes (ids already there are kept); with
+    stop_after (seconds), no new combination starts after that long: the records done, in ids' order."""
     out.mkdir(parents=True, exist_ok=True)
     lines = out / "combos.jsonl"
     done = {}
@@ -82,9 +84,12 @@ def run(ids: list[str], out: Path, workers: int = 1, timeout: int = 300, log=pri
             if n % 25 == 0 or not rec["right"]:
                 log(f"[{n}/{len(todo)} {time.time() - start:.0f} s] {rec['id']} {rec['seconds']} s "
                     + ("right" if rec["right"] else f"MISS {rec['miss']}"))
+            if stop_after is not None and time.time() - start > stop_after:
+                log(f"stopped after {time.time() - start:.0f} s (--stop-after {stop_after:.0f}): {len(done)} done")
+                break
         if workers > 1:
-            pool.close()
-    return [done[i] for i in ids]
+            pool.terminate()
+    return [done[i] for i in ids if i in done]
 
 
 def evidence(ids: list[str], recs: list[dict], sample: int, seed: int, workers: int, wall_s: float) -> dict:
@@ -111,6 +116,8 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=int, default=300, help="seconds per combination before it is a miss (error)")
     p.add_argument("--out", type=Path, required=True, help="where combos.jsonl and generated.json go")
     p.add_argument("--only", default=None, help="comma-separated combination ids instead of a sample")
+    p.add_argument("--stop-after", type=float, default=None, metavar="SECONDS",
+                   help="start no combination after this long; the evidence holds those done (its size says so)")
     a = p.parse_args(argv)
     if a.sample < 1 or a.workers < 1 or a.timeout < 1:
         print("error: --sample, --workers and --timeout must be positive", file=sys.stderr)
@@ -124,7 +131,7 @@ def main(argv=None) -> int:
         return 2
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     start = time.time()
-    recs = run(ids, a.out, a.workers, a.timeout, log=lambda s: print(s, flush=True))
+    recs = run(ids, a.out, a.workers, a.timeout, log=lambda s: print(s, flush=True), stop_after=a.stop_after)
     ev = evidence(ids, recs, a.sample, a.seed, a.workers, time.time() - start)
     (a.out / "generated.json").write_text(json.dumps(ev, separators=(",", ":")) + "\n")
     print(f"{ev['size']} combinations, {ev['right']} right ({ev['right'] / ev['size']:.2%}); "

@@ -48,7 +48,9 @@ def blocks(runs, fig_dir: Path) -> dict[str, str]:
         f"from the records (doctor_lab/generated/records.py). A healthy combination is right when no check fails "
         f"(all checks run) and the checks n/a by construction say n/a; a bug when its expected checks give the "
         f"expected outcome with one of its causes (those checks, the n/a ones and finite_output run).\n",
-        f"**{n} combinations ({len(healthy)} healthy), {_share(right, n)} right**, sampled (seed {ev['seed']}) from "
+        f"**{n} combinations ({len(healthy)} healthy), {_share(right, n)} right**"
+        + (f" (the first {n} of {ev['sample']} sampled, in the sample's shuffled order: the run stopped at its time "
+           f"limit)" if n < ev["sample"] else "") + f", sampled (seed {ev['seed']}) from "
         f"{sum(ev['population'].values())} valid (style, bug) pairs; {ev['cpu_s']} s examining on "
         f"{ev['workers']} worker(s). Misses: " + (", ".join(f"{k} {v}" for k, v in whose.most_common()) or "none")
         + " (whose: after looking, the doctor's or the construction's).\n",
