@@ -116,6 +116,22 @@ def test_a_healthy_cache_step_is_the_full_forward_and_a_cache_bug_is_not(cache):
         assert torch.allclose(full, step, atol=1e-5) is same, (cache, bug)
 
 
+@pytest.mark.parametrize("norm", ["softmax", "sigmoid", "sinks", "differential"])
+@pytest.mark.parametrize("positions", ["rope_real", "rope_complex", "alibi", "learned"])
+def test_left_padding_leaves_a_healthy_models_real_outputs(norm, positions):
+    # relative positions are shift-invariant, learned ones count from the first real token; a
+    # differential map that split a rotary pair would move here (it did, before DIFF_HALVES)
+    ids = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(2))
+    padded = torch.cat([torch.zeros(1, 4, dtype=torch.long), ids], 1)
+    keep = torch.cat([torch.zeros(1, 4, dtype=torch.long), torch.ones(1, 12, dtype=torch.long)], 1)
+    for scores in ("matmul", "einsum_bqhk"):
+        m = build(style(scores=scores, norm=norm, positions=positions), HEALTHY)
+        moved = (_logits(m, ids) - _logits(m, padded, attention_mask=keep)[:, 4:]).abs().max().item()
+        assert moved < 1e-5, (scores, moved)
+        bugged = build(style(scores=scores, norm=norm, positions=positions), "mask_ignored")
+        assert (_logits(bugged, ids) - _logits(bugged, padded, attention_mask=keep)[:, 4:]).abs().max() > 1e-4
+
+
 def test_zero_out_init_leaves_attention_without_effect():
     m = build(style(init="zero_out"), HEALTHY)
     assert all(b.attn.wo.weight.abs().sum() == 0 for b in m.blocks)

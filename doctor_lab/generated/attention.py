@@ -12,6 +12,10 @@ from doctor_lab.generated import positions as P
 
 HEAD_DIM = 16
 P_DROP = 0.1
+# the differential maps' dims: [0, d/4) + [d/2, 3d/4) and the rest, so that each holds whole rotary pairs
+# in both notations (half-rotation: i with i + d/2; complex: 2i with 2i + 1)
+DIFF_HALVES = tuple(torch.tensor([i for i in range(HEAD_DIM) if (i % (HEAD_DIM // 2) < HEAD_DIM // 4) == first])
+                    for first in (True, False))
 SIGMOID_BIAS = math.log(16)   # sigmoid attention's -log n, n fixed: a bias that moved with T_k would move with padding
 # where each axis of a score tensor sits, per notation: (batch, head, query, key); bmm merges b and h
 LAYOUT = {"matmul": (0, 1, 2, 3), "einsum_bhqk": (0, 1, 2, 3), "einsum_bqhk": (0, 2, 1, 3), "bmm": (0, 0, 1, 2)}
@@ -139,9 +143,10 @@ def own_attention(q, k, v, keep, bias, style, bug, scale, sinks, lam, training):
             s = s + to_layout(bias, layout, B, H)
         return normalise(apply_mask(s, keep, style, bug), layout, norm, bug, sinks)
 
-    if norm == "differential":   # two maps on the halves of the head dims
-        h = q.shape[-1] // 2
-        w = weights(q[..., :h], k[..., :h], scale * math.sqrt(2)) - lam * weights(q[..., h:], k[..., h:], scale * math.sqrt(2))
+    if norm == "differential":   # two maps on two halves of the head dims, each keeping whole rotary pairs
+        a, b = DIFF_HALVES
+        s2 = scale * math.sqrt(2)
+        w = weights(q[..., a], k[..., a], s2) - lam * weights(q[..., b], k[..., b], s2)
     else:
         w = weights(q, k, scale)
     w = F.dropout(w, P_DROP, training=training or bug == "dropout_in_eval")
