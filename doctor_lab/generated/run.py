@@ -107,6 +107,27 @@ def evidence(ids: list[str], recs: list[dict], sample: int, seed: int, workers: 
     }
 
 
+def add_twins(out: Path, timeout: int, log=print) -> dict:
+    """Each miss's twin (triage.twin_of: the values its reason blames swapped out) examined, and the
+    evidence in out/generated.json given `twin: {id, right}` per miss that has one: a reason is
+    witnessed where its twins are right."""
+    from doctor_lab.generated import triage
+    path = out / "generated.json"
+    ev = json.loads(path.read_text())
+    for rec in ev["combos"]:
+        if rec["right"] or "twin" in rec:
+            continue
+        c = combos.Combo.parse(rec["id"])
+        reason = triage.reason_of(c, rec["miss"])
+        twin = None if reason is None else triage.twin_of(c, reason)
+        if twin is not None:
+            t = examine_combo(twin.id, timeout)
+            rec["twin"] = {"id": twin.id, "right": t["right"], "miss": t["miss"]}
+            log(f"twin of {rec['id']}: {twin.id} {'right' if t['right'] else 'MISS ' + str(t['miss'])}")
+    path.write_text(json.dumps(ev, separators=(",", ":")) + "\n")
+    return ev
+
+
 def main(argv=None) -> int:
     import argparse
     p = argparse.ArgumentParser(prog="python -m doctor_lab.generated", description=__doc__.splitlines()[0])
@@ -118,7 +139,18 @@ def main(argv=None) -> int:
     p.add_argument("--only", default=None, help="comma-separated combination ids instead of a sample")
     p.add_argument("--stop-after", type=float, default=None, metavar="SECONDS",
                    help="start no combination after this long; the evidence holds those done (its size says so)")
+    p.add_argument("--twins", action="store_true",
+                   help="run nothing new: examine the twin of each miss in --out's generated.json (its reason's "
+                        "blamed values swapped out) and record it there")
     a = p.parse_args(argv)
+    if a.twins:
+        if not (a.out / "generated.json").is_file():
+            print(f"error: --twins needs {a.out / 'generated.json'} (a finished run)", file=sys.stderr)
+            return 2
+        ev = add_twins(a.out, a.timeout, log=lambda s: print(s, flush=True))
+        tw = [r["twin"] for r in ev["combos"] if "twin" in r]
+        print(f"{len(tw)} twins examined, {sum(t['right'] for t in tw)} right")
+        return 0
     if a.sample < 1 or a.workers < 1 or a.timeout < 1:
         print("error: --sample, --workers and --timeout must be positive", file=sys.stderr)
         return 2

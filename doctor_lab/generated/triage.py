@@ -5,7 +5,8 @@ doctor gave. The first record that matches a miss is its reason; a miss none mat
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from doctor_lab.generated.combos import Combo
+from doctor_lab.generated.combos import Combo, Style, bug_fits, valid
+from doctor_lab.generated.records import AXES
 
 DOCTOR, CONSTRUCTION = "doctor", "construction"
 
@@ -16,6 +17,22 @@ class Reason:
     whose: str          # DOCTOR or CONSTRUCTION
     what: str           # which check, what it measured, why
     matches: Callable[[Combo, dict], bool]   # (the combination, its miss {kind, check, got})
+    twin: tuple[tuple[str, str], ...] = ()   # axis values that remove what it blames: its twin must be right
+
+
+def twin_of(combo: Combo, reason: "Reason") -> Combo | None:
+    """The combination with the reason's twin values swapped in; None where it has none, or where the
+    swap is invalid or the bug does not fit it (or nothing changes)."""
+    if not reason.twin:
+        return None
+    names = {v.axis: v.name for v in combo.style.values} | dict(reason.twin)
+    style = Style.parse(",".join(names[a] for a in AXES))
+    if style == combo.style or not valid(style) or not bug_fits(style, combo.bug):
+        return None
+    return Combo(style, combo.bug)
+
+
+UNSEEN = ("inconclusive (scores_unseen)", "inconclusive (no_qk_layout)")
 
 
 def _got(*texts):
@@ -26,7 +43,8 @@ REASONS: tuple[Reason, ...] = (
     Reason("presents_cache_unreachable", DOCTOR,
            "kv_cache inconclusive (unreachable): a forward(..., past_key_values=None, use_cache=False) returning "
            "(logits, presents) outside transformers is not driven bare (issue 61 item 5, on another branch)",
-           lambda c, m: c.style["cache"] == "presents" and m["check"] == "kv_cache" and _got("inconclusive")(m)),
+           lambda c, m: c.style["cache"] == "presents" and m["check"] == "kv_cache" and _got("inconclusive")(m),
+           twin=(("cache", "intermediates"),)),
     Reason("insensitive_outputs", DOCTOR,
            "output projections zero at init: the attention cannot move the outputs, and the doctor reads that as "
            "no effect instead of perturbing the zero weights in its copy or saying inconclusive (issue 61 item 4): "
@@ -34,11 +52,13 @@ REASONS: tuple[Reason, ...] = (
            "unreachable), start_pos is taken for positions only (kv_cache n/a), long_positions passes",
            lambda c, m: c.style["init"] == "zero_out" and m["kind"] in ("missed", "other_cause", "false_alarm")
            and (m["check"] in ("padding", "fully_masked_rows", "kv_cache", "long_positions", "low_precision")
-                or "mask_ignored" in m["got"])),
+                or "mask_ignored" in m["got"]) and not _got(*UNSEEN)(m),
+           twin=(("init", "default"),)),
     Reason("differential_zero_out_scale", DOCTOR,
            "score_scale too_small on a healthy differential attention with zero output projections: the second "
            "map's score std is about 0.3 where the first's is about 1 (the same style with the default init passes)",
-           lambda c, m: c.bug == "healthy" and c.style["norm"] == "differential" and m["check"] == "score_scale"),
+           lambda c, m: c.bug == "healthy" and c.style["norm"] == "differential" and m["check"] == "score_scale",
+           twin=(("init", "default"),)),
     Reason("not_repeatable_before_na", DOCTOR,
            "dropout left on in eval: config_roundtrip is inconclusive (not_repeatable) where its interface does not "
            "exist (no save/load: n/a), while sliding_window and path_agreement say n/a",
@@ -47,24 +67,27 @@ REASONS: tuple[Reason, ...] = (
            "amplified_logits passes a masked_fill(-1e4): the fill replaces the score, so a masked key takes weight "
            "only in a row whose visible scores all fall below -1e4; the amplification (q and k scaled up to scores "
            "of 3e4) made none (an additive -1e4, which moves with the score, is caught)",
-           lambda c, m: c.bug == "finite_mask" and m["check"] == "amplified_logits" and _got("pass")(m)),
+           lambda c, m: c.bug == "finite_mask" and m["check"] == "amplified_logits" and _got("pass")(m),
+           twin=(("mask", "additive_min"),)),
     Reason("layout_unseen", DOCTOR,
            "scores laid out (B, T_q, H, T_k) (einsum 'bqhd,bkhd->bqhk'): the doctor does not find the scores "
            "(scores_unseen / no_qk_layout), so the checks that read them are inconclusive (issue 61 item 2)",
-           lambda c, m: c.style["scores"] == "einsum_bqhk" and _got("inconclusive (scores_unseen)",
-                                                                    "inconclusive (no_qk_layout)")(m)),
+           lambda c, m: c.style["scores"] == "einsum_bqhk" and _got(*UNSEEN)(m),
+           twin=(("scores", "einsum_bhqk"),)),
     Reason("combined_weights_unseen", DOCTOR,
            "weights that are not one softmax over the keys (a sink column joined then dropped, two maps subtracted, "
            "a sigmoid): the doctor does not read them as attention weights (scores_unseen), so a wrong "
            "normalisation inside them is inconclusive, not a fail",
            lambda c, m: c.style["norm"] in ("sinks", "differential", "sigmoid")
-           and _got("inconclusive (scores_unseen)", "inconclusive (no_qk_layout)")(m)),
+           and _got(*UNSEEN)(m),
+           twin=(("norm", "softmax"),)),
     Reason("learned_positions_through_start_pos", DOCTOR,
            "long_positions fails (shift_moves_outputs) a healthy model with learned absolute positions driven by "
            "start_pos: through the cache the doctor compares the new tokens' scores among themselves at +4096 "
            "against +0, which absolute positions move by design (without a cache it finds them absolute and passes)",
            lambda c, m: c.bug == "healthy" and c.style["positions"] == "learned" and c.style["cache"] == "start_pos"
-           and m["check"] == "long_positions"),
+           and m["check"] == "long_positions",
+           twin=(("cache", "intermediates"),)),
     Reason("rope_bf16_read_as_absolute", DOCTOR,
            "long_positions passes rotary phases computed in bfloat16: the phase error already moves the float32 "
            "outputs at +16, which the doctor takes for absolute positions (no shift invariance to test); its "
@@ -73,11 +96,13 @@ REASONS: tuple[Reason, ...] = (
     Reason("cosine_with_alibi", DOCTOR,
            "score_scale passes cosine scores without a temperature beside ALiBi: the std it reads (about 0.75) is "
            "not the cosine's 1/sqrt(d_k) = 0.25 (the bias's part is not separated from q . k)",
-           lambda c, m: c.bug == "cosine_scores" and c.style["positions"] == "alibi" and _got("pass")(m)),
+           lambda c, m: c.bug == "cosine_scores" and c.style["positions"] == "alibi" and _got("pass")(m),
+           twin=(("positions", "rope_real"),)),
     Reason("sigmoid_scale_after", DOCTOR,
            "low_precision passes q k^T before the scale under sigmoid attention: the bfloat16 error it attributes to "
            "the product's order is measured through a softmax's scores",
-           lambda c, m: c.bug == "scale_after" and c.style["norm"] == "sigmoid" and _got("pass")(m)),
+           lambda c, m: c.bug == "scale_after" and c.style["norm"] == "sigmoid" and _got("pass")(m),
+           twin=(("norm", "softmax"),)),
 )
 
 

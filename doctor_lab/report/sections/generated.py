@@ -16,6 +16,17 @@ def _share(right: int, n: int) -> str:
     return f"{right}/{n} ({right / n:.1%})" if n else "–"
 
 
+def _twins(name: str, rs: list[dict]) -> str:
+    """right / another reason / same reason, over the misses of one reason that have a twin."""
+    tw = [r["twin"] for r in rs if "twin" in r]
+    if not tw:
+        return "–"
+    same = sum(1 for t in tw if not t["right"]
+               and getattr(reason_of(Combo.parse(t["id"]), t["miss"]), "name", "untriaged") == name)
+    right = sum(t["right"] for t in tw)
+    return f"{right} right, {len(tw) - right - same} another reason, {same} same reason"
+
+
 def blocks(runs, fig_dir: Path) -> dict[str, str]:
     path = Path(fig_dir).parent / "doctor" / FILE
     if not path.is_file():
@@ -61,12 +72,15 @@ def blocks(runs, fig_dir: Path) -> dict[str, str]:
         "| axis value | combinations | right |", "|---|---|---|",
         *(f"| {key} | {c} | {_share(ok, c)} |" for key, (c, ok) in by_value.items()),
         "",
-        "Every miss, grouped by its reason:\n",
-        "| reason | whose | misses | what | e.g. |", "|---|---|---|---|---|",
+        "Every miss, grouped by its reason (doctor_lab/generated/triage.py). twins: each miss's twin, the same "
+        "combination with the values its reason blames swapped out (`python -m doctor_lab.generated --twins "
+        "--out DIR`): right, missing for another reason, or missing for the same reason (the reason contradicted); "
+        "– where the reason names no twin or the swap is not a valid combination.\n",
+        "| reason | whose | misses | what | twins | e.g. |", "|---|---|---|---|---|---|",
     ]
     for (name, who, what), rs in sorted(grouped.items(), key=lambda kv: -len(kv[1])):
         eg = "<br>".join(f"`{r['id']}`: {r['miss']['check']} {r['miss']['got']}" for r in rs[:2])
-        lines.append(f"| {name} | {who} | {len(rs)} | {what} | {eg} |")
+        lines.append(f"| {name} | {who} | {len(rs)} | {what} | {_twins(name, rs)} | {eg} |")
     untriaged = grouped.get(("untriaged", "?", "not looked at yet"), [])
     if untriaged:
         lines += ["", "Untriaged misses, each:\n",
