@@ -77,6 +77,19 @@ def test_sample_is_seeded_and_spread():
         Combo.parse(BASE + "/not_a_bug")
 
 
+def test_a_reasons_twin_swaps_out_what_it_blames():
+    c = Combo(style(cache="presents"), "cache_top_left")
+    miss = {"kind": "missed", "check": "kv_cache", "got": "inconclusive (unreachable)"}
+    reason = triage.reason_of(c, miss)
+    assert reason.name == "presents_cache_unreachable"
+    assert triage.twin_of(c, reason) == Combo(style(cache="intermediates"), "cache_top_left")
+    # a swap that makes the combination invalid has no twin (flex takes no additive mask)
+    flex = Combo(style(scores="flex"), "finite_mask")
+    r = triage.reason_of(flex, {"kind": "missed", "check": "amplified_logits", "got": "pass"})
+    assert r.name == "finite_fill_not_reached" and triage.twin_of(flex, r) is None
+    assert triage.reason_of(Combo(style(), "no_scaling"), {"kind": "missed", "check": "score_scale", "got": "pass"}) is None
+
+
 # -- the models do what their records say (measured here, without the doctor) ----------------
 
 def _logits(model, ids, **kw):

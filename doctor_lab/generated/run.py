@@ -107,16 +107,20 @@ def evidence(ids: list[str], recs: list[dict], sample: int, seed: int, workers: 
     }
 
 
-def add_twins(out: Path, timeout: int, log=print) -> dict:
+def add_twins(out: Path, timeout: int, log=print, stop_after: float | None = None) -> dict:
     """Each miss's twin (triage.twin_of: the values its reason blames swapped out) examined, and the
     evidence in out/generated.json given `twin: {id, right}` per miss that has one: a reason is
     witnessed where its twins are right."""
     from doctor_lab.generated import triage
     path = out / "generated.json"
     ev = json.loads(path.read_text())
+    start = time.time()
     for rec in ev["combos"]:
         if rec["right"] or "twin" in rec:
             continue
+        if stop_after is not None and time.time() - start > stop_after:
+            log(f"twins stopped after {time.time() - start:.0f} s (--stop-after)")
+            break
         c = combos.Combo.parse(rec["id"])
         reason = triage.reason_of(c, rec["miss"])
         twin = None if reason is None else triage.twin_of(c, reason)
@@ -147,7 +151,7 @@ def main(argv=None) -> int:
         if not (a.out / "generated.json").is_file():
             print(f"error: --twins needs {a.out / 'generated.json'} (a finished run)", file=sys.stderr)
             return 2
-        ev = add_twins(a.out, a.timeout, log=lambda s: print(s, flush=True))
+        ev = add_twins(a.out, a.timeout, log=lambda s: print(s, flush=True), stop_after=a.stop_after)
         tw = [r["twin"] for r in ev["combos"] if "twin" in r]
         print(f"{len(tw)} twins examined, {sum(t['right'] for t in tw)} right")
         return 0
