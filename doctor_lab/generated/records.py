@@ -107,9 +107,11 @@ AXES_VALUES: tuple[Value, ...] = (
       SOFTMAX_ROWS, needs=("own_weights",)),
     # positions
     v("positions", "learned", "an nn.Embedding of absolute positions added to the tokens, counted from the first "
-      "real token", ("abs_positions",)),
-    v("positions", "rope_real", "rotary, half-rotation layout, cos/sin in float32", ("rope",)),
-    v("positions", "rope_complex", "rotary as a complex64 freqs_cis buffer (Meta's Llama)", ("rope",)),
+      "real token", ("abs_positions", "position_phases")),
+    # position_phases: a query's absolute position enters its scores (ALiBi's -slope (i - j) does not: a
+    # query index off by a constant shifts its whole row alike, which the softmax cancels)
+    v("positions", "rope_real", "rotary, half-rotation layout, cos/sin in float32", ("rope", "position_phases")),
+    v("positions", "rope_complex", "rotary as a complex64 freqs_cis buffer (Meta's Llama)", ("rope", "position_phases")),
     v("positions", "alibi", "ALiBi: -slope_h (i - j) added to the scores", ("bias",)),
     # cache convention
     v("cache", "none", "no KV cache: forward(input_ids, attention_mask=None, position_ids=None)", na=("kv_cache",)),
@@ -170,7 +172,7 @@ BUGS_LIST: tuple[Bug, ...] = (
     b("cache_off_by_one", "the cached keys and values read one slot late", [expect("kv_cache", "new_tokens_differ")],
       "issue 44", needs=("cache",)),
     b("cache_positions_from_zero", "the new tokens' positions counted from 0 under a cache",
-      [expect("kv_cache", "new_tokens_differ")], "issue 44", needs=("cache",)),
+      [expect("kv_cache", "new_tokens_differ")], "issue 44", needs=("cache", "position_phases")),
     b("dropout_in_eval", "attention dropout on in eval", [expect("eval_dropout", "random_in_eval")],
       "meta-pytorch/torchtune #1791", needs=("dropout_site",)),
     b("rope_bf16", "rotary phases computed in bfloat16", [expect("long_positions", "bfloat16_error_grows", "shift_moves_outputs")],

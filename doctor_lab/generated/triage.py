@@ -40,6 +40,11 @@ def _got(*texts):
 
 
 REASONS: tuple[Reason, ...] = (
+    Reason("alibi_positions_from_zero", CONSTRUCTION,
+           "cache_positions_from_zero planted beside ALiBi: the new queries' index off by the cache length adds "
+           "slope x length to every score of their row alike, which the softmax cancels: no output can differ "
+           "(the records now require positions that enter the scores: rotary or learned)",
+           lambda c, m: c.bug == "cache_positions_from_zero" and c.style["positions"] == "alibi"),
     Reason("presents_cache_unreachable", DOCTOR,
            "kv_cache inconclusive (unreachable): a forward(..., past_key_values=None, use_cache=False) returning "
            "(logits, presents) outside transformers is not driven bare (issue 61 item 5, on another branch)",
@@ -75,11 +80,12 @@ REASONS: tuple[Reason, ...] = (
            lambda c, m: c.style["scores"] == "einsum_bqhk" and _got(*UNSEEN)(m),
            twin=(("scores", "einsum_bhqk"),)),
     Reason("combined_weights_unseen", DOCTOR,
-           "weights that are not one softmax over the keys (a sink column joined then dropped, two maps subtracted, "
-           "a sigmoid): the doctor does not read them as attention weights (scores_unseen), so a wrong "
-           "normalisation inside them is inconclusive, not a fail",
+           "weights that are not one softmax over the keys (a sink column joined then dropped, two maps subtracted "
+           "on index-selected halves of the head dims, a sigmoid): the doctor does not read them as attention "
+           "weights (scores_unseen), or not the calls' q, k, v (low_precision part_not_run), so a bug inside them "
+           "is inconclusive, not a fail",
            lambda c, m: c.style["norm"] in ("sinks", "differential", "sigmoid")
-           and _got(*UNSEEN)(m),
+           and _got(*UNSEEN, "inconclusive (part_not_run)")(m),
            twin=(("norm", "softmax"),)),
     Reason("learned_positions_through_start_pos", DOCTOR,
            "long_positions fails (shift_moves_outputs) a healthy model with learned absolute positions driven by "
@@ -98,6 +104,19 @@ REASONS: tuple[Reason, ...] = (
            "not the cosine's 1/sqrt(d_k) = 0.25 (the bias's part is not separated from q . k)",
            lambda c, m: c.bug == "cosine_scores" and c.style["positions"] == "alibi" and _got("pass")(m),
            twin=(("positions", "rope_real"),)),
+    Reason("scale_after_named_scores_overflow", DOCTOR,
+           "low_precision fails q k^T before the scale but names it scores_overflow: where it does not read the "
+           "product before the scale as its own site (scores laid out (B, T_q, H, T_k), differential maps), the "
+           "overflow is attributed to the scores",
+           lambda c, m: c.bug == "scale_after" and _got("fail (scores_overflow)")(m),
+           twin=(("scores", "einsum_bhqk"), ("norm", "softmax"))),
+    Reason("flex_bf16_scores_nonfinite", DOCTOR,
+           "long_positions fails (bfloat16_nonfinite) flex_attention through a start_pos cache: the model's own "
+           "bfloat16 outputs at +4096 are finite (checked by hand: largest |logit| 1.84, as at +0); what the doctor "
+           "reads as not finite is inside flex's scores (the masked entries' fill), not an output",
+           lambda c, m: c.style["scores"] == "flex" and m["check"] == "long_positions"
+           and _got("fail (bfloat16_nonfinite)")(m),
+           twin=(("scores", "sdpa"),)),
     Reason("sigmoid_scale_after", DOCTOR,
            "low_precision passes q k^T before the scale under sigmoid attention: the bfloat16 error it attributes to "
            "the product's order is measured through a softmax's scores",
