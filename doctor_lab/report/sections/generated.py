@@ -16,6 +16,21 @@ def _share(right: int, n: int) -> str:
     return f"{right}/{n} ({right / n:.1%})" if n else "–"
 
 
+def _said(r: dict) -> str:
+    """A miss as what the doctor answered: a fail on a healthy model, a pass (or n/a) where a bug must
+    show, another cause, an inconclusive, an error."""
+    kind, got = r["miss"]["kind"], r["miss"]["got"]
+    if kind == "false_alarm":
+        return "fail on a healthy model"
+    if kind == "other_cause":
+        return "the right check, another cause"
+    if got.startswith("inconclusive"):
+        return "inconclusive"
+    if kind == "error":
+        return "error"
+    return f"{got.split(' ')[0]} where a {'n/a' if kind == 'not_na' else 'fail'} was due"
+
+
 def _twins(name: str, rs: list[dict]) -> str:
     """right / another reason / same reason, over the misses of one reason that have a twin."""
     tw = [r["twin"] for r in rs if "twin" in r]
@@ -48,6 +63,7 @@ def blocks(runs, fig_dir: Path) -> dict[str, str]:
         if not r["right"]:
             reason = reason_of(c, r["miss"])
             grouped[(reason.name, reason.whose, reason.what) if reason else ("untriaged", "?", "not looked at yet")].append(r)
+    said = Counter(_said(r) for r in recs if not r["right"])
     whose = Counter()
     for (_, who, _), rs in grouped.items():
         whose[who] += len(rs)
@@ -65,6 +81,9 @@ def blocks(runs, fig_dir: Path) -> dict[str, str]:
         f"{sum(ev['population'].values())} valid (style, bug) pairs; {ev['cpu_s']} s examining on "
         f"{ev['workers']} worker(s). Misses: " + (", ".join(f"{k} {v}" for k, v in whose.most_common()) or "none")
         + " (whose: after looking, the doctor's or the construction's).\n",
+        "What the doctor said where it missed: " + "; ".join(f"{k} {v}" for k, v in said.most_common())
+        + " (a fail on a healthy model or a pass on a bug is a wrong answer; an inconclusive is a look it could "
+        "not take).\n",
         "| bug | expected rows | combinations | right |", "|---|---|---|---|",
         *(f"| {bug} | {'; '.join(ev['bugs'].get(bug, ['no fail']))} | {by_bug[bug][0]} | "
           f"{_share(by_bug[bug][1], by_bug[bug][0])} |" for bug in ["healthy", *ev["bugs"]] if by_bug[bug][0]),
