@@ -32,7 +32,7 @@ def twin_of(combo: Combo, reason: "Reason") -> Combo | None:
     return Combo(style, combo.bug)
 
 
-UNSEEN = ("inconclusive (scores_unseen)", "inconclusive (no_qk_layout)")
+UNSEEN = ("inconclusive (scores_unseen)", "inconclusive (no_qk_layout)", "inconclusive (not_amplified)")
 
 
 def _got(*texts):
@@ -78,7 +78,8 @@ REASONS: tuple[Reason, ...] = (
            twin=(("mask", "additive_min"),)),
     Reason("layout_unseen", DOCTOR,
            "scores laid out (B, T_q, H, T_k) (einsum 'bqhd,bkhd->bqhk'): the doctor does not find the scores "
-           "(scores_unseen / no_qk_layout), so the checks that read them are inconclusive (issue 61 item 2)",
+           "(scores_unseen / no_qk_layout) or cannot amplify them (not_amplified), so the checks that read them "
+           "are inconclusive (issue 61 item 2)",
            lambda c, m: c.style["scores"] == "einsum_bqhk" and _got(*UNSEEN)(m),
            twin=(("scores", "einsum_bhqk"),)),
     Reason("combined_weights_unseen", DOCTOR,
@@ -119,10 +120,11 @@ REASONS: tuple[Reason, ...] = (
            lambda c, m: c.style["scores"] == "flex" and m["check"] == "long_positions"
            and _got("fail (bfloat16_nonfinite)")(m),
            twin=(("scores", "sdpa"),)),
-    Reason("sigmoid_scale_after", DOCTOR,
-           "low_precision passes q k^T before the scale under sigmoid attention: the bfloat16 error it attributes to "
-           "the product's order is measured through a softmax's scores",
-           lambda c, m: c.bug == "scale_after" and c.style["norm"] == "sigmoid" and _got("pass")(m),
+    Reason("scale_after_beside_other_weights", DOCTOR,
+           "low_precision passes q k^T before the scale where the weights are not one plain softmax (sigmoid, a "
+           "sink column): the bfloat16 error it would attribute to the product's order (qk_before_scale) is not "
+           "found there",
+           lambda c, m: c.bug == "scale_after" and c.style["norm"] != "softmax" and _got("pass")(m),
            twin=(("norm", "softmax"),)),
 )
 

@@ -89,7 +89,8 @@ def blocks(runs, fig_dir: Path) -> dict[str, str]:
           f"{_share(by_bug[bug][1], by_bug[bug][0])} |" for bug in ["healthy", *ev["bugs"]] if by_bug[bug][0]),
         "",
         "| axis value | combinations | right |", "|---|---|---|",
-        *(f"| {key} | {c} | {_share(ok, c)} |" for key, (c, ok) in by_value.items()),
+        *(f"| {axis}={name} | {by_value[f'{axis}={name}'][0]} | {_share(by_value[f'{axis}={name}'][1], by_value[f'{axis}={name}'][0])} |"
+          for axis, names in ev["axes"].items() for name in names),
         "",
         "Every miss, grouped by its reason (doctor_lab/generated/triage.py). twins: each miss's twin, the same "
         "combination with the values its reason blames swapped out (`python -m doctor_lab.generated --twins "
