@@ -54,9 +54,11 @@ REASONS: tuple[Reason, ...] = (
            "output projections zero at init: the attention cannot move the outputs, and the doctor reads that as "
            "no effect instead of perturbing the zero weights in its copy or saying inconclusive (issue 61 item 4): "
            "the mask-encoding search finds the mask ignored (padding fails mask_ignored, fully_masked_rows "
-           "unreachable), start_pos is taken for positions only (kv_cache n/a), long_positions passes",
+           "unreachable), start_pos is taken for positions only (kv_cache n/a), long_positions passes (and "
+           "flex's hidden diagonal passes self_visibility)",
            lambda c, m: c.style["init"] == "zero_out" and m["kind"] in ("missed", "other_cause", "false_alarm")
-           and (m["check"] in ("padding", "fully_masked_rows", "kv_cache", "long_positions", "low_precision")
+           and (m["check"] in ("padding", "fully_masked_rows", "kv_cache", "long_positions", "low_precision",
+                                "self_visibility")
                 or "mask_ignored" in m["got"]) and not _got(*UNSEEN)(m),
            twin=(("init", "default"),)),
     Reason("differential_scale", DOCTOR,
