@@ -167,4 +167,6 @@ def test_a_shrunk_run_gets_each_expected_outcome_or_a_known_miss(tmp_path):
     (tmp_path / "doctor").mkdir()
     (tmp_path / "doctor" / "generated.json").write_text(json.dumps(ev))
     text = section.blocks([], tmp_path / "figs")["generated"]
-    assert f"{ev['right']}/20" in text and "| no_scaling |" in text
+    bug = recs[0]["bug"]
+    n_bug = sum(r["bug"] == bug for r in recs)
+    assert f"{ev['right']}/20" in text and f"| {bug} | " in text and f"| {n_bug} | " in text
