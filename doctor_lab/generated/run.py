@@ -140,7 +140,8 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=1, help="processes (default 1: each is single-threaded)")
     p.add_argument("--timeout", type=int, default=300, help="seconds per combination before it is a miss (error)")
     p.add_argument("--out", type=Path, required=True, help="where combos.jsonl and generated.json go")
-    p.add_argument("--only", default=None, help="comma-separated combination ids instead of a sample")
+    p.add_argument("--only", nargs="+", default=None, metavar="ID",
+                   help="combination ids (STYLE/BUG, as the evidence names them) instead of a sample")
     p.add_argument("--stop-after", type=float, default=None, metavar="SECONDS",
                    help="start no combination after this long; the evidence holds those done (its size says so)")
     p.add_argument("--twins", action="store_true",
@@ -159,7 +160,7 @@ def main(argv=None) -> int:
         print("error: --sample, --workers and --timeout must be positive", file=sys.stderr)
         return 2
     try:
-        ids = a.only.split(",") if a.only else [c.id for c in combos.sample(a.sample, a.seed)]
+        ids = a.only if a.only else [c.id for c in combos.sample(a.sample, a.seed)]
         for i in ids:
             combos.Combo.parse(i)
     except (ValueError, KeyError) as e:
@@ -172,7 +173,10 @@ def main(argv=None) -> int:
     (a.out / "generated.json").write_text(json.dumps(ev, separators=(",", ":")) + "\n")
     print(f"{ev['size']} combinations, {ev['right']} right ({ev['right'] / ev['size']:.2%}); "
           f"{ev['cpu_s']} s examining; evidence in {a.out / 'generated.json'}")
+    from doctor_lab.generated.triage import reason_of
     for r in recs:
         if not r["right"]:
-            print(f"  MISS {r['id']}: {r['miss']}")
+            reason = reason_of(combos.Combo.parse(r["id"]), r["miss"])
+            why = f"{reason.name} ({reason.whose}'s)" if reason else "untriaged"
+            print(f"  MISS {r['id']}: {r['miss']['kind']} {r['miss']['check']} {r['miss']['got']}; reason: {why}")
     return 0
