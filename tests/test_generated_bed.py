@@ -90,6 +90,17 @@ def test_a_reasons_twin_swaps_out_what_it_blames():
     assert triage.reason_of(Combo(style(), "no_scaling"), {"kind": "missed", "check": "score_scale", "got": "pass"}) is None
 
 
+def test_the_docs_tables_are_the_records():
+    from pathlib import Path
+
+    from doctor_lab.generated import docs
+    text = (Path(__file__).resolve().parents[1] / "docs" / "doctor.md").read_text()
+    assert docs.render(text) == text, "python -m doctor_lab.generated.docs docs/doctor.md"
+    assert f"| positions | alibi | {records.VALUES['positions=alibi'].what} |" in docs.axes_table()
+    with pytest.raises(ValueError):
+        docs.render("no markers here")
+
+
 # -- the models do what their records say (measured here, without the doctor) ----------------
 
 def _logits(model, ids, **kw):
