@@ -57,6 +57,10 @@ def test_validity_comes_from_the_records():
     assert not bug_fits(style(), "cache_top_left")                # no cache
     assert bug_fits(style(cache="presents"), "cache_top_left")
     assert not bug_fits(style(positions="alibi"), "left_pad_positions")
+    # ALiBi's query index off by a constant shifts a whole row alike: only weights that see that show it
+    assert not bug_fits(style(cache="start_pos", positions="alibi"), "cache_positions_from_zero")
+    assert bug_fits(style(cache="start_pos", positions="alibi", norm="sigmoid"), "cache_positions_from_zero")
+    assert bug_fits(style(cache="start_pos", positions="rope_real"), "cache_positions_from_zero")
     assert not bug_fits(style(scores="flex"), "dropout_in_eval")
 
 

@@ -49,7 +49,8 @@ def bug_fits(style: Style, bug: str) -> bool:
     if bug == HEALTHY:
         return True
     rec = BUGS[bug]
-    return fits(rec.needs, rec.excludes, style.features)
+    f = style.features
+    return fits(rec.needs, rec.excludes, f) and (not rec.needs_one_of or any(alt <= f for alt in rec.needs_one_of))
 
 
 def all_styles() -> list[Style]:

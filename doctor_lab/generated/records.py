@@ -61,11 +61,12 @@ class Bug:
     needs: frozenset[str] = frozenset()
     excludes: frozenset[str] = frozenset()
     when: tuple[tuple[frozenset[str], tuple[Expect, ...]], ...] = ()
+    needs_one_of: tuple[frozenset[str], ...] = ()   # alternatives: one of these feature sets (none: no constraint)
 
 
-def b(name, what, expects, source, needs=(), excludes=(), when=()) -> Bug:
+def b(name, what, expects, source, needs=(), excludes=(), when=(), needs_one_of=()) -> Bug:
     return Bug(name, what, tuple(expects), source, frozenset(needs), frozenset(excludes),
-               tuple((frozenset(f), tuple(e)) for f, e in when))
+               tuple((frozenset(f), tuple(e)) for f, e in when), tuple(frozenset(f) for f in needs_one_of))
 
 
 OWN = ("own_scores", "own_weights", "dropout_site", "fill")
@@ -100,16 +101,18 @@ AXES_VALUES: tuple[Value, ...] = (
     v("mask_at", "model", "the LM builds one (B, 1, T_q, T_k) mask and passes it to every layer"),
     # normalisation
     v("norm", "softmax", "softmax over the keys", ("softmax_family", "nan_rows", "sum_norm")),
-    v("norm", "sigmoid", "sigmoid(s - log 16) (sigmoid attention: rows need not sum to 1)", needs=("own_weights",)),
+    # row_shift_visible: a score added alike to a whole row moves the weights (a softmax cancels it)
+    v("norm", "sigmoid", "sigmoid(s - log 16) (sigmoid attention: rows need not sum to 1)", ("row_shift_visible",),
+      needs=("own_weights",)),
     v("norm", "sinks", "a learned sink logit per head joins each row's softmax and is dropped (gpt-oss)",
-      ("softmax_family",), needs=("own_weights",)),
+      ("softmax_family", "row_shift_visible"), needs=("own_weights",)),
     v("norm", "differential", "softmax(q1 k1) - lambda softmax(q2 k2) on half head dims (Diff Transformer)",
       SOFTMAX_ROWS, needs=("own_weights",)),
     # positions
     v("positions", "learned", "an nn.Embedding of absolute positions added to the tokens, counted from the first "
       "real token", ("abs_positions", "position_phases")),
     # position_phases: a query's absolute position enters its scores (ALiBi's -slope (i - j) does not: a
-    # query index off by a constant shifts its whole row alike, which the softmax cancels)
+    # query index off by a constant shifts its whole row alike, which only row_shift_visible weights show)
     v("positions", "rope_real", "rotary, half-rotation layout, cos/sin in float32", ("rope", "position_phases")),
     v("positions", "rope_complex", "rotary as a complex64 freqs_cis buffer (Meta's Llama)", ("rope", "position_phases")),
     v("positions", "alibi", "ALiBi: -slope_h (i - j) added to the scores", ("bias",)),
@@ -172,7 +175,8 @@ BUGS_LIST: tuple[Bug, ...] = (
     b("cache_off_by_one", "the cached keys and values read one slot late", [expect("kv_cache", "new_tokens_differ")],
       "issue 44", needs=("cache",)),
     b("cache_positions_from_zero", "the new tokens' positions counted from 0 under a cache",
-      [expect("kv_cache", "new_tokens_differ")], "issue 44", needs=("cache", "position_phases")),
+      [expect("kv_cache", "new_tokens_differ")], "issue 44", needs=("cache",),
+      needs_one_of=[("position_phases",), ("bias", "row_shift_visible")]),
     b("dropout_in_eval", "attention dropout on in eval", [expect("eval_dropout", "random_in_eval")],
       "meta-pytorch/torchtune #1791", needs=("dropout_site",)),
     b("rope_bf16", "rotary phases computed in bfloat16", [expect("long_positions", "bfloat16_error_grows", "shift_moves_outputs")],

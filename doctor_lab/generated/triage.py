@@ -41,10 +41,12 @@ def _got(*texts):
 
 REASONS: tuple[Reason, ...] = (
     Reason("alibi_positions_from_zero", CONSTRUCTION,
-           "cache_positions_from_zero planted beside ALiBi: the new queries' index off by the cache length adds "
-           "slope x length to every score of their row alike, which the softmax cancels: no output can differ "
-           "(the records now require positions that enter the scores: rotary or learned)",
-           lambda c, m: c.bug == "cache_positions_from_zero" and c.style["positions"] == "alibi"),
+           "cache_positions_from_zero planted beside ALiBi and a softmax (plain or differential): the new queries' "
+           "index off by the cache length adds slope x length to every score of their row alike, which the softmax "
+           "cancels: no output can differ (sigmoid and sink weights show it, and were caught). The records now "
+           "require positions that enter the scores (rotary, learned) or ALiBi beside such weights",
+           lambda c, m: c.bug == "cache_positions_from_zero" and c.style["positions"] == "alibi"
+           and c.style["norm"] in ("softmax", "differential")),
     Reason("presents_cache_unreachable", DOCTOR,
            "kv_cache inconclusive (unreachable): a forward(..., past_key_values=None, use_cache=False) returning "
            "(logits, presents) outside transformers is not driven bare (issue 61 item 5, on another branch)",

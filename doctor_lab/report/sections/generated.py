@@ -5,7 +5,7 @@ import json
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from doctor_lab.generated.combos import Combo
+from doctor_lab.generated.combos import Combo, bug_fits, valid
 from doctor_lab.generated.triage import reason_of
 
 NAME = "generated"
@@ -14,6 +14,10 @@ FILE = "generated.json"
 
 def _share(right: int, n: int) -> str:
     return f"{right}/{n} ({right / n:.1%})" if n else "–"
+
+
+def _still_valid(c: Combo) -> bool:
+    return valid(c.style) and bug_fits(c.style, c.bug)
 
 
 def _said(r: dict) -> str:
@@ -64,6 +68,7 @@ def blocks(runs, fig_dir: Path) -> dict[str, str]:
             reason = reason_of(c, r["miss"])
             grouped[(reason.name, reason.whose, reason.what) if reason else ("untriaged", "?", "not looked at yet")].append(r)
     said = Counter(_said(r) for r in recs if not r["right"])
+    stale = [r for r in recs if not _still_valid(Combo.parse(r["id"]))]
     whose = Counter()
     for (_, who, _), rs in grouped.items():
         whose[who] += len(rs)
@@ -80,7 +85,10 @@ def blocks(runs, fig_dir: Path) -> dict[str, str]:
            f"limit)" if n < ev["sample"] else "") + f", sampled (seed {ev['seed']}) from "
         f"{sum(ev['population'].values())} valid (style, bug) pairs; {ev['cpu_s']} s examining on "
         f"{ev['workers']} worker(s). Misses: " + (", ".join(f"{k} {v}" for k, v in whose.most_common()) or "none")
-        + " (whose: after looking, the doctor's or the construction's).\n",
+        + " (whose: after looking, the doctor's or the construction's)"
+        + (f"; {len(stale)} combinations the records now rule out (a construction error fixed since the run), "
+           f"{sum(r['right'] for r in stale)} of them right: without them {_share(right - sum(r['right'] for r in stale), n - len(stale))} right"
+           if stale else "") + ".\n",
         "What the doctor said where it missed: " + "; ".join(f"{k} {v}" for k, v in said.most_common())
         + " (a fail on a healthy model or a pass on a bug is a wrong answer; an inconclusive is a look it could "
         "not take).\n",
