@@ -32,7 +32,10 @@ def _said(r: dict) -> str:
         return "inconclusive"
     if kind == "error":
         return "error"
-    return f"{got.split(' ')[0]} where a {'n/a' if kind == 'not_na' else 'fail'} was due"
+    if kind == "not_na":
+        return f"{got.split(' ')[0]} where n/a was due"
+    due = next((e.outcome for e in Combo.parse(r["id"]).expected.rows if e.check == r["miss"]["check"]), "fail")
+    return f"{got.split(' ')[0]} where a {due} was due"
 
 
 def _twins(name: str, rs: list[dict]) -> str:
