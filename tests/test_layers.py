@@ -21,6 +21,7 @@ LAYERS = [
     ("experiments.bench", "experiments.callbacks"),
     ("experiments.reference",),
     # the doctor's lab, above the suite and the doctor: nothing below imports it
+    ("doctor_lab.generated",),  # the generated bed: the lab's report section reads its records and triage
     ("doctor_lab.report", "doctor_lab.references", "doctor_lab.styles"),  # triage and the lab's report; the test beds
     ("doctor_lab.zoo", "doctor_lab.zoo_xt", "doctor_lab.zoo_diffusers"),  # the zoos triage with the report's rules
     ("doctor_lab.validation",    # the evidence: the test beds, nanoGPT's attention (bench), its report block
