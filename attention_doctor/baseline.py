@@ -226,9 +226,9 @@ def judge_row(row: Row, expected: Expected | None) -> Judged:
 
 def draft(result, reason: str = "TODO: why this is expected, and until when") -> Baseline:
     """Today's rows that would stop a gate (fail, inconclusive) as a baseline for a person to edit:
-    each with its cause, the check's thread, and this target's name."""
-    return Baseline([Expected(r.name, (r.cause,) if r.cause else (), reason, r.outcome, r.thread,
-                              targets=(result.target,) if result.target else ())
+    each with its cause and the check's thread (no targets: the file speaks for the model it is
+    beside; add targets where one file serves several)."""
+    return Baseline([Expected(r.name, (r.cause,) if r.cause else (), reason, r.outcome, r.thread)
                      for r in result.checks if r.outcome in (FAIL, INCONCLUSIVE)])
 
 

@@ -301,6 +301,20 @@ class DoctorResult:
         """The rows as a fixed-width text table (the CLI's output) at most `width` columns wide:
         header, one row per check (outcome, cause, measured, tolerance), then every reason, long
         tolerance, experiment to reproduce and thread as numbered notes, then the summary."""
+        head, body, notes = self.cells(threads)
+        widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
+        line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()
+        out = [*_wrapped(self.header(), width), line(head), line(["-" * w for w in widths])]
+        out += [line(b) for b in body]
+        for i, n in enumerate(notes, 1):
+            out += _wrapped(f"[{i}] {n}", width, indent=" " * (len(str(i)) + 3))
+        for said in self.summary().splitlines():
+            out += _wrapped(said, width)
+        return "\n".join(out)
+
+    def cells(self, threads: bool = True) -> tuple[list[str], list[list[str]], list[str]]:
+        """The table's cells (head, one row per check, the numbered notes), for table() and the
+        other formats (attention_doctor.formats)."""
         head = ["check", "outcome", "cause", "measured", "tolerance", "note"]
         body, notes = [], []
         judged = {j.row.name: j for j in self.judged()}
@@ -316,15 +330,7 @@ class DoctorResult:
                 notes.append(said)
             body.append([r.name, r.outcome.value, r.cause or "-", _num(r.measured), tol or "-",
                          f"[{len(notes)}]" if said else ""])
-        widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
-        line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()
-        out = [*_wrapped(self.header(), width), line(head), line(["-" * w for w in widths])]
-        out += [line(b) for b in body]
-        for i, n in enumerate(notes, 1):
-            out += _wrapped(f"[{i}] {n}", width, indent=" " * (len(str(i)) + 3))
-        for said in self.summary().splitlines():
-            out += _wrapped(said, width)
-        return "\n".join(out)
+        return head, body, notes
 
     def details(self) -> str:
         """Each row's detail, one line per check."""
