@@ -180,10 +180,11 @@ def test_a_named_target_a_shared_model_and_one_examination_per_model(run, projec
     assert r["baseline"]["judged"]["fully_masked_rows"] == "expected" and r["exit_code"] == 0
 
 
-def test_the_plugin_is_the_packages_pytest11_entry_point_and_loads_without_torch():
+def test_the_plugin_is_the_packages_pytest11_entry_point_and_it_and_the_ci_modules_load_without_torch():
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert meta["project"]["entry-points"]["pytest11"] == {"attention_doctor": "attention_doctor.pytest_plugin"}
     p = subprocess.run([sys.executable, "-c", "import sys, attention_doctor.pytest_plugin as p; "
+                        "import attention_doctor.baseline, attention_doctor.compare, attention_doctor.formats; "
                         "assert p.pytest_pyfunc_call; print('torch' in sys.modules)"],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.stdout.strip() == "False", p.stdout + p.stderr
