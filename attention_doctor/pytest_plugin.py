@@ -27,6 +27,7 @@ baseline (a file, relative to the test file), allow_inconclusive, and examine()'
 causal, device, dtype, seed, T). Options: --attention-doctor-json DIR keeps every result (one JSON
 file per examined model, judged against its baseline); --attention-doctor-strict. Loading the
 plugin imports no torch: a suite that marks nothing pays nothing."""
+import inspect
 import re
 import warnings
 from pathlib import Path
@@ -105,6 +106,11 @@ def _examined(item, marker):
         model = resolve(target) if target is not None else returned
         if model is None:
             return f"{item.originalname} returns no model (return it, or name it: @pytest.mark.{MARK}('pkg.mod:obj'))"
+        try:
+            inspect.signature(examine).bind(model, name="", baseline=None, **kw)
+        except TypeError as e:
+            return f"attention doctor: @pytest.mark.{MARK}: {e} (it takes target, baseline, allow_inconclusive and " \
+                   "examine()'s keywords)"
         return examine(model, name=_model_key(item), baseline=baseline, **kw)
     except (TargetError, ValueError) as e:   # the target, the baseline or a keyword unusable: each check's test fails with it
         return f"attention doctor: {e}"

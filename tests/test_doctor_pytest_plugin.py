@@ -67,6 +67,16 @@ def test_named():
     pass
 
 
+@pytest.mark.attention_doctor(checks=["future_leak"], dtpye="float64")
+def test_typo():
+    return build(fill="min")
+
+
+@pytest.mark.attention_doctor(baseline="missing.json", checks=["future_leak"])
+def test_no_baseline_file():
+    return build(fill="min")
+
+
 @pytest.fixture(scope="module")
 def shared():
     torch.manual_seed(1)
@@ -81,7 +91,7 @@ def test_shared(shared):
 
 
 def test_zz_each_model_built_once_and_the_shared_one_left_as_it_was(shared):
-    assert BUILT == ["min", ("sees_next",), None, None, "min"], BUILT
+    assert BUILT == ["min", ("sees_next",), None, None, "min", "min", "min"], BUILT
     m, before = shared
     assert m.training and all(x.training for x in m.modules())
     after = m.state_dict()
@@ -166,6 +176,14 @@ def test_a_baselined_fail_that_now_passes_is_reported_and_fails_under_strict(run
     strict, out2, code2 = _pytest(project, "-k", "test_fixed", "--attention-doctor-strict")
     assert strict["test_fixed[fully_masked_rows]"] == "FAILED" and "XPASS(strict)" in out2 and code2 == 1, out2
     assert strict["test_fixed[future_leak]"] == "PASSED"
+
+
+def test_a_bad_marker_keyword_or_baseline_fails_its_tests_in_one_line(run):
+    got, out, _ = run
+    assert got["test_typo[future_leak]"] == got["test_no_baseline_file[future_leak]"] == "FAILED", out
+    typo = _failure(out, "test_typo[future_leak]")
+    assert "unexpected keyword argument 'dtpye'" in typo and "Traceback" not in typo, typo
+    assert "baseline " in _failure(out, "test_no_baseline_file[future_leak]") and "cannot be read" in out
 
 
 def test_a_named_target_a_shared_model_and_one_examination_per_model(run, project):
