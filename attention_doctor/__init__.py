@@ -4,6 +4,9 @@
     result = examine(model)            # a torch module: an LM, a layer, a transformers causal LM
     print(result.table())
     result.assert_healthy()            # in a test: fails with the table (on a fail or an inconclusive)
+    examine(model, baseline="attention_baseline.json")   # expected outcomes as data (attention_doctor.baseline)
+
+In a pytest suite, the plugin the install brings (attention_doctor/pytest_plugin.py): one test per check.
 
 Depends on torch only (transformers and this project's Hydra config are imported only for the
 targets that need them); the names below are imported when first used (PEP 562), so that
@@ -19,7 +22,7 @@ _WHERE = {   # public name -> the module that defines it
     "TorchMHA": "attention_doctor.adapters", "CallableLM": "attention_doctor.conventions",
     "Unsupported": "attention_doctor.signals", "Unreachable": "attention_doctor.signals",
     "TargetError": "attention_doctor.signals", "adapt": "attention_doctor.dispatch",
-    "REGISTRY": "attention_doctor.checks",
+    "REGISTRY": "attention_doctor.checks", "Baseline": "attention_doctor.baseline", "Expected": "attention_doctor.baseline",
 }
 
 
@@ -44,4 +47,4 @@ def assert_healthy(model, allow=(), allow_inconclusive=(), **kw):
 
 
 __all__ = ["examine", "assert_healthy", "DoctorResult", "Row", "Outcome", "Adapter", "CallableLM", "Layer", "TorchMHA",
-           "Unsupported", "Unreachable", "TargetError", "adapt", "REGISTRY"]
+           "Unsupported", "Unreachable", "TargetError", "adapt", "REGISTRY", "Baseline", "Expected"]

@@ -1,5 +1,6 @@
 """attention-doctor TARGET [--attn-impl eager|sdpa] [--checks a,b] [--json F] [--device D] [--dtype T]
-(also `python -m attention_doctor`).
+[--baseline F] [--write-baseline F] [--format text|markdown|github]; attention-doctor --against OLD.json
+NEW.json (also `python -m attention_doctor`).
 
 Exit 0: every applicable check ran and held; 1: a check failed; 2: the target or an optional
 dependency is unusable (one line on stderr naming the fix, nothing written); 3: nothing failed
@@ -8,7 +9,8 @@ import argparse
 import os
 import sys
 
-from attention_doctor.result import EXIT_UNUSABLE
+from attention_doctor.formats import FORMATS, render
+from attention_doctor.result import EXIT_FAILED, EXIT_INCONCLUSIVE, EXIT_OK, EXIT_UNUSABLE
 
 EPILOG = """targets:
   pkg.module:obj            a torch module or an attention_doctor.Adapter: an instance, a class or a
@@ -33,13 +35,17 @@ exit codes:
   1  a check failed
   2  the target or an optional dependency is unusable: one line on stderr naming the fix, nothing written
   3  nothing failed, but a check was inconclusive
+  (--baseline FILE: a fail or inconclusive the baseline expects does not count; --baseline-strict: an
+  expected failure that did not happen is 1)
+  --against OLD.json NEW.json: 1 a check newly fails, warns or changed its cause; 3 one newly
+  inconclusive; 0 otherwise (fixed, or nothing changed)
 docs: docs/doctor.md (the checks, their tolerances, the adapter protocol)"""
 
 
 def parser():
     p = argparse.ArgumentParser(prog="attention-doctor", description="Look for the catalogue's attention bugs in a target.",
                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("target")
+    p.add_argument("target", help="what to examine (below); with --against, the NEW result's JSON")
     p.add_argument("--attn-impl", default=None, help="hf: targets: transformers' attn_implementation (eager, sdpa)")
     p.add_argument("--checks", default=None, help="comma-separated check names to run (default: all, in order)")
     p.add_argument("--json", default=None, metavar="FILE", help="write the rows as JSON")
@@ -47,6 +53,16 @@ def parser():
     p.add_argument("--dtype", default="float32", help="float32 (default), float64, bfloat16, float16")
     p.add_argument("--causal", choices=("yes", "no"), default=None, help="a layer: causal or not (default: found out)")
     p.add_argument("--details", action="store_true", help="print each check's detail under the table")
+    p.add_argument("--format", choices=FORMATS, default="text",
+                   help="text (the table, at most 100 columns), markdown (a pull request comment), github "
+                        "(one ::error annotation per failing check, then the table)")
+    p.add_argument("--baseline", default=None, metavar="FILE", help="the expected outcomes, JSON (docs/doctor.md)")
+    p.add_argument("--baseline-strict", action="store_true",
+                   help="an expected failure of the baseline that did not happen fails (exit 1)")
+    p.add_argument("--write-baseline", default=None, metavar="FILE",
+                   help="write today's fail and inconclusive rows as a draft baseline for a person to edit")
+    p.add_argument("--against", default=None, metavar="OLD.json",
+                   help="print what changed from OLD.json to TARGET (NEW.json, both written by --json)")
     return p
 
 
@@ -62,6 +78,8 @@ def main(argv=None) -> int:
     except _ArgError as e:
         print(f"attention-doctor: {e}", file=sys.stderr)
         return EXIT_UNUSABLE
+    if args.against:
+        return against(args.against, args.target)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     import torch
 
@@ -71,18 +89,60 @@ def main(argv=None) -> int:
     try:
         if args.device.startswith("cuda") and not torch.cuda.is_available():
             raise TargetError(f"--device {args.device}: no CUDA device here")
-        if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
-            raise TargetError(f"--json {args.json}: its directory does not exist")
+        for flag, path in (("--json", args.json), ("--write-baseline", args.write_baseline)):
+            if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+                raise TargetError(f"{flag} {path}: its directory does not exist")
+        baseline = _baseline(args.baseline, args.baseline_strict)
         checks = None if args.checks is None else [c for c in args.checks.split(",") if c]
         model = resolve(args.target, args.attn_impl)
         causal = None if args.causal is None else args.causal == "yes"
-        result = examine(model, causal=causal, device=args.device, dtype=args.dtype, name=args.target, checks=checks)
+        result = examine(model, causal=causal, device=args.device, dtype=args.dtype, name=args.target, checks=checks,
+                         baseline=baseline)
     except TargetError as e:
         print(f"attention-doctor: {e}", file=sys.stderr)
         return EXIT_UNUSABLE
-    print(result.table())
+    print(render(result, args.format))
     if args.details:
         print(result.details())
     if args.json:
         result.to_json(args.json)
+    if args.write_baseline:
+        from attention_doctor.baseline import draft
+        d = draft(result)
+        d.save(args.write_baseline)
+        print(f"attention-doctor: wrote {len(d.entries)} expected row(s) to {args.write_baseline}: a draft, "
+              "give each its reason", file=sys.stderr)
     return result.exit_code
+
+
+def _baseline(path, strict):
+    """The baseline of --baseline (None without one); TargetError (exit 2, one line) if unreadable."""
+    from attention_doctor.baseline import Baseline
+    from attention_doctor.signals import TargetError
+    if path is None:
+        if strict:
+            raise TargetError("--baseline-strict needs --baseline FILE")
+        return None
+    try:
+        b = Baseline.load(path)
+    except ValueError as e:
+        raise TargetError(str(e)) from None
+    b.strict = b.strict or strict
+    return b
+
+
+def against(old_path: str, new_path: str) -> int:
+    """--against: what changed from OLD to NEW (attention_doctor.compare), and its exit code."""
+    from attention_doctor.compare import between
+    from attention_doctor.compare import render as changes
+    from attention_doctor.result import DoctorResult
+    try:
+        old, new = (DoctorResult.from_json(p) for p in (old_path, new_path))
+    except (OSError, ValueError, KeyError, TypeError) as e:   # not a result file: exit 2, one line
+        print(f"attention-doctor: --against: cannot read a result ({type(e).__name__}: {e})", file=sys.stderr)
+        return EXIT_UNUSABLE
+    print(changes(old, new))
+    kinds = {m.kind for m in between(old, new)}
+    if kinds & {"new_fail", "cause_changed"}:
+        return EXIT_FAILED
+    return EXIT_INCONCLUSIVE if "new_blind" in kinds else EXIT_OK

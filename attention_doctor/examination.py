@@ -10,6 +10,7 @@ from dataclasses import asdict
 
 import torch
 
+from attention_doctor.baseline import of as of_baseline
 from attention_doctor.checks import BY_NAME, ORDER, REGISTRY
 from attention_doctor.checks.causality import describe
 from attention_doctor.checks.common import Context
@@ -31,7 +32,7 @@ def _dtype(d):
 
 
 def examine(target, *, causal=None, device="cpu", dtype=torch.float32, checks=None, seed=0, T=16,
-            name=None, strict=False) -> DoctorResult:
+            name=None, strict=False, baseline=None) -> DoctorResult:
     """Run the doctor's checks on `target` (a torch module, or an Adapter) and return the result.
 
     causal: for a layer, True/False if known, None to let the doctor find out (LMs are causal).
@@ -41,8 +42,10 @@ def examine(target, *, causal=None, device="cpu", dtype=torch.float32, checks=No
     them; an unknown name is a TargetError); each gives the same outcome alone as in a full run.
     seed: the inputs' seed; T: the sequence length. name: the result's target name. strict:
     re-raise the doctor's own errors and an adapter's (default: the check is `inconclusive: doctor
-    error (...)`, or `adapter_error`, never a pass). Raises TargetError when the target cannot be
-    used at all.
+    error (...)`, or `adapter_error`, never a pass). baseline: the expected outcomes the result is
+    judged against (a file path, a dict or an attention_doctor.baseline.Baseline; its exit code,
+    summary and assert_healthy follow it). Raises TargetError when the target cannot be used at all
+    (or the baseline cannot be read).
     """
     wanted = ORDER if checks is None else list(checks)
     unknown = [c for c in wanted if c not in BY_NAME]
@@ -57,12 +60,19 @@ def examine(target, *, causal=None, device="cpu", dtype=torch.float32, checks=No
             raise
         raise TargetError(f"cannot drive {type(target).__name__}: {said(e)}") from None
     want = _dtype(dtype)
+    try:
+        expected = of_baseline(baseline)
+    except ValueError as e:
+        raise TargetError(str(e)) from None
     threads = torch.get_num_threads()   # describe() may run the checks on one thread
     with torch.random.fork_rng(devices=_cuda_devices()):   # the caller's RNG streams as they were
         try:
+            torch.manual_seed(seed)   # what the target draws itself (its own init, a sampled mask): the same each run
             adapter = _own_copy(adapter, device, want, strict)
             adapter.module.eval()
-            return _examined(adapter, wanted, name, T, seed, strict)
+            result = _examined(adapter, wanted, name, T, seed, strict)
+            result.baseline = expected
+            return result
         finally:
             torch.set_num_threads(threads)
 

@@ -141,6 +141,15 @@ class Row:
 WIDTH = 100   # a terminal's and a pull request's width
 
 
+def _baseline_note(j) -> str:
+    """What the baseline says of a judged row's check, for the table's notes."""
+    if j.status.value == "expected":
+        return f"as the baseline expects: {j.expected.reason}"
+    if j.status.value == "fixed":
+        return f"the baseline expects {j.expected.said}: it did not happen"
+    return f"the baseline expects {j.expected.said}"
+
+
 def _short(tolerance: str, n: int = 14) -> str:
     """A tolerance's value for the table's column (its text up to the first `:`, `;` or `(`), or
     "" where that is longer than n: the whole text goes to the notes."""
@@ -164,10 +173,19 @@ def _num(x) -> str:
 class DoctorResult:
     """What examine() found: `checks`, one Row per check run, in order; `info`, what the doctor
     found out about the target (kind, attention implementation, calls seen, its description,
-    timings)."""
+    timings); `baseline`, the expected outcomes it is judged against (attention_doctor.baseline;
+    None: every fail and inconclusive counts)."""
     target: str
     checks: list[Row] = field(default_factory=list)
     info: dict = field(default_factory=dict)
+    baseline: object = None
+
+    def judged(self) -> list:
+        """Each row judged against the baseline (attention_doctor.baseline.Judged); [] without one."""
+        return self.baseline.judge(self) if self.baseline is not None else []
+
+    def _status(self, *statuses) -> list[Row]:
+        return [j.row for j in self.judged() if j.status in statuses]
 
     @property
     def failed(self) -> list[Row]:
@@ -181,8 +199,14 @@ class DoctorResult:
 
     @property
     def exit_code(self) -> int:
-        """1 if a check failed; else 3 if a check was inconclusive; else 0."""
-        return EXIT_FAILED if self.failed else EXIT_INCONCLUSIVE if self.inconclusive else EXIT_OK
+        """1 if a check failed; else 3 if a check was inconclusive; else 0. With a baseline: 1 if a
+        check failed in a way it does not expect (under its strict, also if an expected failure did
+        not happen); else 3 if a check was inconclusive and it does not expect that; else 0."""
+        if self.baseline is None:
+            return EXIT_FAILED if self.failed else EXIT_INCONCLUSIVE if self.inconclusive else EXIT_OK
+        if self._status("unexpected") or (self.baseline.strict and self._status("fixed")):
+            return EXIT_FAILED
+        return EXIT_INCONCLUSIVE if self._status("inconclusive") else EXIT_OK
 
     @property
     def ok(self) -> bool:
@@ -205,13 +229,23 @@ class DoctorResult:
 
     def to_dict(self) -> dict:
         """The JSON form: schema, target, exit_code, the rows (Row.to_dict), info."""
-        return {"schema": SCHEMA, "target": self.target, "exit_code": self.exit_code,
-                "checks": [r.to_dict() for r in self.checks], "info": _to_json(self.info)}
+        d = {"schema": SCHEMA, "target": self.target, "exit_code": self.exit_code,
+             "checks": [r.to_dict() for r in self.checks], "info": _to_json(self.info)}
+        if self.baseline is not None:   # what it was judged against, and how each row was judged
+            d["baseline"] = {**self.baseline.to_dict(), "path": self.baseline.path,
+                             "judged": {j.row.name: j.status.value for j in self.judged()}}
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "DoctorResult":
         """A result from its JSON form (this schema or the older one; its exit code is derived)."""
-        return cls(d.get("target", ""), [Row.from_dict(c) for c in d.get("checks", [])], _from_json(d.get("info") or {}))
+        baseline = None
+        if d.get("baseline") is not None:
+            from attention_doctor.baseline import Baseline
+            b = {k: v for k, v in d["baseline"].items() if k in ("strict", "expected")}
+            baseline = Baseline.from_dict(b, d["baseline"].get("path") or "baseline")
+        return cls(d.get("target", ""), [Row.from_dict(c) for c in d.get("checks", [])], _from_json(d.get("info") or {}),
+                   baseline)
 
     def to_json(self, path=None) -> str:
         """to_dict() as JSON text, also written to `path` when given."""
@@ -244,13 +278,21 @@ class DoctorResult:
         """What the exit code says, in words: the failed rows with their causes, the
         inconclusive ones with why."""
         out = []
-        if self.failed:
-            out.append(f"{len(self.failed)} failed: " + ", ".join(
-                r.name + (f" ({r.cause})" if r.cause else "") for r in self.failed))
-        if self.inconclusive:
-            out.append(f"{len(self.inconclusive)} inconclusive (the doctor could not perform them; never a pass): "
-                       + ", ".join(r.name + (f" ({r.cause})" if r.cause else "") for r in self.inconclusive))
-        if not out:
+        named = lambda rows: ", ".join(r.name + (f" ({r.cause})" if r.cause else "") for r in rows)
+        failed, blind = self.failed, self.inconclusive
+        if self.baseline is not None:
+            expected, fixed = self._status("expected"), self._status("fixed")
+            failed, blind = self._status("unexpected"), self._status("inconclusive")
+            if expected:
+                out.append(f"{len(expected)} as the baseline expects: {named(expected)}")
+            if fixed:
+                out.append(f"{len(fixed)} expected by the baseline did not happen"
+                           f"{' (strict: a failure)' if self.baseline.strict else ''}: {named(fixed)}")
+        if failed:
+            out.append(f"{len(failed)} failed: {named(failed)}")
+        if blind:
+            out.append(f"{len(blind)} inconclusive (the doctor could not perform them; never a pass): {named(blind)}")
+        if not failed and not blind:
             warned = [r.name for r in self.checks if r.outcome is WARN]
             out.append("nothing failed" + (f"; read the warning: {', '.join(warned)}" if warned else ""))
         return "\n".join(out)
@@ -259,11 +301,28 @@ class DoctorResult:
         """The rows as a fixed-width text table (the CLI's output) at most `width` columns wide:
         header, one row per check (outcome, cause, measured, tolerance), then every reason, long
         tolerance, experiment to reproduce and thread as numbered notes, then the summary."""
+        head, body, notes = self.cells(threads)
+        widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
+        line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()
+        out = [*_wrapped(self.header(), width), line(head), line(["-" * w for w in widths])]
+        out += [line(b) for b in body]
+        for i, n in enumerate(notes, 1):
+            out += _wrapped(f"[{i}] {n}", width, indent=" " * (len(str(i)) + 3))
+        for said in self.summary().splitlines():
+            out += _wrapped(said, width)
+        return "\n".join(out)
+
+    def cells(self, threads: bool = True) -> tuple[list[str], list[list[str]], list[str]]:
+        """The table's cells (head, one row per check, the numbered notes), for table() and the
+        other formats (attention_doctor.formats)."""
         head = ["check", "outcome", "cause", "measured", "tolerance", "note"]
         body, notes = [], []
+        judged = {j.row.name: j for j in self.judged()}
         for r in self.checks:
             tol = _short(r.tolerance)
+            j = judged.get(r.name)
             said = [r.reason, f"tolerance {r.tolerance}" if tol != r.tolerance else "",
+                    _baseline_note(j) if j is not None and j.expected is not None else "",
                     f"reproduce: +exp={r.experiment}" if r.experiment else "",
                     f"thread: {r.thread}" if threads and r.thread else ""]
             said = "; ".join(p for p in said if p)
@@ -271,26 +330,26 @@ class DoctorResult:
                 notes.append(said)
             body.append([r.name, r.outcome.value, r.cause or "-", _num(r.measured), tol or "-",
                          f"[{len(notes)}]" if said else ""])
-        widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
-        line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()
-        out = [*_wrapped(self.header(), width), line(head), line(["-" * w for w in widths])]
-        out += [line(b) for b in body]
-        for i, n in enumerate(notes, 1):
-            out += _wrapped(f"[{i}] {n}", width, indent=" " * (len(str(i)) + 3))
-        out += _wrapped(self.summary(), width)
-        return "\n".join(out)
+        return head, body, notes
 
     def details(self) -> str:
         """Each row's detail, one line per check."""
         return "\n".join(f"- {r.name}: {r.detail}" for r in self.checks if r.detail)
 
     def assert_healthy(self, allow=(), allow_inconclusive=()):
-        """Raise AssertionError with the table when a check failed (unless named in `allow`) or was
-        inconclusive (unless named in `allow_inconclusive`, or that is True: any). Returns self."""
-        bad = [r for r in self.failed if r.name not in allow]
-        bad += [r for r in self.inconclusive if allow_inconclusive is not True and r.name not in allow_inconclusive]
+        """Raise AssertionError with the table when a check failed (unless named in `allow`, or the
+        baseline expects it) or was inconclusive (unless named in `allow_inconclusive`, or that is
+        True: any; or the baseline expects it); under the baseline's strict also when a failure it
+        expects did not happen. Returns self."""
+        failed, blind = self.failed, self.inconclusive
+        if self.baseline is not None:
+            failed = self._status("unexpected") + (self._status("fixed") if self.baseline.strict else [])
+            blind = self._status("inconclusive")
+        bad = [r for r in failed if r.name not in allow]
+        bad += [r for r in blind if allow_inconclusive is not True and r.name not in allow_inconclusive]
         if bad:
-            what = "a failure" if any(r.failed for r in bad) else "a check it could not perform"
+            what = ("a failure" if any(r.failed for r in bad) else "a check it could not perform"
+                    if any(r.inconclusive for r in bad) else "an expected failure that did not happen (strict baseline)")
             raise AssertionError(f"attention doctor found {what}:\n" + self.table() + "\n" + "\n".join(
                 f"- {r.name}: {r.verdict}: {r.detail}" for r in bad))
         return self

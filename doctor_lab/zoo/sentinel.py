@@ -1,5 +1,7 @@
 """The sentinel: what changed in the zoo from one transformers release to another. Only the
-differences, each row read by the doctor's parser (Row.from_dict) and grouped by check and cause:
+differences, each row read by the doctor's parser (Row.from_dict), its move classified as a
+maintainer's `attention-doctor --against` classifies it (attention_doctor.compare), grouped by
+check and cause:
 
     new fails      a fail or warn in NEW where OLD passed or was n/a (or the architecture is new)
     new blind      an inconclusive row in NEW where OLD's was not
@@ -16,11 +18,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from attention_doctor.result import FAIL, INCONCLUSIVE, NA, PASS, WARN, Row
+from attention_doctor.compare import classify
+from attention_doctor.result import PASS, Row
 from doctor_lab.report import triage
 from doctor_lab.report.releases import load_tables
-
-FLAGGED = (FAIL, WARN)
 
 
 @dataclass
@@ -76,16 +77,12 @@ def compare(old: dict, new: dict, entries: list[dict] | None = None) -> Delta:
     entries = triage.load() if entries is None else entries
     a, b = _rows(old), _rows(new)
     d = Delta(triage.release_of(old), triage.release_of(new))
+    lists = {"new_fail": d.new_fails, "new_blind": d.new_blind, "fixed": d.fixed}   # the kinds a release table shows
     for k in sorted(set(a) | set(b)):
         o, n = a.get(k), b.get(k)
-        change = Change(*k, o, n)
-        was_flagged = o is not None and o.outcome in FLAGGED
-        if n is not None and n.outcome in FLAGGED and not was_flagged:
-            d.new_fails.append(change)
-        elif n is not None and n.outcome is INCONCLUSIVE and (o is None or o.outcome is not INCONCLUSIVE):
-            d.new_blind.append(change)
-        elif was_flagged and n is not None and n.outcome in (PASS, NA):
-            d.fixed.append(change)
+        kind = classify(o, n)
+        if kind in lists:
+            lists[kind].append(Change(*k, o, n))
     po, pn = _problems(old, entries), _problems(new, entries)
     d.problems_new, d.problems_gone = sorted(pn - po), sorted(po - pn)
     eo, en = _examined(old), _examined(new)

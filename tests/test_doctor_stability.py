@@ -1,0 +1,37 @@
+"""The gate does not move (doctor_lab/stability.py), shrunk: 2 healthy targets of the beds, 2 runs,
+1 busy process; the flip count itself (a changed cause, a missing row, a run that could not
+examine) on made-up runs. The full benchmark is `python -m doctor_lab.stability` (10 runs, 2 busy)."""
+import pytest
+
+from doctor_lab import stability
+
+
+def test_two_targets_two_runs_beside_a_busy_process_do_not_flip(capsys):
+    code = stability.main(["--runs", "2", "--busy", "1", "--busy-seconds", "120", "--targets", "mistral,fused_bmm"])
+    out = capsys.readouterr().out
+    assert "total: 0 flips over 2 runs x 2 targets (30 target-checks) beside 1 busy processes" in out, out
+    assert code == 0
+    assert {ln.split()[0] for ln in out.splitlines() if " flips " in ln and not ln.startswith("total")} == {
+        "mistral", "fused_bmm"}
+
+
+def test_a_flip_is_a_run_whose_outcome_or_cause_differs_from_the_first():
+    run = lambda pad, cache: {"t": {"exit_code": 0, "rows": {"padding": pad, "kv_cache": cache}}}
+    runs = [run(["pass", ""], ["fail", "a"]), run(["pass", ""], ["fail", "b"]), run(["warn", "x"], ["fail", "a"]),
+            {"t": {"error": "boom"}}]
+    f = stability.flips(runs)["t"]
+    assert f == {"kv_cache": 2, "padding": 2, "(error)": 1}
+    text, total = stability.report(runs, 1, 1.0)
+    assert total == 5 and "exit codes seen [0, 'error']" in text
+
+
+def test_the_beds_healthy_targets_and_bad_arguments():
+    names = stability.targets()
+    assert {"gpt_fast", "mistral", "decoder_layer", "nanogpt", "mha_subclass"} <= set(names) and len(names) == 15
+    assert stability.main(["--targets", "nope"]) == 2
+    assert stability.main(["--runs", "1"]) == 2
+
+
+@pytest.mark.parametrize("name", ["mistral", "nanogpt"])
+def test_each_bed_builds_its_healthy_target(name):
+    assert stability.build(name) is not None
