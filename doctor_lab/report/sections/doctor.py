@@ -1,9 +1,11 @@
 """The attention doctor's evidence: results/doctor/*.json, written by
-`python -m doctor_lab.validation all` (beside the lab report's figures dir). Two blocks:
-`doctor` (what it is and a real run on a buggy target: the README's block) and
+`python -m doctor_lab.validation all` (beside the lab report's figures dir). Three blocks:
+`doctor` (what it is and a real run on a buggy target), `doctor_summary` (the README's: that run
+with its notes folded) and
 `doctor_evidence` (sensitivity on the catalogue, the test bed of styles, specificity on real code,
 the public reference implementations, shipped bugs caught in pinned releases, the benchmark)."""
 import json
+import re
 from pathlib import Path
 
 from attention_doctor.checks import REGISTRY
@@ -198,6 +200,33 @@ def benchmark(b: dict) -> str:
             "(target: under 30 s; `python -m doctor_lab.validation benchmark`).\n")
 
 
+def _run(e: dict, stdout: str) -> str:
+    return f"```text\n$ {e['command']}\n{stdout.rstrip()}\n$ echo $?\n{e['exit_code']}\n```\n"
+
+
+NOTE = re.compile(r"^\[(\d+)\] ")
+
+
+def _notes_folded(stdout: str) -> str:
+    """The doctor's output with its numbered notes (each check's tolerance, reproduce command and
+    thread, below the table) folded into one line that says where they are: the README's block
+    fits its page."""
+    out, folded, done = [], [], False
+    for line in stdout.splitlines():
+        m = None if done else NOTE.match(line)
+        if m:
+            folded.append(m.group(1))
+        elif folded and not done and line.startswith(" "):   # a note's continuation
+            continue
+        else:
+            if folded and not done:
+                out.append(f"[notes {folded[0]}-{folded[-1]}: each check's tolerance, reproduce command and thread; "
+                           "in full in results/DOCTOR.md]")
+                done = True
+            out.append(line)
+    return "\n".join(out)
+
+
 def blocks(runs, fig_dir: Path) -> dict[str, str]:
     d = _load(fig_dir)
     if not d:
@@ -210,9 +239,11 @@ def blocks(runs, fig_dir: Path) -> dict[str, str]:
              "could not look: never a pass). Exit codes: 0 every applicable check held, 1 a check failed, 2 the "
              "target or an optional dependency is unusable (one line naming the fix), 3 nothing failed but a check "
              "was inconclusive. A real run on a buggy target:\n"]
+    short = list(intro)
     if "example" in d:
         e = d["example"]
-        intro.append(f"```text\n$ {e['command']}\n{e['stdout'].rstrip()}\n$ echo $?\n{e['exit_code']}\n```\n")
+        intro.append(_run(e, e["stdout"]))
+        short.append(_run(e, _notes_folded(e["stdout"])))
     ev = []
     if "sensitivity" in d:
         ev += ["### Sensitivity: the catalogue's failure values\n", sensitivity(d["sensitivity"])]
@@ -226,7 +257,7 @@ def blocks(runs, fig_dir: Path) -> dict[str, str]:
         ev += ["### Shipped bugs caught in pinned releases\n", shipped(d["shipped"])]
     if "benchmark" in d:
         ev += ["### Cost\n", benchmark(d["benchmark"])]
-    out = {"doctor": "\n".join(intro)}
+    out = {"doctor": "\n".join(intro), "doctor_summary": "\n".join(short[1:])}   # the README's: no heading, notes folded
     if ev:
         out["doctor_evidence"] = "\n".join(ev)
     return out
