@@ -97,6 +97,7 @@ def _own_copy(adapter, device, dtype, strict):
 
 def _examined(adapter, wanted, name, T, seed, strict) -> DoctorResult:
     ctx = Context(adapter, T=T, seed=seed)
+    _sensitive_first(ctx)
     blocked = _prepare(ctx, strict)
     x, y, raised = _smoke(ctx, strict)
     blocked = blocked or raised
@@ -205,6 +206,20 @@ def _smoke(ctx, strict):
         shape = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
         raise TargetError(f"{ctx.adapter.name}: forward returned {shape}, not ({ctx.B}, {ctx.T}, D) floats")
     return x, y, None
+
+
+def _sensitive_first(ctx):
+    """Before the conventions are found (prepare: a mask's encoding, a cache, positions, each by what
+    moves the outputs), the copy's outputs made able to move (_sensitive) where a plain forward runs
+    already: found on outputs that cannot move, each would be read as ignored. Where the plain
+    forward needs what prepare finds, _sensitive does it after the smoke test."""
+    x = ctx.sample()
+    try:
+        y = ctx.run(x)
+    except Signal:   # it needs its conventions first (gpt-fast's input_pos), or raises: the smoke test says
+        return
+    _sensitive(ctx, x, y, strict=False)
+    ctx.info.pop("insensitive_outputs", None)   # decided after the smoke test, on the conventions found
 
 
 def _sensitive(ctx, x, y, strict):

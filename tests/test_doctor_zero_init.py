@@ -80,3 +80,23 @@ def test_a_zero_gate_is_filled_where_the_matrices_leave_the_outputs_still():
     assert not leaky.gamma.any()                      # the caller's model keeps its zeros
     healthy = examine(LayerScaleLM(), checks=["eval_dropout", "future_leak"])
     assert healthy["future_leak"].outcome.value == "pass", healthy.details()
+
+
+def _zero_out(model):
+    """The model with every attention's output projection zero (nanochat's init), in place."""
+    for name, p in model.named_parameters():
+        if name.endswith("attention.wo.weight"):
+            nn.init.zeros_(p)
+    return model
+
+
+def test_conventions_are_found_on_outputs_that_can_move():
+    # a cache kept inside and written at start_pos (Meta's manner) with zero output projections: found
+    # on the copy's unfilled outputs, the cache read as absent (kv_cache n/a) and a top-left step mask shipped
+    from doctor_lab.styles import llama
+    torch.manual_seed(0)
+    r = examine(_zero_out(llama.build("cache_top_left")), checks=["eval_dropout", "kv_cache"])
+    assert r.info["filled_zero_weights"], r.info
+    assert r["kv_cache"].failed, r.details()
+    healthy = examine(_zero_out(llama.build()), checks=["eval_dropout", "kv_cache"])
+    assert healthy["kv_cache"].outcome.value == "pass", healthy.details()
