@@ -65,26 +65,32 @@ def _word(v: lesson.LessonVerdict) -> str:
 
 
 def summary(cells: list[dict]) -> str:
-    held = [c for c in cells if c["verdict"].held]
-    shape = [c for c in cells if c["verdict"].shape and not c["verdict"].held]
-    name = lambda c: f"{c['optim']}/{c['init']}/{c['scale']}"  # noqa: E731
+    """The sentence per cell, unscaled (the lesson's bug) and scaled (where holding it would say the
+    flatline is not the missing scale's), and the loss path of each pair of twins."""
+    name = lambda c: f"{c['optim']}/{c['init']}"  # noqa: E731
     c0 = cells[0]
+
+    def tally(scale: str) -> str:
+        mine = [c for c in cells if c["scale"] == scale]
+        held = [c for c in mine if c["verdict"].held]
+        shape = [c for c in mine if c["verdict"].shape and not c["verdict"].held]
+        return (f"{scale}: **{len(held)} of {len(mine)}**" + (f" ({', '.join(map(name, held))})" if held else "")
+                + (f", its shape (chance, then flat, at another level) in {len(shape)} more ({', '.join(map(name, shape))})"
+                   if shape else ""))
     lines = [TITLE, "",
-             f"The lesson: \"{SENTENCE}\". {len(cells)} runs of a {c0['ln_V']:.3f}-nat (ln V, V = "
-             f"{round(math.exp(c0['ln_V'])):,}) byte-pair LM, {max(c['steps'] for c in cells)} steps each; "
-             f"judged per cell (start within {lesson.START_TOL:g} of ln V, step 50 within {lesson.DROP_TOL:g} "
-             f"of ln V - {lesson.DROP:g}, then a fall under {lesson.FLAT_TOL:g} nats to the end: "
-             "experiments/judging/lesson.py). "
-             f"The sentence holds in **{len(held)} of {len(cells)}** cells"
-             + (f" ({', '.join(map(name, held))})" if held else "")
-             + (f"; its shape (chance, then flat, at another level) in {len(shape)} more ({', '.join(map(name, shape))})"
-                if shape else "") + ".", "",
+             f"The lesson: \"{SENTENCE}\". {len(cells)} runs of a byte-pair LM of V = {round(math.exp(c0['ln_V'])):,} "
+             f"(ln V = {c0['ln_V']:.3f}), {max(c['steps'] for c in cells)} steps each, judged per cell: the start within "
+             f"{lesson.START_TOL:g} of ln V, step 50 within {lesson.DROP_TOL:g} of ln V - {lesson.DROP:g}, then a fall "
+             f"under {lesson.FLAT_TOL:g} nats to the end (experiments/judging/lesson.py). The sentence holds in "
+             f"{tally('unscaled')}; {tally('scaled')}.", "",
              "| optimizer | q/k init | scaled: step 0 → 50 → end | unscaled: step 0 → 50 → end | unscaled: the sentence |",
              "|---|---|---|---|---|"]
     by = {(c["optim"], c["init"], c["scale"]): c for c in cells}
+
+    def path(c):
+        v = c and c["verdict"]
+        return "–" if c is None else f"{_f(v.start.measured)} → {_f(v.at_50.measured)} → {_f(v.end_level)}"
     for o, i in dict.fromkeys((c["optim"], c["init"]) for c in cells):
-        path = lambda c: ("–" if c is None else  # noqa: E731
-                          f"{_f(c['verdict'].start.measured)} → {_f(c['verdict'].at_50.measured)} → {_f(c['verdict'].end_level)}")
         u = by.get((o, i, "unscaled"))
         lines.append(f"| {o} | {i} | {path(by.get((o, i, 'scaled')))} | {path(u)} | {_word(u['verdict']) if u else '–'} |")
     return "\n".join(lines)
