@@ -14,9 +14,10 @@ nats below it. Three clauses, each measured on the run's own logged train loss:
 
 The sentence holds where all three hold; `shape` (start and flat, whatever the level at step 50)
 is reported beside it, so a run that learns the unigram distribution at once and then stalls is
-told apart from one that learns. The plateau: from step 50 until the running mean of three logged
-losses first falls FLAT_TOL below L(50) (its length; `capped` when that never happens within the
-run), and its level (the mean loss over it). These tolerances were fixed from the lesson's own
+told apart from one that learns. The plateau: from step 50 until L(s), the mean over steps s to
+s + WINDOW measured as L(50) is, first falls FLAT_TOL below L(50), s taken past L(50)'s own steps
+so the two means share no batch (its length; `capped` when that never happens within the run), and
+its level (the mean loss over it). These tolerances were fixed from the lesson's own
 numbers before any run, not from the runs.
 """
 import math
@@ -81,8 +82,8 @@ def judge(series: list[tuple[int, float]], ln_v: float, steps: int) -> LessonVer
     at_50 = Clause("at 50", l50, f"{target:.2f} ± {DROP_TOL:g}", abs(l50 - target) <= DROP_TOL)
     flat = Clause("flat", l50 - l_end, f"fall <= {FLAT_TOL:g}", l50 - l_end <= FLAT_TOL)  # NaN: False
     after = [(s, v) for s, v in finite if s >= LANDMARK]
-    left = next((s for i, (s, _) in enumerate(after)
-                 if i >= 1 and _mean(v for _, v in after[max(0, i - 1):i + 2]) < l50 - FLAT_TOL), None)
+    window = lambda t: _mean(v for s, v in after if t <= s <= t + WINDOW)  # noqa: E731  L(t), as L(50)
+    left = next((s for s, _ in after if s > LANDMARK + WINDOW and window(s) < l50 - FLAT_TOL), None)  # windows apart
     end = left if left is not None else (bad if bad is not None else steps)
     level = _mean(v for s, v in after if s <= end)
     return LessonVerdict(start, at_50, flat, plateau_steps=max(0, end - LANDMARK), plateau_capped=left is None and bad is None,

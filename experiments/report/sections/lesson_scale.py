@@ -37,7 +37,7 @@ def cell(run: RunRecord) -> dict:
     series = [(r["step"], r[METRIC]) for r in rows if r.get(METRIC) is not None]
     first = next((r for r in rows if r.get("step") == 0), {})
     return {**labels(cfg), "seed": run.seed, "status": run.status, "ln_V": ln_v, "steps": cfg["train"]["steps"],
-            "verdict": lesson.judge(series, ln_v, cfg["train"]["steps"]), "series": series,
+            "verdict": lesson.judge(series, ln_v, cfg["train"]["steps"]), "series": series, "T": cfg["data"]["seq_len"],
             "saturated": _layers_mean(first, "attn/saturated/L"), "grad_scores": _layers_mean(first, "grad/scores/L"),
             "final": run.final.get(METRIC) if run.status == "completed" else math.nan}
 
@@ -99,10 +99,11 @@ def summary(cells: list[dict]) -> str:
 def cells_table(cells: list[dict]) -> str:
     lines = ["### Per cell", "",
              "Loss: the train loss as logged (step 0: one batch; step 50: steps 50-60; end: the last fifth); "
-             "plateau: steps after step 50 before the loss falls "
-             f"{lesson.FLAT_TOL:g} nats below its step-50 value (+: still on it at the end), and its mean level; "
+             f"plateau: steps after step 50 before the loss (averaged as at step 50) falls {lesson.FLAT_TOL:g} nats "
+             "below its step-50 value (+: still on it at the end), and its mean level; "
              "saturated rows (max weight > 0.99) and mean |dL/dscores| at step 0, averaged over layers, "
-             "as the suite's diagnostics measure them.", "",
+             "as the suite's diagnostics measure them (a causal row's first query has one key: 1/T of the rows, "
+             f"{1 / cells[0]['T']:.3f} here, are saturated by construction).", "",
              "| optimizer | q/k init | scale | step 0 | step 50 | end | plateau (steps at level) | final eval loss "
              "| saturated rows at init | mean \\|dL/dscores\\| at init | the sentence |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
