@@ -52,7 +52,9 @@ def _f(x, spec=".2f") -> str:
 
 
 def _plateau(v: lesson.LessonVerdict) -> str:
-    return f"{v.plateau_steps:.0f}{'+' if v.plateau_capped else ''} at {_f(v.plateau_level)}"
+    """Its length (+: capped; <=: it left at the first step the 11-step means can tell) and level."""
+    first = v.plateau_steps <= lesson.WINDOW + 1 and not v.plateau_capped and v.diverged_at is None
+    return f"{'≤ ' if first else ''}{v.plateau_steps:.0f}{'+' if v.plateau_capped else ''} at {_f(v.plateau_level)}"
 
 
 def _word(v: lesson.LessonVerdict) -> str:
@@ -100,7 +102,8 @@ def cells_table(cells: list[dict]) -> str:
     lines = ["### Per cell", "",
              "Loss: the train loss as logged (step 0: one batch; step 50: steps 50-60; end: the last fifth); "
              f"plateau: steps after step 50 before the loss (averaged as at step 50) falls {lesson.FLAT_TOL:g} nats "
-             "below its step-50 value (+: still on it at the end), and its mean level; "
+             f"below its step-50 value (+: still on it at the end; ≤ {lesson.WINDOW + 1}: it left at the first step "
+             "two 11-step means apart can tell), and its mean level; "
              "saturated rows (max weight > 0.99) and mean |dL/dscores| at step 0, averaged over layers, "
              "as the suite's diagnostics measure them (a causal row's first query has one key: 1/T of the rows, "
              f"{1 / cells[0]['T']:.3f} here, are saturated by construction).", "",
@@ -114,7 +117,8 @@ def cells_table(cells: list[dict]) -> str:
                      f"| {_f(c['grad_scores'], '.2e')} | {_word(v)} |")
     lines += ["", f"![lesson curves](figures/{FIGURE})", "",
               "*Look at: the dotted lines at ln V and ln V - 0.6 (the lesson's 10.4 and 9.8); a cell that holds "
-              "the sentence starts on the first, reaches the second by step 50 and stays there.*"]
+              "the sentence starts on the first, reaches the second by step 50 and stays there. The frame ends 2 "
+              "nats above ln V: a cell that starts higher enters from above.*"]
     return "\n".join(lines)
 
 
@@ -134,7 +138,7 @@ def _figure(cells: list[dict], path: Path):
         ax.set_title(o, fontsize=9)
         ax.set_xlabel("step")
         ax.set_ylabel("train loss (nats)")
-        ax.set_ylim(0, None)
+        ax.set_ylim(0, ln_v + 2)   # an init whose loss starts far above chance (torch_default) starts off the frame
         ax.legend(fontsize=6)
     save(fig, path)
 
