@@ -1,4 +1,5 @@
-"""Datasets: seeded synthetic tasks and char-level text. `build_task` picks one by data.name."""
+"""Datasets: seeded synthetic tasks, char-level text and byte-pair text. `build_task` picks one by data.name."""
+from data.bpe import BpeText
 from data.synthetic import TASKS, Batch, Task, build_task
 from data.text import CharLines, CharText, ChichewaChar, ChichewaLines, PythonSourceChar, PythonSourceLines
 
@@ -8,5 +9,6 @@ TASKS["python_source_char"] = PythonSourceChar
 TASKS["python_source_lines"] = PythonSourceLines
 TASKS["chichewa_char"] = ChichewaChar
 TASKS["chichewa_lines"] = ChichewaLines
+TASKS["bpe_text"] = BpeText  # the lesson's 32k byte-pair vocabulary (data/bpe.py)
 
 __all__ = ["Batch", "Task", "build_task"]

@@ -49,6 +49,7 @@ PARTS = [
     ("dv_ne_dk", f"python run.py -m +exp=dv_ne_dk seed=0,1,2 {P}"),
     ("kv_sharing", f"python run.py -m +exp=kv_sharing seed=0,1,2 {P}"),
     ("phase_no_scaling", f"python run.py -m +exp=phase_no_scaling {P}"),
+    ("lesson_scale", f"python run.py -m +exp=lesson_scale {P}"),   # the lesson's 32k-token model, 12 cells
     ("logit_fixes", f"python run.py -m +exp=logit_fixes seed=0,1,2 {P}"),
     ("lr_sensitivity", f"python run.py -m +exp=lr_sensitivity {P}"),
     ("rank_collapse_depth", f"python run.py -m +exp=rank_collapse_depth seed=0,1,2 {P}"),

@@ -107,6 +107,9 @@ TASK_KEYS = {
     "chichewa_lines": {"data.path": Allowed("str", null=True), "data.vocab_size": Allowed("int", lo=2, null=True),
                        "data.train_fraction": Allowed("float", lo=0, hi=1, lo_open=True, hi_open=True),
                        "data.pad_side": Allowed("str", choices=_pad_sides)},
+    "bpe_text": {"data.vocab_size": Allowed("int", lo=257), "data.corpora": Allowed("list"),
+                 "data.max_chars": Allowed("int", lo=1, null=True),
+                 "data.train_fraction": Allowed("float", lo=0, hi=1, lo_open=True, hi_open=True)},
 }
 
 EXP_KEYS = {"exp.name": Allowed("str"), "exp.claim": Allowed("str", null=True),

@@ -129,6 +129,20 @@ def test_fp16_matmul_then_scale_overflows_where_upcast_does_not():
         mha(upcast=True, score="additive")
 
 
+
+def test_only_a_positive_product_past_65504_is_the_overflow():
+    """Issue 64: float16 turns a negative q.k past -65504 into -inf (a zero weight), a positive one
+    into +inf (a NaN row). The check reads the largest positive q.k a query sees, not |q.k|."""
+    from experiments.training.measures.catalogue import max_visible_qk
+    q = torch.full((1, 1, 2, 64), 40.0)
+    k = torch.stack([torch.full((64,), -40.0), torch.full((64,), 40.0)])[None, None]   # q.k = -102400, +102400
+    mask = causal_mask(2)                                            # query 0 sees key 0 only
+    assert max_visible_qk(q, k, mask) == 102400.0                    # query 1 sees the positive product
+    assert max_visible_qk(q[..., :1, :], k, mask[..., :1, :]) == -102400.0   # |q.k| is large, the product negative
+    with torch.autocast("cpu", dtype=torch.float16):
+        s = mha(upcast=False).scores(q[..., :1, :], k[..., :1, :])
+    assert torch.isneginf(s).all() and float(torch.softmax(torch.cat([s, torch.zeros_like(s)], -1), -1)[..., 0]) == 0.0
+
 # -- fully_masked_rows: which behaviour each backend has on the installed torch ------------------
 @pytest.mark.parametrize("backend", ["explicit", "sdpa"])
 def test_fully_masked_row_behaviour_per_backend_on_this_torch(backend):
@@ -179,6 +193,7 @@ def test_issue_measures_on_a_tiny_untrained_model(compose_cfg, tiny, tmp_path):
     assert mc.first_token_loss(t, cfg)["attn/first_row_entropy_frac"] == pytest.approx(0.0, abs=1e-5)
     t, cfg = trainer("model.attention.upcast=false")
     m = mc.fp16_attention(t, cfg)
+    assert -m["fp16/max_abs_qk"] <= m["fp16/max_qk"] <= m["fp16/max_abs_qk"]
     assert 0 < m["fp16/max_abs_qk"] < 65504 and m["fp16/nonfinite_logits"] == m["fp16_other/nonfinite_logits"] == 0
     t, cfg = trainer("data=padded_copy", "data.seq_len=15", "data.max_len=7", "model.attention.mask_combine=add_min")
     m = mc.mask_combine_rows(t, cfg)

@@ -49,6 +49,10 @@ S8 = f"{S} train.batch_size=8"
 S3 = "train.steps=3 train.eval_batches=1"
 NO_SCALING = "python run.py +exp=no_scaling"
 CATALOGUE = "python run.py -m '+exp=glob(*)' seed=0,1,2"
+# the lesson's 32k-token model, shrunk: a 300-token vocabulary of 20,000 characters of one corpus, a
+# 32-wide model, and of its 12 cells the GPT-2/AdamW twins (scaled, unscaled)
+LESSON = ("data.vocab_size=300 'data.corpora=[python_source]' data.max_chars=20000 model.d_model=32 "
+          "model.n_heads=2 model.init=gpt2 optim=adamw")
 REPORTED = r"^report: \S+REPORT.md$"
 
 COMMANDS = {
@@ -58,6 +62,7 @@ COMMANDS = {
     NO_SCALING: Cmd(S8),
     CATALOGUE: Cmd(f"{S3} seed=0", stdout=REPORTED),
     "python run.py -m +exp=heads seed=0": Cmd(S8, stdout=REPORTED),
+    "python run.py -m +exp=lesson_scale hydra/launcher=parallel": Cmd(f"{S3} {LESSON}", stdout=REPORTED),
     "python run.py +exp=no_scaling data=shakespeare_char": Cmd(S8),
     "python run.py -m '+exp=glob(*)' data=shakespeare_char": Cmd(f"{S3} train.batch_size=8",
                                                                  stdout=r"^skipped: \S+mask_broadcast"),

@@ -32,6 +32,7 @@ from experiments.report.sections import (
     cost,
     disk,
     heads,
+    lesson_scale,
     logit_fixes,
     lr_sensitivity,
     phase,
@@ -44,7 +45,7 @@ from experiments.report.sections import (
 # -- assembly ------------------------------------------------------------------------------------
 # REPORT.md's sections, in order (the protocol: experiments/report/sections/__init__.py)
 # The doctor's evidence and its zoos are the doctor's lab's report (results/DOCTOR.md, doctor_lab.report).
-SECTIONS = (catalogue, unseen_seeds, text, corpora, phase, logit_fixes, heads, lr_sensitivity, collapse, rank_collapse,
+SECTIONS = (catalogue, unseen_seeds, text, corpora, phase, lesson_scale, logit_fixes, heads, lr_sensitivity, collapse, rank_collapse,
             text_samples, bench, disk, cost)
 
 

@@ -251,18 +251,30 @@ def first_token_loss(trainer, cfg) -> dict:
             "attn/first_row_entropy_frac": float(torch.stack(ent).mean())}
 
 
+def max_visible_qk(q, k, visible=None) -> float:
+    """The largest q.k (signed, in float32, before any scale) over the keys each query sees
+    (`visible`: True where the softmax reads the score; None: every key)."""
+    s = q.float() @ k.float().transpose(-2, -1)
+    if visible is not None:
+        s = s.masked_fill(~visible.expand_as(s), float("-inf"))
+    return float(s.max())
+
+
 @torch.no_grad()
 def fp16_attention(trainer, cfg) -> dict:
     """The trained weights evaluated under float16 autocast, in the run's own score order
     (`fp16/...`) and in the other one (`fp16_other/...`): the fraction of non-finite attention
     weights of each layer run alone on its float32 inputs (the attention, isolated from the rest
-    of the model), and of non-finite logits of a whole float16 forward. Also max |q.k| before the
-    scale, in float32: float16 ends at 65504."""
+    of the model), and of non-finite logits of a whole float16 forward. Also, before the scale and in
+    float32, max |q.k| and the largest POSITIVE q.k a query sees (`fp16/max_qk`): float16 ends at
+    65504, and only a positive product past it is +inf and a NaN row; a negative one is -inf, a
+    zero weight (issue 64: seed 2's largest |q.k| was negative)."""
     model = trainer.model
     b = trainer.task.batch(0, trainer.tc["batch_size"], "val").to(trainer.device)
     _, layers = _qk_forward(model, b)
     qk = max(float((q.float() @ k.float().transpose(-2, -1)).abs().max()) for _, q, k, _, _ in layers)
-    out = {"fp16/max_abs_qk": qk, "fp16/float16_max": float(torch.finfo(torch.float16).max)}
+    out = {"fp16/max_abs_qk": qk, "fp16/max_qk": max(max_visible_qk(q, k, m) for _, q, k, m, _ in layers),
+           "fp16/float16_max": float(torch.finfo(torch.float16).max)}
     inputs = _attention_inputs(trainer)
     own = model.attentions[0].cfg.upcast
     half = lambda: torch.autocast(trainer.device.type, dtype=torch.float16)  # noqa: E731
