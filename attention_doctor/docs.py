@@ -13,7 +13,7 @@ from pathlib import Path
 from attention_doctor.checks import COMMON_CAUSES, COMMON_MEASURES, REGISTRY
 
 
-def _cell(text: str) -> str:
+def cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
@@ -25,8 +25,8 @@ def checks_table() -> str:
     for c in REGISTRY:
         rep = ", ".join(f"`{t}`" for t in c.targets)
         rep = "; ".join(x for x in (rep, c.thread) if x)
-        out.append(f"| {c.name} | {_cell(c.does)} | {_cell(c.fails_when)} | {_cell(c.tolerance)} | "
-                   f"{_cell(c.applies)} | {_cell(rep)} |")
+        out.append(f"| {c.name} | {cell(c.does)} | {cell(c.fails_when)} | {cell(c.tolerance)} | "
+                   f"{cell(c.applies)} | {cell(rep)} |")
     return "\n".join(out)
 
 
@@ -34,25 +34,25 @@ def causes_table() -> str:
     """Every cause a row may name, with the outcome it comes with: each check's own, then those
     every check shares."""
     out = ["| check | cause | outcome | meaning |", "|---|---|---|---|"]
-    out += [f"| {c.name} | `{k}` | {v.outcome} | {_cell(v.meaning)} |" for c in REGISTRY for k, v in c.causes.items()]
-    out += [f"| any | `{k}` | {v.outcome} | {_cell(v.meaning)} |" for k, v in COMMON_CAUSES.items()]
+    out += [f"| {c.name} | `{k}` | {v.outcome} | {cell(v.meaning)} |" for c in REGISTRY for k, v in c.causes.items()]
+    out += [f"| any | `{k}` | {v.outcome} | {cell(v.meaning)} |" for k, v in COMMON_CAUSES.items()]
     return "\n".join(out)
 
 
 def measures_table() -> str:
     """Every measurement a row may carry: each check's own, then those any row may."""
     out = ["| check | label | measurement | what it is |", "|---|---|---|---|"]
-    out += [f"| {c.name} | {c.short} | `{k}` | {_cell(v)} |" for c in REGISTRY for k, v in c.measures.items()]
-    out += [f"| any | | `{k}` | {_cell(v)} |" for k, v in COMMON_MEASURES.items()]
+    out += [f"| {c.name} | {c.short} | `{k}` | {cell(v)} |" for c in REGISTRY for k, v in c.measures.items()]
+    out += [f"| any | | `{k}` | {cell(v)} |" for k, v in COMMON_MEASURES.items()]
     return "\n".join(out)
 
 
 BLOCKS = {"checks": checks_table, "causes": causes_table, "measures": measures_table}
 
 
-def render(text: str) -> str:
-    """text with every marked block replaced by its table."""
-    for name, make in BLOCKS.items():
+def render(text: str, blocks: dict = BLOCKS) -> str:
+    """text with every marked block of `blocks` ({name: a function making its table}) replaced by its table."""
+    for name, make in blocks.items():
         pat = re.compile(rf"(<!-- BEGIN {name} -->\n).*?(<!-- END {name} -->)", re.S)
         if not pat.search(text):
             raise ValueError(f"no <!-- BEGIN {name} --> ... <!-- END {name} --> block")
@@ -60,19 +60,20 @@ def render(text: str) -> str:
     return text
 
 
-def main(argv=None) -> int:
+def main(argv=None, blocks: dict = BLOCKS, prog: str = "attention_doctor.docs") -> int:
+    """`python -m PROG docs/doctor.md`: that file's `blocks` rewritten in place."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1 or not Path(argv[0]).is_file():
-        print("usage: python -m attention_doctor.docs docs/doctor.md", file=sys.stderr)
+        print(f"usage: python -m {prog} docs/doctor.md", file=sys.stderr)
         return 2
     p = Path(argv[0])
     try:
-        new = render(p.read_text())
+        new = render(p.read_text(), blocks)
     except ValueError as e:
-        print(f"attention_doctor.docs: {p}: {e}", file=sys.stderr)
+        print(f"{prog}: {p}: {e}", file=sys.stderr)
         return 2
     p.write_text(new)
-    print(f"attention_doctor.docs: wrote the tables of {p}")
+    print(f"{prog}: wrote the tables of {p}")
     return 0
 
 

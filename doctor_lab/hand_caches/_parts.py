@@ -1,8 +1,9 @@
 """What the hand-written caches share: the tiny size, rotary positions, the causal rows of new
-queries over a cache, and the command line's factories."""
-import functools
+queries over a cache, and the command line's factories (the styles bed's)."""
 
 import torch
+
+from doctor_lab.styles._common import factories  # noqa: F401 (re-exported: each model file's __getattr__)
 
 VOCAB, D, HEADS, KV_HEADS, LAYERS = 32, 16, 4, 2, 2
 HEAD_DIM = D // HEADS
@@ -24,17 +25,6 @@ def new_rows(n_new, n_keys, top_left=False, device=None):
     (lower-right aligned); top_left puts query i at key i, as is_causal=True does on a step."""
     q = torch.arange(n_new, device=device)[:, None] + (0 if top_left else n_keys - n_new)
     return torch.arange(n_keys, device=device)[None, :] <= q
-
-
-def factories(build, planted):
-    """A module __getattr__ giving `healthy` and one zero-argument factory per planted bug."""
-    def __getattr__(name):
-        if name == "healthy":
-            return functools.partial(build, None)
-        if name in planted:
-            return functools.partial(build, name)
-        raise AttributeError(name)
-    return __getattr__
 
 
 def built(make, bug, planted, seed=0):
