@@ -157,12 +157,15 @@ def test_report_section_renders_the_committed_evidence(tmp_path):
 
     from doctor_lab.report.sections import doctor
     src = ROOT / "results" / "doctor"   # committed: the repo ships it
-    assert sorted(p.stem for p in src.glob("*.json")) == ["benchmark", "example", "references", "sensitivity", "shipped",
-                                                          "specificity", "styles"]
+    assert sorted(p.stem for p in src.glob("*.json")) == ["benchmark", "example", "generated", "references", "sensitivity",
+                                                          "shipped", "specificity", "styles"]   # generated: its own section
     shutil.copytree(src, tmp_path / "doctor")
     blocks = doctor.blocks([], tmp_path / "figures")
     ex = json.loads((src / "example.json").read_text())
     assert ex["stdout"].splitlines()[0] in blocks["doctor"] and f"\n{ex['exit_code']}\n" in blocks["doctor"]
+    short = blocks["doctor_summary"]   # the README's: the table whole, its numbered notes folded into one line
+    assert ex["stdout"].splitlines()[-1] in short and "[1] " in blocks["doctor"] and "[1] " not in short
+    assert sum(line.startswith("[notes 1-") for line in short.splitlines()) == 1
     ev = blocks["doctor_evidence"]
     for part in ("### Sensitivity", "### Styles", "### Specificity", "### The public reference implementations",
                  "### Shipped bugs", "### Cost"):
