@@ -164,7 +164,7 @@ def find(ctx, sited: set) -> list[tuple[str, nn.Module, Site]]:
             return []
     if p.errors:
         raise DoctorBug(p.errors[0], "the probe") from p.errors[0]
-    found, seen = [], set()
+    found, seen = [], {}
     for c, mark in zip(p.calls, marks):
         if c.module in sited or "graph" not in c.extra:
             continue
@@ -176,9 +176,29 @@ def find(ctx, sited: set) -> list[tuple[str, nn.Module, Site]]:
         else:
             continue
         owner = _owner(c.module if mods else None, [n for n, _, _ in qp + kp])
-        if owner is None or owner in seen or owner in sited:
+        if owner is None or owner in sited:
             continue
-        seen.add(owner)
+        if owner in seen:   # a later call of the same module (differential attention's second map on other
+            # head dims): its columns join the site, so that q and k are scaled and measured whole
+            i = seen[owner]
+            site = found[i][2]
+            mq, mk = _merged(site.q_parts, qp), _merged(site.k_parts, kp)
+            if not _overlap(mq, mk):
+                found[i] = (owner, found[i][1], ColumnSite(owner, found[i][1], mq, mk))
+            continue
+        seen[owner] = len(found)
         module = root.get_submodule(owner) if owner else root
         found.append((owner, module, ColumnSite(owner, module, qp, kp)))
     return found
+
+
+def _merged(parts, more):
+    """[(name, module, columns)] of parts and more together: a module's columns their union."""
+    out = [(n, m, c) for n, m, c in parts]
+    for n, m, c in more:
+        i = next((j for j, (_, o, _) in enumerate(out) if o is m), None)
+        if i is None:
+            out.append((n, m, c))
+        else:
+            out[i] = (out[i][0], m, torch.unique(torch.cat([out[i][2], c])))
+    return out

@@ -393,9 +393,13 @@ class Probe(TorchFunctionMode):
         h = q.shape[-3]
         kk, vv = _expand(k.detach(), h), _expand(v.detach(), h)
         mods = flex.mods(a["score_mod"], a["block_mask"])
-        s = mods((q.detach().double() @ kk.double().transpose(-2, -1)) * scale)
+        prod = (q.detach().double() @ kk.double().transpose(-2, -1)) * scale
+        s = mods(prod)
+        # masked: -inf, or a score_mod's fill (torch.where(keep, score, finfo.min)): an entry that does not
+        # move with the score and lies below MASKED (a soft-cap saturated far out moves as little, but stays high)
+        filled = (mods(prod + 1.0) == s) & (s <= MASKED)
         call = Call("flex", self._where(), q=q.detach(), k=kk, v=vv, out=out.detach(), scores=s,
-                    weights=flex.weights(s), visible=~torch.isneginf(s), scale=scale)
+                    weights=flex.weights(s), visible=~torch.isneginf(s) & ~filled, scale=scale)
         call.extra["flex_mods"] = mods
         self._add(call, graph[0], _expand(graph[1], h))
 

@@ -11,6 +11,7 @@ from contextlib import nullcontext
 import torch
 
 from attention_doctor.checks.common import (
+    ABSOLUTE_POS,
     LONG_BF16_FLOOR,
     LONG_BF16_RATIO,
     LONG_OFFSET,
@@ -110,6 +111,17 @@ def long_positions_through_cache(ctx, a, x):
     d = _rel(s1, s0)
     parts, bad, measured, cause, r = [f"the first attention call: the new tokens' scores among themselves at "
                                       f"+{LONG_OFFSET} against +0: {d:.3g}"], False, d, "", None
+    try:
+        d_small = _rel(new_scores(ctx, a, x, 16), s0) if d > LONG_REL else 0.0
+    except TargetRaised as e:   # as at +4096: the doctor cannot shift it there
+        return inconclusive(f"the target raised on positions 16.. ({e.error})", "unreachable",
+                            through_cache=True, error=e.error)
+    if d_small > ABSOLUTE_POS:   # absolute positions (learned, sinusoidal) move them by design: as without a cache
+        parts.append(f"but at +16 they already differ by {d_small:.3g}: absolute positions, no shift invariance "
+                     "to test")
+        return with_bfloat16(ctx, a, lambda lo, o, auto: new_scores(ctx, lo, x, o, auto), _rel, "scores' ", False,
+                             0.0, "", parts, through_cache=True, absolute_positions=True, shift_16=d_small,
+                             shift=d, per_query_residual=None)
     if d > LONG_REL:
         r = _per_query(s1, s0)
         measured = r
@@ -120,8 +132,8 @@ def long_positions_through_cache(ctx, a, x):
             bad, cause = True, "shift_moves_outputs"
             parts.append(f"not those at +0 times a factor per query (residual {r:.3g})")
     return with_bfloat16(ctx, a, lambda lo, o, auto: new_scores(ctx, lo, x, o, auto), _rel, "scores' ", bad,
-                         measured, cause, parts, through_cache=True, absolute_positions=False, shift_16=None,
-                         shift=d, per_query_residual=r)
+                         measured, cause, parts, through_cache=True, absolute_positions=False,
+                         shift_16=d_small or None, shift=d, per_query_residual=r)
 
 
 # the references bfloat16 is measured against, best first: float32 where the target does not run in

@@ -60,9 +60,13 @@ def _levels(amp):
     65504 in float16); for capped scores, at init and at the most the target's scores reach."""
     if not isinstance(amp, Signal) and amp.capped:
         return [("", None, None), (f" at its capped scores ~{amp.reached:.3g}", amp.reached, amp)]
-    return [("", None, None)] + ([] if isinstance(amp, Signal) else
-                                 [(" at scores ~1e3", AMP_MODERATE, amp.scaled_to(AMP_MODERATE)),
-                                  (" at scores ~3e4", AMP_TARGET, amp)])
+    if isinstance(amp, Signal):
+        return [("", None, None)]
+    # the amplifier lands anywhere in [AMP_LO, AMP_HI] (a bias beside q . k, ALiBi's, keeps the first try
+    # short of its aim): below ~3e4 an unscaled q k^T of d = 16 (x 4) stays under 65504, so that level is aimed again
+    top = amp if amp.reached >= AMP_TARGET else amp.scaled_to(AMP_TARGET)
+    return [("", None, None), (" at scores ~1e3", AMP_MODERATE, amp.scaled_to(AMP_MODERATE)),
+            (" at scores ~3e4", AMP_TARGET, top)]
 
 
 def _run(ctx, a, lp, autocast_dt, xx, m, calls=False):

@@ -94,12 +94,44 @@ def _q_parts(ctx, sites, f, x, calls) -> dict:
         (s, vis), (s2, _), (s3, _) = base, *moved
         d2, d3 = s2 - s, s3 - s
         size = max(float(s[vis].norm()), 1e-30)
-        if float((d2 - s)[vis].norm()) <= 1e-2 * size or float(d2[vis].norm()) <= 1e-2 * size:
+        if float((d2 - s)[vis].norm()) <= 1e-2 * size:
+            continue
+        if float(d2[vis].norm()) <= 1e-2 * size:   # q, k normalised after the site: q . k scaled inside the call
+            inside = _product_part(ctx, sites, f, x, calls, i)
+            if inside is not None:
+                out[i] = inside
             continue
         lin, quad = 4 * d2 - 1.5 * d3, d3 / 2 - d2
         if float(_centred(quad, vis).norm()) <= 1e-2 * float(_centred(lin, vis).norm()):
             out[i] = lin[vis]
     return out
+
+
+def _product_part(ctx, sites, f, x, calls, i):
+    """The visible part of call i's scores that is its own q . k x scale, where q and k are normalised
+    after their site (cosine scores, a q/k norm): q and k times f as the call takes them (its matmul,
+    or the fused call's q and k) give s(f) = f^2 A + f B + C (C: a bias, ALiBi's; B: a term linear
+    in q or k); A = (s(3) - s(1)) / 2 - (s(2) - s(1)). None where the call cannot be scaled inside,
+    its scores do not move, or A is not constant in f (a soft-cap)."""
+    c = calls[i]
+    mine = frozenset(o.extra["qk_matmul"] for o in calls if o.module == c.module and "qk_matmul" in o.extra)
+    if not c.fused and not mine:
+        return None
+    runs = []
+    for fq in (2.0, 3.0, 4.0):
+        with scaled_sites(sites, *f):
+            _, again = ctx.probe(x, qk_factor=fq, qk_where={c.module}, qk_matmuls=mine)
+        runs.append(_rows(again[i]) if len(again) == len(calls) and again[i].source == c.source else None)
+    base = _rows(c)
+    if base is None or any(r is None or r[0].shape != base[0].shape for r in runs):
+        return None
+    (s, vis), (s2, _), (s3, _), (s4, _) = base, *runs
+    a = (s3 - s) / 2 - (s2 - s)
+    a4 = ((s4 - s2) - 2 * (s3 - s2)) / 2   # A again from f = 2, 3, 4: equal where s(f) is that quadratic
+    size = float(_centred(a, vis).norm())
+    if size <= 1e-9 * max(float(s[vis].norm()), 1e-30) or float(_centred(a4 - a, vis).norm()) > 1e-3 * size:
+        return None
+    return a[vis]
 
 
 def _rows(c):
