@@ -305,11 +305,11 @@ def _hull(out, v, vis, live, zero=False):
 
 
 def amplified_logits(ctx):
+    amp = amplifier(ctx)
+    if isinstance(amp, Signal):   # n/a (no attention weights at all) decided before the noise
+        raise type(amp)(amp.why, amp.cause)
     ctx.require_repeatable()
     exact = ctx.limit(EXACT_REL)   # the target's own rounding noise, where it keeps some
-    amp = amplifier(ctx)
-    if isinstance(amp, Signal):
-        raise type(amp)(amp.why, amp.cause)
     x = ctx.sample(k=30)
     _, init_calls = ctx.probe(x)
     y, calls = amp.probe(ctx, x)

@@ -313,11 +313,11 @@ def _later(g, shape, t, packed):
 
 
 def future_leak(ctx):
-    ctx.require_repeatable()
-    exact = ctx.limit(EXACT_REL)   # the target's own rounding noise, where it keeps some
-    if not ctx.require_causal():
+    if not ctx.require_causal():   # n/a first: a bidirectional target has no future to leak, noise or not
         how = "" if ctx.adapter.causal is not None else "; causal=True, or --causal yes, if it is meant to be causal"
         return na(f"{ctx.description.causal_from}: a bidirectional layer sees every position{how}", "not_causal")
+    ctx.require_repeatable()
+    exact = ctx.limit(EXACT_REL)   # the target's own rounding noise, where it keeps some
     x = ctx.sample()
     y = ctx.run(x)
     worst, grads, nonfinite, outputs, half, via = 0.0, [], 0, [], None, ""
