@@ -520,8 +520,19 @@ def kv_cache(ctx):
     a = ctx.adapter
     if a.kind != "lm":
         return na("needs a KV cache (a layer has none; an Adapter of kind lm with prefill and step)", "no_kv_cache")
-    ctx.require_repeatable()
     x = ctx.sample()
+    ready = False
+    try:
+        try:   # the cache's interface first: a target without one is n/a (Unsupported), noise or not
+            with torch.no_grad():
+                ctx.call(a.prefill, x[:, :-1])
+        except (Unreachable, TargetRaised):
+            pass   # what these mean is said by the trials below
+        ctx.require_repeatable()
+        ready = True
+    finally:
+        if not ready:
+            _end_cache(a)
     full = ctx.run(x)
     agree = ctx.limit(AGREE_REL)   # the target's own rounding noise, where it keeps some
     trials, worst, cause = [], 0.0, ""
