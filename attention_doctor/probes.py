@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from attention_doctor import flex
-from attention_doctor.handmade import SCORES_FIT, as_matmul, einsum_operands, fitted_scale, normalised_dim
+from attention_doctor.handmade import SCORES_FIT, as_matmul, einsum_operands, fitted_scale, normalised_dim, output_order
 from attention_doctor.signals import doctor_hook
 
 SDPA = {F.scaled_dot_product_attention}
@@ -187,6 +187,7 @@ class Probe(TorchFunctionMode):
         self._terms: list[tuple[str, tuple]] = []   # (module, product) of the products before the pending one
         self._pending_call = None
         self._pending_exp = None
+        self._pending_order = None   # (permutation, shape) of the pending product's own output, where an einsum laid it out otherwise
         self._pending_cat = None   # (the cat's width, where the q k^T block starts in it)
         self._pending_sigmoid = None   # (scores, weights): a sigmoid of the scores, a call once weights @ v follows
         self._flex = None          # the context that routes flex_attention's calls to the probe
@@ -262,7 +263,7 @@ class Probe(TorchFunctionMode):
                     eq, ops = einsum_operands(args, kwargs)
                     abo = as_matmul(eq, *ops, out) if len(ops) == 2 and isinstance(out, torch.Tensor) else None
                     if abo is not None:
-                        self._matmul(*abo, mm)
+                        self._matmul(*abo, mm, order=output_order(eq), raw=out)
                 elif func in EXP:
                     self._exp(args[0])
                 elif func in CAT:
@@ -399,11 +400,13 @@ class Probe(TorchFunctionMode):
         call.extra["flex_mods"] = mods
         self._add(call, graph[0], _expand(graph[1], h))
 
-    def _softmax(self, args, kwargs, out):
+    def _softmax(self, args, kwargs, out, laid_out=False):
         s = args[0]
         dim = _arg(args, kwargs, 1, "dim", -1)
         if not isinstance(s, torch.Tensor) or s.dim() < 3 or dim is None:
             return
+        if not laid_out:   # read in (batch..., queries, keys) as the product's letters give
+            (s, out), dim = self._canonical([s, out], dim)
         dim = dim % s.dim()
         # which scores are masked is inferred: below MASKED (true of a forward at init, not amplified)
         call = Call("softmax", self._where(), scores=s.detach(), weights=out.detach(), dim=dim - s.dim(),
@@ -468,6 +471,7 @@ class Probe(TorchFunctionMode):
         it a call where it takes a matrix of the weights' shape (weights @ v; CoPE's gates, a sigmoid
         of the scores too, go into a cumsum, not @ v). A sigmoid of anything else (a gate) is not."""
         qk = self._pending_qk
+        (s, out), _ = self._canonical([s, out])
         if qk is None or not isinstance(s, torch.Tensor) or s.dim() < 3 or s.shape[-2:] != qk[2].shape[-2:] \
                 or s.numel() != qk[2].numel():
             return
@@ -478,7 +482,7 @@ class Probe(TorchFunctionMode):
         s, out = self._pending_sigmoid
         self._pending_sigmoid = None
         if a.shape[-2:] == s.shape[-2:] and a.numel() == s.numel():
-            self._softmax((s,), {"dim": -1}, out)
+            self._softmax((s,), {"dim": -1}, out, laid_out=True)
             self._pending_call.extra["normaliser"] = "sigmoid"
 
     def _summed_term(self, s):
@@ -493,6 +497,8 @@ class Probe(TorchFunctionMode):
     def _cat(self, tensors, dim, out):
         """A cat along the last dim of the pending q k^T's scores with other columns: where the block sits."""
         qk = self._pending_qk
+        if isinstance(tensors, (list, tuple)) and tensors:
+            (out, *tensors), _ = self._canonical([out, *tensors])
         if qk is None or not isinstance(out, torch.Tensor) or out.dim() < 2 or not isinstance(tensors, (list, tuple)) \
                 or dim % out.dim() != out.dim() - 1:
             return
@@ -505,7 +511,27 @@ class Probe(TorchFunctionMode):
                 return
             start += t.shape[-1]
 
-    def _matmul(self, a, b, out, mm=None):
+    def _canonical(self, ts, dim=None):
+        """Tensors laid out as the pending product's own einsum output (e.g. 'bqhd,bkhd->bqhk': (B, T_q,
+        H, T_k)) in the order its letters give (batch..., queries, keys): the queries are the letter only q
+        has, the keys the letter only k has, whatever the notation's order. A tensor of the output's shape
+        but another width of the keys (a sink column joined) too, where the keys come last in both. `dim`,
+        an axis of the first tensor, moves with it. (ts, dim) as they are where the first does not fit."""
+        order = self._pending_order if self._pending_qk is not None else None
+        if order is None or not ts:
+            return ts, dim
+        perm, shape = order
+        n = len(perm)
+
+        def fits(t):
+            return isinstance(t, torch.Tensor) and t.dim() == n and (
+                t.shape == shape or perm[-1] == n - 1 and t.shape[:-1] == shape[:-1])
+
+        if not fits(ts[0]):
+            return ts, dim
+        return [t.permute(perm) if fits(t) else t for t in ts], None if dim is None else perm.index(dim % n) - n
+
+    def _matmul(self, a, b, out, mm=None, order=None, raw=None):
         if not isinstance(out, torch.Tensor) or out.dim() < 3:
             return
         if self._pending_sigmoid is not None:
@@ -538,11 +564,13 @@ class Probe(TorchFunctionMode):
             if self._pending_qk is not None:
                 self._terms = (self._terms + [(self._where(), self._pending_qk)])[-TERMS:]
             self._pending_qk = (a, b, out.detach().clone(), mm)   # a copy: the scale may be applied in place (Falcon's /=)
+            self._pending_order = None if order is None else (order, raw.shape)
             self._pending_exp = self._pending_cat = None
 
     def _exp(self, t):
         """An exp of the pending q k^T's shape: a hand-made softmax's scores (the row maximum may be off)."""
         qk = self._pending_qk
+        (t,), _ = self._canonical([t])
         if qk is not None and isinstance(t, torch.Tensor) and t.shape[-2:] == qk[2].shape[-2:] \
                 and t.numel() == qk[2].numel():
             self._pending_exp = t.detach()
