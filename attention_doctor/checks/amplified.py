@@ -280,6 +280,14 @@ def _weights_checks(calls, init_calls, sinks=None) -> Readings:
             r.hull = _worst(r.hull, h)
             if h > HULL_REL:
                 r.witnessed["hull"].append(None if errors is None else h > WITNESS * errors[0])
+        elif c.extra.get("combined_weights") and live.any():
+            # a map combined with others before its product (differential attention's A1 - lambda A2): its own
+            # output is never formed, so its weights bound it: their mass below zero is how far a mix of the
+            # values by this map would leave their hull (relative to their span); a normalisation's map has none
+            h = float(torch.relu(-w).sum(-1)[live].nan_to_num(math.inf).max())
+            r.hull = _worst(r.hull, h)
+            if h > HULL_REL:
+                r.witnessed["hull"].append(None)   # no output of its own to show it either way
     return r
 
 
