@@ -401,7 +401,7 @@ class Probe(TorchFunctionMode):
         mods = flex.mods(a["score_mod"], a["block_mask"])
         s = mods((q.detach().double() @ kk.double().transpose(-2, -1)) * scale)
         call = Call("flex", self._where(), q=q.detach(), k=kk, v=vv, out=out.detach(), scores=s,
-                    weights=flex.weights(s), visible=~torch.isneginf(s), scale=scale)
+                    weights=flex.weights(s), visible=s > MASKED, scale=scale)   # as a softmax call: a finite fill (-1e4) masks too
         call.extra["flex_mods"] = mods
         self._add(call, graph[0], _expand(graph[1], h))
 
