@@ -24,6 +24,29 @@ def as_matmul(eq, a, b, out):
     output's batch letters (keys shared across heads) gets a dimension of size 1 there. An output
     whose letters are a permutation of that order (XLNet's `b n i j, j b n d -> i b n d`: the row
     letter first) is read with its batch letters, each in both operands, moved in front."""
+    letters = _matmul_letters(eq)
+    if letters is None:
+        return None
+    s0, s1, o, batch, m, n, k = letters
+    return _arrange(a, s0, batch, m, k), _arrange(b, s1, batch, k, n), _arrange(out, o, batch, m, n)
+
+
+def output_order(eq) -> list[int] | None:
+    """The permutation that puts a matmul-like einsum's output in the order (batch..., rows, cols)
+    as_matmul reads it (the rows: the letter only the first operand has, the columns: only the
+    second's): [0, 2, 1, 3] for 'bqhd,bkhd->bqhk', whose scores lie (B, T_q, H, T_k). None for
+    another einsum, or where the output is in that order already."""
+    letters = _matmul_letters(eq)
+    if letters is None:
+        return None
+    o, batch, m, n = letters[2:6]
+    order = [o.index(x) for x in batch + m + n]
+    return None if order == sorted(order) else order
+
+
+def _matmul_letters(eq):
+    """(first operand's letters, second's, output's, batch letters, row, column, summed) of an einsum
+    of two operands that is a batched matmul; None otherwise."""
     if not isinstance(eq, str) or "." in eq or "->" not in eq:
         return None
     lhs, o = eq.replace(" ", "").split("->")
@@ -41,7 +64,7 @@ def as_matmul(eq, a, b, out):
             return None
         m, n = rows[0], cols[0]
     batch = "".join(x for x in o if x not in (m, n))
-    return _arrange(a, s0, batch, m, summed[0]), _arrange(b, s1, batch, summed[0], n), _arrange(out, o, batch, m, n)
+    return s0, s1, o, batch, m, n, summed[0]
 
 
 def _arrange(t, letters, batch, row, col):

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from attention_doctor import flex
-from attention_doctor.handmade import SCORES_FIT, as_matmul, einsum_operands, fitted_scale, normalised_dim
+from attention_doctor.handmade import SCORES_FIT, as_matmul, einsum_operands, fitted_scale, normalised_dim, output_order
 from attention_doctor.signals import doctor_hook
 
 SDPA = {F.scaled_dot_product_attention}
@@ -23,6 +23,7 @@ MATMUL = {torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.bmm,
 BADDBMM = {torch.baddbmm, torch.Tensor.baddbmm}
 EXP = {torch.exp, torch.Tensor.exp}
 CAT = {torch.cat, torch.concat, torch.concatenate}
+DIV = {torch.div, torch.true_divide, torch.Tensor.div, torch.Tensor.__truediv__}   # a hand-made normalisation's
 MASKED = -1e3  # a score below this at init is a masked one (fills: -inf, finfo.min, -1e4)
 TERMS = 8      # products kept before the pending one: the terms a sum of scores may add
 
@@ -186,7 +187,9 @@ class Probe(TorchFunctionMode):
         self._pending_qk = None
         self._terms: list[tuple[str, tuple]] = []   # (module, product) of the products before the pending one
         self._pending_call = None
-        self._pending_exp = None
+        self._pending_exp = self._pending_exp_out = None
+        self._norms = []   # hand-made normalisations since the last call: (product, exp's input, weights, dim, cat)
+        self._pending_order = None   # (permutation, shape) of the pending product's own output, where an einsum laid it out otherwise
         self._pending_cat = None   # (the cat's width, where the q k^T block starts in it)
         self._pending_sigmoid = None   # (scores, weights): a sigmoid of the scores, a call once weights @ v follows
         self._flex = None          # the context that routes flex_attention's calls to the probe
@@ -262,11 +265,13 @@ class Probe(TorchFunctionMode):
                     eq, ops = einsum_operands(args, kwargs)
                     abo = as_matmul(eq, *ops, out) if len(ops) == 2 and isinstance(out, torch.Tensor) else None
                     if abo is not None:
-                        self._matmul(*abo, mm)
+                        self._matmul(*abo, mm, order=output_order(eq), raw=out)
                 elif func in EXP:
-                    self._exp(args[0])
+                    self._exp(args[0], out)
                 elif func in CAT:
                     self._cat(_arg(args, kwargs, 0, "tensors"), _arg(args, kwargs, 1, "dim", 0), out)
+                elif func in DIV:
+                    self._div(args[0], out)
         return out
 
     @contextmanager
@@ -280,6 +285,7 @@ class Probe(TorchFunctionMode):
 
     def _add(self, call, q=None, k=None):
         self._terms = []   # the terms of a later call's scores are made after this one
+        self._norms = []
         self._pending_sigmoid = None   # the weights @ v that follows is this call's
         if self.keep_graph and q is not None and k is not None:
             call.extra["graph"] = (q, k)
@@ -395,19 +401,20 @@ class Probe(TorchFunctionMode):
         mods = flex.mods(a["score_mod"], a["block_mask"])
         prod = (q.detach().double() @ kk.double().transpose(-2, -1)) * scale
         s = mods(prod)
-        # masked: -inf, or a score_mod's fill (torch.where(keep, score, finfo.min)): an entry that does not
-        # move with the score and lies below MASKED (a soft-cap saturated far out moves as little, but stays high)
-        filled = (mods(prod + 1.0) == s) & (s <= MASKED)
+        # masked as a softmax call's are: below MASKED (-inf, a score_mod's fill finfo.min or -1e4; true at init,
+        # not amplified); a soft-cap saturated far out stays high
         call = Call("flex", self._where(), q=q.detach(), k=kk, v=vv, out=out.detach(), scores=s,
-                    weights=flex.weights(s), visible=~torch.isneginf(s) & ~filled, scale=scale)
+                    weights=flex.weights(s), visible=s > MASKED, scale=scale)
         call.extra["flex_mods"] = mods
         self._add(call, graph[0], _expand(graph[1], h))
 
-    def _softmax(self, args, kwargs, out):
+    def _softmax(self, args, kwargs, out, laid_out=False):
         s = args[0]
         dim = _arg(args, kwargs, 1, "dim", -1)
         if not isinstance(s, torch.Tensor) or s.dim() < 3 or dim is None:
             return
+        if not laid_out:   # read in (batch..., queries, keys) as the product's letters give
+            (s, out), dim = self._canonical([s, out], dim)
         dim = dim % s.dim()
         # which scores are masked is inferred: below MASKED (true of a forward at init, not amplified)
         call = Call("softmax", self._where(), scores=s.detach(), weights=out.detach(), dim=dim - s.dim(),
@@ -472,6 +479,7 @@ class Probe(TorchFunctionMode):
         it a call where it takes a matrix of the weights' shape (weights @ v; CoPE's gates, a sigmoid
         of the scores too, go into a cumsum, not @ v). A sigmoid of anything else (a gate) is not."""
         qk = self._pending_qk
+        (s, out), _ = self._canonical([s, out])
         if qk is None or not isinstance(s, torch.Tensor) or s.dim() < 3 or s.shape[-2:] != qk[2].shape[-2:] \
                 or s.numel() != qk[2].numel():
             return
@@ -482,7 +490,7 @@ class Probe(TorchFunctionMode):
         s, out = self._pending_sigmoid
         self._pending_sigmoid = None
         if a.shape[-2:] == s.shape[-2:] and a.numel() == s.numel():
-            self._softmax((s,), {"dim": -1}, out)
+            self._softmax((s,), {"dim": -1}, out, laid_out=True)
             self._pending_call.extra["normaliser"] = "sigmoid"
 
     def _summed_term(self, s):
@@ -497,6 +505,8 @@ class Probe(TorchFunctionMode):
     def _cat(self, tensors, dim, out):
         """A cat along the last dim of the pending q k^T's scores with other columns: where the block sits."""
         qk = self._pending_qk
+        if isinstance(tensors, (list, tuple)) and tensors:
+            (out, *tensors), _ = self._canonical([out, *tensors])
         if qk is None or not isinstance(out, torch.Tensor) or out.dim() < 2 or not isinstance(tensors, (list, tuple)) \
                 or dim % out.dim() != out.dim() - 1:
             return
@@ -509,7 +519,27 @@ class Probe(TorchFunctionMode):
                 return
             start += t.shape[-1]
 
-    def _matmul(self, a, b, out, mm=None):
+    def _canonical(self, ts, dim=None):
+        """Tensors laid out as the pending product's own einsum output (e.g. 'bqhd,bkhd->bqhk': (B, T_q,
+        H, T_k)) in the order its letters give (batch..., queries, keys): the queries are the letter only q
+        has, the keys the letter only k has, whatever the notation's order. A tensor of the output's shape
+        but another width of the keys (a sink column joined) too, where the keys come last in both. `dim`,
+        an axis of the first tensor, moves with it. (ts, dim) as they are where the first does not fit."""
+        order = self._pending_order if self._pending_qk is not None else None
+        if order is None or not ts:
+            return ts, dim
+        perm, shape = order
+        n = len(perm)
+
+        def fits(t):
+            return isinstance(t, torch.Tensor) and t.dim() == n and (
+                t.shape == shape or perm[-1] == n - 1 and t.shape[:-1] == shape[:-1])
+
+        if not fits(ts[0]):
+            return ts, dim
+        return [t.permute(perm) if fits(t) else t for t in ts], None if dim is None else perm.index(dim % n) - n
+
+    def _matmul(self, a, b, out, mm=None, order=None, raw=None):
         if not isinstance(out, torch.Tensor) or out.dim() < 3:
             return
         if self._pending_sigmoid is not None:
@@ -538,18 +568,84 @@ class Probe(TorchFunctionMode):
             if block is not None:   # the weights of the q k^T block @ v: the other columns' values are zero
                 c.v = _widened(c.v, block, c.weights.shape[-1])
             c.out = _like(out.detach(), lead)
-        elif not self._handmade(a, b, out):
+        elif not self._handmade(a, b, out) and not self._normalised_before(a, b, out, mm):
             if self._pending_qk is not None:
                 self._terms = (self._terms + [(self._where(), self._pending_qk)])[-TERMS:]
             self._pending_qk = (a, b, out.detach().clone(), mm)   # a copy: the scale may be applied in place (Falcon's /=)
+            self._pending_order = None if order is None else (order, raw.shape)
             self._pending_exp = self._pending_cat = None
 
-    def _exp(self, t):
+    def _div(self, num, out):
+        """A division whose output has the pending q k^T's rows (its keys, or those with sink columns
+        joined) and sums to one along them: a hand-made normalisation, remembered for the product that
+        takes weights made of it (_normalised_before)."""
+        qk, cat = self._pending_qk, self._pending_cat
+        if qk is None or not isinstance(out, torch.Tensor) or out.dim() < 3 or not out.is_floating_point():
+            return
+        (out,), _ = self._canonical([out])
+        prod = qk[2]
+        if out.shape[-2] != prod.shape[-2] or out.numel() // out.shape[-1] != prod.numel() // prod.shape[-1] \
+                or out.shape[-1] not in (prod.shape[-1], cat[0] if cat is not None else None):
+            return
+        e, exp = self._pending_exp, self._pending_exp_out
+        e = e if e is not None and e.shape == out.shape else None
+        dim = normalised_dim(out)
+        if dim is None and e is not None and isinstance(num, torch.Tensor) and exp is not None \
+                and num.data_ptr() == exp.data_ptr() and num.shape == exp.shape:
+            dim = -1   # the exp of the scores over its sum, whatever it came to (not finite once amplified)
+        if dim is None:
+            return
+        self._norms = (self._norms + [(qk, e, out.detach(), dim, cat)])[-TERMS:]
+
+    def _normalised_before(self, a, b, out, mm) -> bool:
+        """weights @ v whose weights are made of hand-made normalisations remembered (self._norms), not
+        one of them as it is: a sink column's weights dropped (the q k^T block of the last one), or maps
+        combined (differential attention's A1 - lambda A2). Each becomes a call, as a softmax would; False
+        where `a` is none of these."""
+        if not self._norms or b.dim() < 2 or b.shape[-2] != a.shape[-1]:
+            return False
+        qk, e, w, dim, cat = self._norms[-1]
+        if cat is not None and e is not None and w.shape[-1] == cat[0] and a.shape[-1] == qk[2].shape[-1] \
+                and a.numel() == qk[2].numel():
+            block = slice(cat[1], cat[1] + a.shape[-1])
+            mine = _like(a.detach(), w.shape[:-2])
+            if mine.shape != w[..., block].shape or not torch.allclose(mine, w[..., block].to(a.dtype), rtol=0, atol=0,
+                                                                      equal_nan=True):
+                return False
+            self._pending_qk, self._pending_cat = qk, cat   # read as a softmax of the joined scores
+            self._softmax((e,), {"dim": dim}, w, laid_out=True)
+            self._matmul(a, b, out, mm)   # now this call's weights @ v
+            return True
+        same = [n for n in self._norms if n[2].shape[-2:] == a.shape[-2:] and n[2].numel() == a.numel()]
+        if not same:
+            return False
+        for qk, e, w, dim, _ in same:
+            lead = w.shape[:-2]
+            q, kt, prod = (_like(t, lead) for t in qk[:3])
+            h = q.shape[-3] if q.dim() >= 3 else 1
+            k = _expand(kt.transpose(-2, -1), h)
+            call = Call("handmade", self._where(), q=q.detach(), k=k.detach(), weights=w, dim=dim)
+            scale = None if e is None else fitted_scale(e, prod, e > MASKED, fit=SCORES_FIT, dim=dim)
+            if scale is not None:   # the exp's input: the scores up to a constant per row
+                call.scores, call.visible, call.scale = e, e > MASKED, scale
+            if qk[3] is not None:
+                call.extra["qk_matmul"] = qk[3]
+            # the product took weights combined from several maps: its output is no mix of this call's values
+            call.extra["combined_weights"] = True
+            call.extra["applied_weights"] = _like(a.detach(), lead)
+            self._add(call, q, k)
+        self._pending_qk = self._pending_exp = self._pending_cat = None
+        return True
+
+    def _exp(self, t, out):
         """An exp of the pending q k^T's shape: a hand-made softmax's scores (the row maximum may be off)."""
         qk = self._pending_qk
-        if qk is not None and isinstance(t, torch.Tensor) and t.shape[-2:] == qk[2].shape[-2:] \
-                and t.numel() == qk[2].numel():
-            self._pending_exp = t.detach()
+        (t,), _ = self._canonical([t])
+        cat = self._pending_cat   # or of the scores with sink columns joined
+        if qk is not None and isinstance(t, torch.Tensor) and t.dim() >= 2 and t.shape[-2] == qk[2].shape[-2] and (
+                t.shape[-1] == qk[2].shape[-1] and t.numel() == qk[2].numel() or cat is not None and t.shape[-1] == cat[0]
+                and t.numel() // cat[0] == qk[2].numel() // qk[2].shape[-1]):
+            self._pending_exp, self._pending_exp_out = t.detach(), out
 
     def _handmade(self, a, b, out) -> bool:
         """weights @ v after a q k^T with no softmax call between them: the weights' rows (or
@@ -562,6 +658,8 @@ class Probe(TorchFunctionMode):
         lead = a.shape[:-2]
         q, kt, prod = (_like(t, lead) for t in qk[:3])
         e, dim = self._pending_exp, normalised_dim(a)
+        if e is not None and e.shape[-1] != qk[2].shape[-1]:   # the exp of scores with sink columns joined: not a's
+            e = None
         if e is not None:   # the exp of the scores (minus a row statistic), not of a gate of the same shape
             e = _like(e, lead)
             scale = fitted_scale(e, prod, e > MASKED, fit=SCORES_FIT, dim=dim or -1)

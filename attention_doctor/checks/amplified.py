@@ -19,6 +19,7 @@ from attention_doctor.checks.common import (
     visible_scores,
 )
 from attention_doctor.layouts import scaled_sites
+from attention_doctor.probes import MASKED
 from attention_doctor.signals import NotPerformed, Signal
 
 
@@ -157,6 +158,35 @@ def amplifier(ctx):
     return ctx.cache["amp"]
 
 
+REACH = 1e6   # a finite mask fill is sought within scores this large: ten times the amplification's top
+
+
+def fill_within_reach(calls, init, largest: float) -> tuple[float, float] | None:
+    """(the largest score that takes a row's visible scores all below its call's finite mask fill, twice
+    over; the fill) where a call's masked scores at init all hold one finite value (masked_fill(-1e4), read
+    from the traced scores) and a row whose visible scores in `calls` (whose largest score is `largest`)
+    are all negative gets there with q and k scaled alike, no further than REACH; else None. There the
+    masked keys take the row's weight: amplified that far, the outputs show it (the leak)."""
+    best = None
+    for c, c0 in zip(calls, init):
+        if c.sigmoid or c.scores is None or c0.scores is None or c0.scores.shape != c.scores.shape:
+            continue
+        s0, s = c0.scores.double(), c.scores.double()
+        vis = s0 > MASKED   # as the probe reads a mask at init (flex's score_mod may fill finitely)
+        masked = s0[~vis]
+        if not masked.numel():
+            continue
+        fill = float(masked[0])
+        if not (math.isfinite(fill) and -FILLS < fill < 0.0) or not bool((masked == fill).all()):
+            continue
+        top = s.masked_fill(~vis, -math.inf).amax(-1)   # each row's largest visible score
+        rows = vis.any(-1) & (top < 0) & torch.isfinite(top)
+        if rows.any():
+            need = 2.0 * float((fill / top[rows]).min()) * largest
+            best = (need, fill) if best is None or need < best[0] else best
+    return best if best is not None and best[0] <= REACH else None
+
+
 WITNESS = 2.0      # a reading's effect on the call's own output: more than twice what the reading leaves unexplained
 SINK_SPREAD = 1e-2   # logits: the sink a row's missing weight implies is one logit per head, whatever the query
 SINK_ROWS = 4        # rows of a head that must imply it (a sink is read at init, where rows miss a share of their weight)
@@ -239,7 +269,7 @@ def _weights_checks(calls, init_calls, sinks=None) -> Readings:
             # aggregated residuals take): not attention weights. One over q k^T's queries is judged
             continue
         vis = c.visible
-        if c.traced:  # masks inferred from the same call before amplification
+        if c.traced or c.source == "flex":  # masks inferred from the same call before amplification (flex's scores too)
             same = i < len(init_calls) and init_calls[i].source == c.source
             vis = None if not same else amplified_visible(c, init_calls[i]) if c.scores is not None \
                 and init_calls[i].scores is not None and init_calls[i].scores.shape == c.scores.shape \
@@ -280,6 +310,14 @@ def _weights_checks(calls, init_calls, sinks=None) -> Readings:
             r.hull = _worst(r.hull, h)
             if h > HULL_REL:
                 r.witnessed["hull"].append(None if errors is None else h > WITNESS * errors[0])
+        elif c.extra.get("combined_weights") and live.any():
+            # a map combined with others before its product (differential attention's A1 - lambda A2): its own
+            # output is never formed, so its weights bound it: their mass below zero is how far a mix of the
+            # values by this map would leave their hull (relative to their span); a normalisation's map has none
+            h = float(torch.relu(-w).sum(-1)[live].nan_to_num(math.inf).max())
+            r.hull = _worst(r.hull, h)
+            if h > HULL_REL:
+                r.witnessed["hull"].append(None)   # no output of its own to show it either way
     return r
 
 
@@ -305,13 +343,19 @@ def _hull(out, v, vis, live, zero=False):
 
 
 def amplified_logits(ctx):
+    amp = amplifier(ctx)
+    if isinstance(amp, Signal):   # n/a (no attention weights at all) decided before the noise
+        raise type(amp)(amp.why, amp.cause)
     ctx.require_repeatable()
     exact = ctx.limit(EXACT_REL)   # the target's own rounding noise, where it keeps some
-    amp = amplifier(ctx)
-    if isinstance(amp, Signal):
-        raise type(amp)(amp.why, amp.cause)
     x = ctx.sample(k=30)
     _, init_calls = ctx.probe(x)
+    fill, past = fill_within_reach(init_calls, init_calls, _max_score(init_calls)), None
+    for _ in range(4):   # amplified past a finite fill in reach, measured again each time (scores need not scale alike)
+        if fill is None or amp.capped or fill[0] <= amp.reached * 1.01:
+            break
+        amp, past = amp.scaled_to(fill[0]), fill[1]
+        fill = fill_within_reach(amp.probe(ctx, x)[1], init_calls, amp.reached)
     y, calls = amp.probe(ctx, x)
     finite = bool(torch.isfinite(y).all())
     leak = None
@@ -340,7 +384,8 @@ def amplified_logits(ctx):
     # the keys (a softmax over the queries) make the leak, not the other way round
     cause = next((c for c in ("nonfinite", "masked_key_weight", "row_sum", "future_leak", "outside_hull")
                   if not held[c]), "")
-    detail = (f"largest score {amp.reached:.3g} (q and k scaled by {amp.factor:.3g} {amp.where()}); " +
+    detail = (f"largest score {amp.reached:.3g} (q and k scaled by {amp.factor:.3g} {amp.where()}"
+              + ("" if past is None else f"; past the masks' finite fill {past:g}, which a row's scores reach") + "); " +
               "; ".join(f"{n}: " + ("n/a" if v is None and i >= 2 else ('yes' if ok else 'no') if v is None else f"{v:.3g}")
                         for i, (n, ok, v) in enumerate(parts))
               + ("; sigmoid weights (each key's on its own): no row sum, no hull" if row_err is None and any(

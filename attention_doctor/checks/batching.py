@@ -6,7 +6,7 @@ import torch
 from attention_doctor.checks.causality import _GradientHalf, refused_autograd
 from attention_doctor.checks.common import AGREE_REL, held_in_part, inconclusive, judged, rel, row
 from attention_doctor.result import FAIL, PASS, WARN
-from attention_doctor.signals import NotPerformed, Unreachable, Unsupported
+from attention_doctor.signals import NotPerformed, TargetRaised, Unreachable, Unsupported
 
 
 def batch_independence(ctx):
@@ -52,6 +52,10 @@ def one_row_mask_warned(ctx, r):
 
 
 def padding(ctx):
+    try:   # the mask's interface first: a target that takes none is n/a (Unsupported), noise or not
+        ctx.run(*ctx.left_padded(k=4))
+    except (TargetRaised, Unreachable):
+        pass   # what these mean is said by the runs below
     ctx.require_repeatable()
     agree = ctx.limit(AGREE_REL)   # the target's own rounding noise, where it keeps some
     P, T = ctx.T // 4, ctx.T

@@ -313,11 +313,11 @@ def _later(g, shape, t, packed):
 
 
 def future_leak(ctx):
-    ctx.require_repeatable()
-    exact = ctx.limit(EXACT_REL)   # the target's own rounding noise, where it keeps some
-    if not ctx.require_causal():
+    if not ctx.require_causal():   # n/a first: a bidirectional target has no future to leak, noise or not
         how = "" if ctx.adapter.causal is not None else "; causal=True, or --causal yes, if it is meant to be causal"
         return na(f"{ctx.description.causal_from}: a bidirectional layer sees every position{how}", "not_causal")
+    ctx.require_repeatable()
+    exact = ctx.limit(EXACT_REL)   # the target's own rounding noise, where it keeps some
     x = ctx.sample()
     y = ctx.run(x)
     worst, grads, nonfinite, outputs, half, via = 0.0, [], 0, [], None, ""
@@ -520,8 +520,19 @@ def kv_cache(ctx):
     a = ctx.adapter
     if a.kind != "lm":
         return na("needs a KV cache (a layer has none; an Adapter of kind lm with prefill and step)", "no_kv_cache")
-    ctx.require_repeatable()
     x = ctx.sample()
+    ready = False
+    try:
+        try:   # the cache's interface first: a target without one is n/a (Unsupported), noise or not
+            with torch.no_grad():
+                ctx.call(a.prefill, x[:, :-1])
+        except (Unreachable, TargetRaised):
+            pass   # what these mean is said by the trials below
+        ctx.require_repeatable()
+        ready = True
+    finally:
+        if not ready:
+            _end_cache(a)
     full = ctx.run(x)
     agree = ctx.limit(AGREE_REL)   # the target's own rounding noise, where it keeps some
     trials, worst, cause = [], 0.0, ""

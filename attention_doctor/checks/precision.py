@@ -403,9 +403,9 @@ def long_positions(ctx):
     a = ctx.adapter
     if a.kind != "lm":
         return na("needs positions (a layer takes none)", "no_positions")
-    ctx.require_repeatable()
     if a.max_len is not None and a.max_len < LONG_OFFSET + ctx.T:
         return na(f"needs positions up to {LONG_OFFSET + ctx.T} (takes {a.max_len})", "no_positions")
+    ctx.require_repeatable()   # after every n/a: a missing interface is n/a whatever the noise
     x = ctx.sample(k=50)
     if a.positions_move_cache:
         return long_positions_through_cache(ctx, a, x)

@@ -7,9 +7,9 @@ from attention_doctor.signals import TargetRaised, Unsupported
 
 def config_roundtrip(ctx):
     a = ctx.adapter
-    ctx.require_repeatable()
-    agree = ctx.limit(AGREE_REL)   # the target's own rounding noise, where it keeps some
-    with a.reloaded() as b:   # Unsupported (n/a) where the target has no save and load
+    with a.reloaded() as b:   # Unsupported (n/a) where the target has no save and load: decided first
+        ctx.require_repeatable()
+        agree = ctx.limit(AGREE_REL)   # the target's own rounding noise, where it keeps some
         x = ctx.sample(k=80)
         plain = rel(ctx.run(x, adapter=b), ctx.run(x), "the outputs before saving")
         padded = None

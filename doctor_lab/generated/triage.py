@@ -74,6 +74,13 @@ REASONS: tuple[Reason, ...] = (
            "dropout left on in eval: config_roundtrip is inconclusive (not_repeatable) where its interface does not "
            "exist (no save/load: n/a), while sliding_window and path_agreement say n/a",
            lambda c, m: m["kind"] == "not_na" and _got("inconclusive (not_repeatable)")(m)),
+    Reason("finite_fill_beside_sinks", CONSTRUCTION,
+           "finite_mask (masked_fill(-1e4)) beside a sink logit per head (zero at init, not a product of q and k): "
+           "a row whose visible scores q and k take below the fill gives its weight to the sink, whose logit no "
+           "scaling of q and k moves, so a masked key's weight stays exp(-1e4 - sink) = 0 and no output can show "
+           "the fill (the doctor amplifies past the fill and finds it elsewhere: softmax, differential, flex)",
+           lambda c, m: c.bug == "finite_mask" and c.style["norm"] == "sinks" and m["check"] == "amplified_logits"
+           and _got("pass")(m)),
     Reason("finite_fill_not_reached", DOCTOR,
            "amplified_logits passes a masked_fill(-1e4): the fill replaces the score, so a masked key takes weight "
            "only in a row whose visible scores all fall below -1e4; the amplification (q and k scaled up to scores "
