@@ -32,7 +32,7 @@ from enum import Enum
 from importlib import metadata
 from pathlib import Path
 
-from attention_doctor.result import FAIL, INCONCLUSIVE, WARN, Outcome, Row
+from attention_doctor.result import FAIL, INCONCLUSIVE, WARN, DoctorResult, Outcome, Row
 
 EXPECTABLE = (FAIL, WARN, INCONCLUSIVE)
 KEYS = ("check", "outcome", "cause", "reason", "thread", "releases", "targets", "id")
@@ -230,6 +230,16 @@ def draft(result, reason: str = "TODO: why this is expected, and until when") ->
     beside; add targets where one file serves several)."""
     return Baseline([Expected(r.name, (r.cause,) if r.cause else (), reason, r.outcome, r.thread)
                      for r in result.checks if r.outcome in (FAIL, INCONCLUSIVE)])
+
+
+def read_result(text_or_path) -> DoctorResult:
+    """A result written as JSON (DoctorResult.to_json), with the baseline it was judged against
+    made a Baseline again, so that its exit code and rows are judged as when it was written."""
+    r = DoctorResult.from_json(text_or_path)
+    if r.baseline_json is not None:
+        b = {k: v for k, v in r.baseline_json.items() if k in ("strict", "expected")}
+        r.baseline = Baseline.from_dict(b, r.baseline_json.get("path") or "baseline")
+    return r
 
 
 def from_triage(entry: dict) -> list[Expected]:

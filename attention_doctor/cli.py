@@ -133,11 +133,11 @@ def _baseline(path, strict):
 
 def against(old_path: str, new_path: str) -> int:
     """--against: what changed from OLD to NEW (attention_doctor.compare), and its exit code."""
+    from attention_doctor.baseline import read_result
     from attention_doctor.compare import between
     from attention_doctor.compare import render as changes
-    from attention_doctor.result import DoctorResult
     try:
-        old, new = (DoctorResult.from_json(p) for p in (old_path, new_path))
+        old, new = (read_result(p) for p in (old_path, new_path))
     except (OSError, ValueError, KeyError, TypeError) as e:   # not a result file: exit 2, one line
         print(f"attention-doctor: --against: cannot read a result ({type(e).__name__}: {e})", file=sys.stderr)
         return EXIT_UNUSABLE

@@ -174,11 +174,14 @@ class DoctorResult:
     """What examine() found: `checks`, one Row per check run, in order; `info`, what the doctor
     found out about the target (kind, attention implementation, calls seen, its description,
     timings); `baseline`, the expected outcomes it is judged against (attention_doctor.baseline;
-    None: every fail and inconclusive counts)."""
+    None: every fail and inconclusive counts); `baseline_json`, a baseline's JSON form as read back
+    with the result (attention_doctor.baseline.read_result makes it a baseline again: this module
+    sits below the baseline's, which needs the checks' registry)."""
     target: str
     checks: list[Row] = field(default_factory=list)
     info: dict = field(default_factory=dict)
     baseline: object = None
+    baseline_json: dict | None = None
 
     def judged(self) -> list:
         """Each row judged against the baseline (attention_doctor.baseline.Judged); [] without one."""
@@ -234,18 +237,16 @@ class DoctorResult:
         if self.baseline is not None:   # what it was judged against, and how each row was judged
             d["baseline"] = {**self.baseline.to_dict(), "path": self.baseline.path,
                              "judged": {j.row.name: j.status.value for j in self.judged()}}
+        elif self.baseline_json is not None:
+            d["baseline"] = self.baseline_json
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "DoctorResult":
-        """A result from its JSON form (this schema or the older one; its exit code is derived)."""
-        baseline = None
-        if d.get("baseline") is not None:
-            from attention_doctor.baseline import Baseline
-            b = {k: v for k, v in d["baseline"].items() if k in ("strict", "expected")}
-            baseline = Baseline.from_dict(b, d["baseline"].get("path") or "baseline")
+        """A result from its JSON form (this schema or the older one; its exit code is derived, without
+        the baseline it was judged against: attention_doctor.baseline.read_result judges it again)."""
         return cls(d.get("target", ""), [Row.from_dict(c) for c in d.get("checks", [])], _from_json(d.get("info") or {}),
-                   baseline)
+                   baseline_json=d.get("baseline"))
 
     def to_json(self, path=None) -> str:
         """to_dict() as JSON text, also written to `path` when given."""

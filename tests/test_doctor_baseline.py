@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from attention_doctor.baseline import Baseline, Expected, Status, draft, from_triage, judge_row
+from attention_doctor.baseline import Baseline, Expected, Status, draft, from_triage, judge_row, read_result
 from attention_doctor.result import DoctorResult, Row
 
 
@@ -79,8 +79,10 @@ def test_a_draft_is_todays_non_passing_rows_and_reads_back(tmp_path):
     assert back.entries == d.entries
     r.baseline = back
     assert r.exit_code == 0
-    again = DoctorResult.from_json(r.to_json())   # a result judged against a baseline, read back
+    again = read_result(r.to_json())   # a result judged against a baseline, read back
     assert again.baseline.entries == d.entries and again.exit_code == 0
+    plain = DoctorResult.from_json(r.to_json())   # without the baseline's module: its JSON kept, written again
+    assert plain.baseline is None and json.loads(plain.to_json())["baseline"] == json.loads(r.to_json())["baseline"]
     assert json.loads(r.to_json())["baseline"]["judged"] == {
         "padding": "expected", "kv_cache": "ok", "self_visibility": "ok", "score_scale": "expected"}
 

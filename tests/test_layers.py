@@ -23,6 +23,7 @@ LAYERS = [
     # the doctor's lab, above the suite and the doctor: nothing below imports it
     ("doctor_lab.generated",),  # the generated bed: the lab's report section reads its records and triage
     ("doctor_lab.report", "doctor_lab.references", "doctor_lab.styles"),  # triage and the lab's report; the test beds
+    ("doctor_lab.hand_caches",),  # the hand-written caches' bed: the styles bed's factories
     ("doctor_lab.zoo", "doctor_lab.zoo_xt", "doctor_lab.zoo_diffusers"),  # the zoos triage with the report's rules
     ("doctor_lab.validation",    # the evidence: the test beds, nanoGPT's attention (bench), its report block
      "doctor_lab.backtest"),     # the regressions transformers shipped, their repros, the releases they need
