@@ -62,6 +62,14 @@ def test_validity_comes_from_the_records():
     assert bug_fits(style(cache="start_pos", positions="alibi", norm="sigmoid"), "cache_positions_from_zero")
     assert bug_fits(style(cache="start_pos", positions="rope_real"), "cache_positions_from_zero")
     assert not bug_fits(style(scores="flex"), "dropout_in_eval")
+    # where no output can show a bug (measured below), the records leave it out
+    assert not bug_fits(style(norm="sinks"), "finite_mask")       # the sink takes a row the fill could
+    assert bug_fits(style(norm="differential"), "finite_mask")
+    for mask in ("bool", "tril"):                                 # sigmoid is 0 or 1 where q k^T overflows
+        assert not bug_fits(style(norm="sigmoid", mask=mask), "scale_after")
+        assert bug_fits(style(norm="sinks", mask=mask), "scale_after")
+    assert bug_fits(style(norm="sigmoid", mask="additive_min"), "scale_after")
+    assert all(b.fit_why for b in records.BUGS_LIST if b.needs_one_of or b.excludes)
 
 
 def test_the_population_counts_by_hand():
@@ -92,6 +100,10 @@ def test_a_reasons_twin_swaps_out_what_it_blames():
     r = triage.reason_of(flex, {"kind": "missed", "check": "amplified_logits", "got": "pass"})
     assert r.name == "finite_fill_not_reached" and triage.twin_of(flex, r) is None
     assert triage.reason_of(Combo(style(), "no_scaling"), {"kind": "missed", "check": "score_scale", "got": "pass"}) is None
+    # a pair examined before its fit rule left it out: the construction's
+    sinks = Combo(style(norm="sinks"), "finite_mask")
+    r = triage.reason_of(sinks, {"kind": "missed", "check": "amplified_logits", "got": "pass"})
+    assert (r.name, r.whose) == ("ruled_out_since", triage.CONSTRUCTION)
 
 
 def test_the_docs_tables_are_the_records():
@@ -158,6 +170,34 @@ def test_left_padding_leaves_a_healthy_models_real_outputs(norm, positions):
         assert moved < 1e-5, (scores, moved)
         bugged = build(style(scores=scores, norm=norm, positions=positions), "mask_ignored")
         assert (_logits(bugged, ids) - _logits(bugged, padded, attention_mask=keep)[:, 4:]).abs().max() > 1e-4
+
+
+def _amplified_logits(style_, bug, factor, dtype):
+    """Logits (plain and left-padded batch) with every layer's q and k times factor, in dtype."""
+    m = build(style_, bug)
+    for blk in m.blocks:
+        project = blk.attn.project
+        blk.attn.project = lambda x, f=project: (lambda q, k, v: (q * factor, k * factor, v))(*f(x))
+    m = m.to(dtype)
+    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+    keep = torch.ones(2, 16, dtype=torch.long)
+    keep[1, :5] = 0
+    return torch.cat([_logits(m, ids), _logits(m, ids, attention_mask=keep)]).float()
+
+
+@pytest.mark.parametrize("bug, over, dtype", [
+    ("scale_after", {"norm": "sigmoid", "mask": "bool"}, torch.float16),
+    ("scale_after", {"norm": "sigmoid", "mask": "tril", "scores": "bmm"}, torch.float16),
+    ("finite_mask", {"norm": "sinks"}, torch.float32)])
+def test_a_bug_its_fit_rule_leaves_out_cannot_show(bug, over, dtype):
+    # the same bug where it fits (an additive mask; a softmax) moves the outputs at the same scores
+    shown = {"scale_after": {**over, "mask": "additive_min"}, "finite_mask": {**over, "norm": "softmax"}}[bug]
+    assert not bug_fits(style(**over), bug) and bug_fits(style(**shown), bug)
+    for factor in (30, 300):
+        hidden = _amplified_logits(style(**over), bug, factor, dtype) - _amplified_logits(style(**over), HEALTHY, factor, dtype)
+        assert hidden.abs().max() == 0, (factor, hidden.abs().max())
+    moved = _amplified_logits(style(**shown), bug, 300, dtype) - _amplified_logits(style(**shown), HEALTHY, 300, dtype)
+    assert moved.abs().max() > 0.1
 
 
 def test_zero_out_init_leaves_attention_without_effect():

@@ -28,13 +28,13 @@ def bugs_table() -> str:
     pop = combos.population()
     out = [f"{len(combos.all_styles())} valid styles; every one also declares no window, one path and no save/load "
            f"({', '.join(records.ALWAYS_NA)}: n/a).", "",
-           "| bug | what it plants | expected rows | needs | needs one of | excludes | more rows where | valid pairs | "
-           "reproduces |", "|---|---|---|---|---|---|---|---|---|"]
+           "| bug | what it plants | expected rows | needs | needs one of | excludes | why not elsewhere | more rows where | "
+           "valid pairs | reproduces |", "|---|---|---|---|---|---|---|---|---|---|"]
     for b in records.BUGS_LIST:
         when = "; ".join(f"{_features(f)}: {', '.join(str(e) for e in more)}" for f, more in b.when) or "–"
         one_of = " or ".join(f"({_features(alt)})" for alt in b.needs_one_of) or "–"
         out.append(f"| {b.name} | {cell(b.what)} | {cell('; '.join(str(e) for e in b.expects))} | "
-                   f"{_features(b.needs)} | {one_of} | {_features(b.excludes)} | {cell(when)} | {len(pop[b.name])} | "
+                   f"{_features(b.needs)} | {one_of} | {_features(b.excludes)} | {cell(b.fit_why) or '–'} | {cell(when)} | {len(pop[b.name])} | "
                    f"{cell(b.source)} |")
     return "\n".join(out)
 

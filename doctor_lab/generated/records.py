@@ -62,11 +62,12 @@ class Bug:
     excludes: frozenset[str] = frozenset()
     when: tuple[tuple[frozenset[str], tuple[Expect, ...]], ...] = ()
     needs_one_of: tuple[frozenset[str], ...] = ()   # alternatives: one of these feature sets (none: no constraint)
+    fit_why: str = ""   # why the fit rules leave out styles it could be written into (no output can show it there)
 
 
-def b(name, what, expects, source, needs=(), excludes=(), when=(), needs_one_of=()) -> Bug:
+def b(name, what, expects, source, needs=(), excludes=(), when=(), needs_one_of=(), fit_why="") -> Bug:
     return Bug(name, what, tuple(expects), source, frozenset(needs), frozenset(excludes),
-               tuple((frozenset(f), tuple(e)) for f, e in when), tuple(frozenset(f) for f in needs_one_of))
+               tuple((frozenset(f), tuple(e)) for f, e in when), tuple(frozenset(f) for f in needs_one_of), fit_why)
 
 
 OWN = ("own_scores", "own_weights", "dropout_site", "fill")
@@ -105,7 +106,7 @@ AXES_VALUES: tuple[Value, ...] = (
     v("norm", "sigmoid", "sigmoid(s - log 16) (sigmoid attention: rows need not sum to 1)", ("row_shift_visible",),
       needs=("own_weights",)),
     v("norm", "sinks", "a learned sink logit per head joins each row's softmax and is dropped (gpt-oss)",
-      ("softmax_family", "row_shift_visible"), needs=("own_weights",)),
+      ("softmax_family", "row_shift_visible", "sink_logit"), needs=("own_weights",)),
     v("norm", "differential", "softmax(q1 k1) - lambda softmax(q2 k2) on half head dims (Diff Transformer)",
       SOFTMAX_ROWS, needs=("own_weights",)),
     # positions
@@ -145,7 +146,12 @@ BUGS_LIST: tuple[Bug, ...] = (
     b("cosine_scores", "q and k l2-normalised, no temperature", [expect("score_scale", "too_small")],
       "cosine_no_temperature"),
     b("scale_after", "q k^T before the scale (the scale on the product)", [expect("low_precision", "qk_before_scale")],
-      "qk_fp16_overflow", needs=("own_scores",)),
+      "qk_fp16_overflow", needs=("own_scores",), needs_one_of=[("softmax_family",), ("additive_mask",)],
+      fit_why="the product passes float16's 65504 only where the scaled score is beyond +-16000 (a scale of 1/4 "
+              "is exact): a softmax turns the +inf into NaN, an additive mask adds its fill to it (finfo.min: a "
+              "masked key weighted 1; -inf: NaN), but sigmoid weights are 0 or 1 there anyway and a masked_fill "
+              "replaces the masked entries: beside sigmoid and a bool or tril mask no output differs (measured: "
+              "0 in float16 with q and k x 1 to x 3000)"),
     b("sees_next", "the causal diagonal one too far: a query sees the next key", [FUTURE],
       "causal_off_by_one (the other way)"),
     b("no_causal_mask", "no causal mask at all", [FUTURE], "no_causal_mask"),
@@ -163,7 +169,11 @@ BUGS_LIST: tuple[Bug, ...] = (
       [expect("fully_masked_rows", "nonfinite_outputs", "nonfinite_gradients")], "fully_masked_rows; pytorch/pytorch #41508",
       needs=("nan_rows", "own_weights")),
     b("finite_mask", "masked scores filled with -1e4 (Megatron's attention_mask_func)",
-      [expect("amplified_logits", "masked_key_weight")], "finite_mask_leak", needs=("softmax_family",)),
+      [expect("amplified_logits", "masked_key_weight")], "finite_mask_leak", needs=("softmax_family",),
+      excludes=("sink_logit",),
+      fit_why="a fill shows only in a row whose visible scores all fall below it; beside a sink logit (zero at "
+              "init, not a product of q and k) the sink takes such a row and a masked key's weight stays "
+              "exp(-1e4 - sink) = 0: no output can show it (measured: 0 in float32 with q and k x 1 to x 3000)"),
     b("mask_ignored", "the forward takes attention_mask and ignores it", [expect("padding", "mask_ignored")], "issue 44"),
     b("unexpanded_mask", "the (B, T) padding mask combined with the (T, T) causal one without its query axis",
       [expect("batch_independence", "padding_mask_broadcast")], "mask_broadcast"),
@@ -176,7 +186,10 @@ BUGS_LIST: tuple[Bug, ...] = (
       "issue 44", needs=("cache",)),
     b("cache_positions_from_zero", "the new tokens' positions counted from 0 under a cache",
       [expect("kv_cache", "new_tokens_differ")], "issue 44", needs=("cache",),
-      needs_one_of=[("position_phases",), ("bias", "row_shift_visible")]),
+      needs_one_of=[("position_phases",), ("bias", "row_shift_visible")],
+      fit_why="ALiBi's query index off by the cache length adds slope x length to a whole row alike, which a "
+              "softmax cancels: it shows only through positions that enter the scores or beside weights that see "
+              "a row's shift (sigmoid, a sink)"),
     b("dropout_in_eval", "attention dropout on in eval", [expect("eval_dropout", "random_in_eval")],
       "meta-pytorch/torchtune #1791", needs=("dropout_site",)),
     b("rope_bf16", "rotary phases computed in bfloat16", [expect("long_positions", "bfloat16_error_grows", "shift_moves_outputs")],

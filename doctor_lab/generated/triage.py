@@ -40,13 +40,10 @@ def _got(*texts):
 
 
 REASONS: tuple[Reason, ...] = (
-    Reason("alibi_positions_from_zero", CONSTRUCTION,
-           "cache_positions_from_zero planted beside ALiBi and a softmax (plain or differential): the new queries' "
-           "index off by the cache length adds slope x length to every score of their row alike, which the softmax "
-           "cancels: no output can differ (sigmoid and sink weights show it, and were caught). The records now "
-           "require positions that enter the scores (rotary, learned) or ALiBi beside such weights",
-           lambda c, m: c.bug == "cache_positions_from_zero" and c.style["positions"] == "alibi"
-           and c.style["norm"] in ("softmax", "differential")),
+    Reason("ruled_out_since", CONSTRUCTION,
+           "a pair the records now leave out, examined before its fit rule: no output can show the bug in that "
+           "style (the bug record's fit_why says why: docs/doctor.md's bugs table, `why not elsewhere`)",
+           lambda c, m: not (valid(c.style) and bug_fits(c.style, c.bug))),
     Reason("presents_cache_unreachable", DOCTOR,
            "kv_cache inconclusive (unreachable): a forward(..., past_key_values=None, use_cache=False) returning "
            "(logits, presents) outside transformers is not driven bare (issue 61 item 5, on another branch)",
@@ -74,13 +71,6 @@ REASONS: tuple[Reason, ...] = (
            "dropout left on in eval: config_roundtrip is inconclusive (not_repeatable) where its interface does not "
            "exist (no save/load: n/a), while sliding_window and path_agreement say n/a",
            lambda c, m: m["kind"] == "not_na" and _got("inconclusive (not_repeatable)")(m)),
-    Reason("finite_fill_beside_sinks", CONSTRUCTION,
-           "finite_mask (masked_fill(-1e4)) beside a sink logit per head (zero at init, not a product of q and k): "
-           "a row whose visible scores q and k take below the fill gives its weight to the sink, whose logit no "
-           "scaling of q and k moves, so a masked key's weight stays exp(-1e4 - sink) = 0 and no output can show "
-           "the fill (the doctor amplifies past the fill and finds it elsewhere: softmax, differential, flex)",
-           lambda c, m: c.bug == "finite_mask" and c.style["norm"] == "sinks" and m["check"] == "amplified_logits"
-           and _got("pass")(m)),
     Reason("finite_fill_not_reached", DOCTOR,
            "amplified_logits passes a masked_fill(-1e4): the fill replaces the score, so a masked key takes weight "
            "only in a row whose visible scores all fall below -1e4; the amplification (q and k scaled up to scores "
@@ -131,14 +121,6 @@ REASONS: tuple[Reason, ...] = (
            lambda c, m: c.style["scores"] == "flex" and m["check"] == "long_positions"
            and _got("fail (bfloat16_nonfinite)")(m),
            twin=(("scores", "sdpa"),)),
-    Reason("scale_after_beside_sigmoid_masked_fill", CONSTRUCTION,
-           "q k^T before the scale beside sigmoid weights and a masked_fill mask (bool, tril): the product passes "
-           "float16's 65504 only where the scaled score is beyond +-16000, where sigmoid is 0 or 1 anyway; the "
-           "masked entries are replaced by the fill: no output can differ (measured: q and k x 300 in float16, "
-           "312 scores +inf, outputs' error against float64 0.00145 with and without the bug). The record should "
-           "require a softmax or an additive mask beside it",
-           lambda c, m: c.bug == "scale_after" and c.style["norm"] == "sigmoid" and c.style["mask"] in ("bool", "tril")
-           and _got("pass")(m)),
     Reason("scale_after_beside_sigmoid_additive", DOCTOR,
            "low_precision passes q k^T before the scale beside sigmoid weights and an additive finfo.min mask: a "
            "+inf product plus finfo.min stays +inf, so masked keys get weight 1 (outputs' error against float64 "
