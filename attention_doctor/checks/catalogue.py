@@ -225,9 +225,12 @@ REGISTRY: tuple[Check, ...] = (
           does="float16 and bfloat16, weights cast and under autocast, at init and with scores ~1e3 and ~3e4, plain "
                "and left-padded; each call's error against float64 on its own q, k, v; on a fail, the first failing "
                "run's attention calls name the pattern, and bisection measures the largest score at which the "
-               "target stays finite beside the textbook reference's on the same q, k, v",
+               "target stays finite beside the textbook reference's on the same q, k, v; where the outputs stay "
+               "finite, each amplified call whose scores overflowed is recomputed with q k^T in float64",
           fails_when="a real output is not finite, or a call's error exceeds twice that of the textbook attention in "
-                     "the same dtype, or a batch it runs in its own precision raises; under autocast, a raise on "
+                     "the same dtype (at init; at amplified scores, a call whose scores hold inf or NaN its own "
+                     "precision has in range: a sigmoid's weight 1, a masked key at +inf past a finfo.min fill), or "
+                     "a batch it runs in its own precision raises; under autocast, a raise on "
                      "writing into the target's own state (a cache buffer set up in the weights' dtype, as gpt-fast's) "
                      "leaves that mode not run (the weights run covers it), while one into a tensor the forward "
                      "made (DBRX's experts) fails",
@@ -263,6 +266,10 @@ REGISTRY: tuple[Check, ...] = (
                                       "nonfinite (a count) or raised (its error)}",
                     "error_ratio": "per dtype: the worst attention call's error against float64 over the textbook "
                                    "attention's in that dtype (None: q, k, v of the calls not seen)",
+                    "hidden_overflow": "per run whose outputs stayed finite though an attention call's scores "
+                                       "overflowed (inf or NaN that the target's own precision has in range) and its "
+                                       "output is off float64 by more than twice the textbook's error: {dtype, mode, "
+                                       "scores (the score aimed at), call, error, textbook_error}",
                     "finite_up_to": "the largest score at which the first failing run stays finite (a fail; None: "
                                     "not measured)",
                     "reference_finite_up_to": "the same for the textbook reference on the same q, k, v (None: not "

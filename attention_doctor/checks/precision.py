@@ -289,6 +289,75 @@ def _size(ctx, amp, lp, auto, dt, first) -> tuple[str, str, dict]:
     return cause, f"{why}; {_name(dt)}: {mine}, {ref}", sizes
 
 
+def _overflow_error(c, c32, c0, dt) -> tuple[float, float] | None:
+    """(the call's output error against float64, the textbook's in dt) where its scores hold inf or
+    NaN that the same call in the target's own precision (c32) has finite and inside dt's range; None
+    elsewhere, or where the call cannot be recomputed (its scores not q k^T times one scale plus
+    terms read from c32: the mask, a bias, an offset). float64: q k^T formed there, times the scale,
+    plus those terms; the textbook: q scaled first, q k^T in dt, the terms and the normalisation in
+    float32 (as _textbook_finite). c0: the same call at init, whose visible keys are the mask."""
+    if c.source not in ("softmax", "handmade") or c32 is None or not (c.complete and c32.complete):
+        return None
+    if c.scores is None or c32.scores is None or c.scores.shape != c32.scores.shape:
+        return None
+    s, s32 = c.scores.double(), c32.scores.double()
+    if not bool((~torch.isfinite(s) & torch.isfinite(s32) & (s32.abs() <= torch.finfo(dt).max)).any()):
+        return None
+    scale = c32.scale or c.scale
+    prod, prod32 = (t.q.double() @ t.k.double().transpose(-2, -1) for t in (c, c32))
+    if not scale or prod.shape != s.shape or prod32.shape != s.shape:
+        return None
+    rest = s32 - prod32 * scale   # what the target adds to q k^T: its mask, a bias, a row offset
+    vis = c0.visible if c0 is not None and c0.visible is not None else c32.visible
+    vis = torch.ones_like(s, dtype=torch.bool) if vis is None else vis.expand_as(s)
+    live = vis.any(-1)
+
+    def attend(scores, v):
+        w = c.normalised(scores.masked_fill(~vis, float("-inf"))).masked_fill(~live[..., None], 0.0)
+        return w.to(v.dtype) @ v
+    truth = attend(prod * scale + rest, c.v.double())
+    q, k = (c.q.double() * scale).to(dt), c.k.to(dt)
+    textbook = attend((q @ k.transpose(-2, -1)).float() + rest.float(), c.v.to(dt))
+    if truth.shape != c.out.shape or not bool(torch.isfinite(truth[live]).all()):
+        return None
+    return rel(c.out[live], truth[live]), rel(textbook[live], truth[live])
+
+
+def _hidden_overflow(ctx, amp, lp, auto, x, dt, own):
+    """Where the low-precision outputs stayed finite at every level: at each amplified level, the
+    first attention call whose scores overflowed (inf or NaN where its own precision's are finite,
+    in dt's range) and whose output is off float64 by more than LOW_PRECISION_RATIO times the
+    textbook's error: an overflow the normalisation kept finite (a sigmoid's weight 1, a masked key
+    at +inf past its finfo.min fill) that the outputs' values show. (cause, what shows it, what was
+    seen, the measurement) or None. own: the plain batch's calls in the target's own precision, per level."""
+    if isinstance(amp, Signal):
+        return None
+    if "init" not in own:
+        own["init"] = ctx.probe(x)[1]
+    init = own["init"]
+    for lvl, aim, a in _levels(amp)[1:]:
+        if aim not in own:
+            own[aim] = _run(ctx, a, ctx.adapter, None, x, None, calls=True)[1]
+        try:
+            calls = _run(ctx, a, lp, auto, x, None, calls=True)[1]
+        except Signal:   # a run _nonfinite found raising or not run: reported there
+            return None
+        calls32 = own[aim]
+        if len(calls) != len(calls32):
+            continue
+        for i, (c, c32) in enumerate(zip(calls, calls32)):
+            c0 = init[i] if i < len(init) and init[i].source == c.source else None
+            errs = _overflow_error(c, c32, c0, dt)
+            if errs is None or errs[0] <= LOW_PRECISION_RATIO * max(errs[1], torch.finfo(dt).eps):
+                continue
+            seen = (f"finite{lvl}, but call {i} ({c.module or c.source}) has inf or NaN scores that "
+                    f"{_name(c32.scores.dtype)} has in range and an output off float64 by {errs[0]:.3g} (the "
+                    f"textbook's {errs[1]:.3g})")
+            return (*_cause(calls, calls32, dt), seen,
+                    {"scores": aim, "call": i, "error": errs[0], "textbook_error": errs[1]})
+    return None
+
+
 def low_precision(ctx):
     ctx.require_repeatable()
     amp = amplifier(ctx)
@@ -296,6 +365,7 @@ def low_precision(ctx):
     padded = ctx.left_padded(k=41)
     parts, bad, worst_ratio, nonfinite_any, not_run, runs = [], [], 0.0, False, {}, []
     ratios, uncompared, cause, size, sizes = {}, 0, "", "", {"finite_up_to": None, "reference_finite_up_to": None}
+    hidden, own = [], {}   # overflows the outputs' finiteness hides; the target's own-precision calls per level
     for dt in LOW:
         try:
             lp = ctx.adapter.converted(dtype=dt)
@@ -318,6 +388,12 @@ def low_precision(ctx):
                 if not cause:   # the first failing run says which pattern broke, and its size
                     cause, size, sizes = _size(ctx, amp, target, auto, dt, first)
                     size = f"{_name(dt)} {mode}: {size}"
+            elif "" not in skipped and (h := _hidden_overflow(ctx, amp, target, auto, x, dt, own)) is not None:
+                hidden.append({"dtype": _name(dt), "mode": mode, **h[3]})
+                bad.append(f"{_name(dt)} {mode} values")
+                parts[-1] = f"{_name(dt)} {mode}: {h[2]}"
+                if not cause:
+                    cause, size = h[0], f"{_name(dt)} {mode}: {h[1]}"
         try:
             errs, n_uncompared = _call_errors(ctx, lp, x)
         except TargetRaised:   # reported above, as the plain batch raising
@@ -347,7 +423,8 @@ def low_precision(ctx):
                                              "call(s) not compared)")
     missing.update({part: f"{part} ({why})" for part, why in not_run.items()})
     tol = f"finite; error <= {LOW_PRECISION_RATIO:g}x ref"
-    meas = dict(nonfinite_runs=runs, error_ratio=ratios, **sizes, **({"not_applicable": na_parts} if na_parts else {}))
+    meas = dict(nonfinite_runs=runs, error_ratio=ratios, hidden_overflow=hidden, **sizes,
+                **({"not_applicable": na_parts} if na_parts else {}))
     if not bad and missing:   # what ran passed, but not all of it could run: never a pass
         why = "needs " + "; ".join(missing.values())
         unamplified = isinstance(amp, Signal) and amp.outcome is not NA

@@ -121,13 +121,6 @@ REASONS: tuple[Reason, ...] = (
            lambda c, m: c.style["scores"] == "flex" and m["check"] == "long_positions"
            and _got("fail (bfloat16_nonfinite)")(m),
            twin=(("scores", "sdpa"),)),
-    Reason("scale_after_beside_sigmoid_additive", DOCTOR,
-           "low_precision passes q k^T before the scale beside sigmoid weights and an additive finfo.min mask: a "
-           "+inf product plus finfo.min stays +inf, so masked keys get weight 1 (outputs' error against float64 "
-           "0.56, the scale-first twin's 0.018) but stay finite; the check reads non-finite outputs and the error "
-           "against a textbook that forms q k^T before its scale as well",
-           lambda c, m: c.bug == "scale_after" and c.style["norm"] == "sigmoid" and _got("pass")(m),
-           twin=(("mask", "additive_neginf"),)),
 )
 
 
