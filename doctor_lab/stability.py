@@ -1,14 +1,17 @@
 """The gate does not move: every healthy target of the test beds (doctor_lab/styles: each style's
-healthy model; doctor_lab/styles/classic.py: the classic four) examined N times, each run in a
+healthy model; doctor_lab/styles/classic.py: the classic four; doctor_lab/hand_caches: each cache
+convention's healthy model; with --generated N, N healthy styles of the generated bed drawn by
+combos.healthy_cover, every axis value among them) examined N times, each run in a
 process of its own as a CI job is, beside K busy processes (each a CPU spin that stops by itself
 after --busy-seconds), and the outcomes compared: a flip is a run whose (outcome, cause) of a
 target's check differs from the first run's.
 
     python -m doctor_lab.stability                       # 10 runs beside 2 busy processes, every target
     python -m doctor_lab.stability --runs 3 --busy 1 --targets gpt_fast,nanogpt
+    python -m doctor_lab.stability --generated 12 --seed 0   # and 12 of the generated bed's healthy styles
 
 Prints one line per target (its flips, the exit codes its runs gave), then the totals; exits 1
-if anything flipped. --out FILE keeps the runs as JSON. Torch runs in the children with the
+if anything flipped or a healthy target's run exited other than 0 or 3 (pass, or inconclusive). --out FILE keeps the runs as JSON. Torch runs in the children with the
 threads torch chooses (the reordering across threads a loaded machine gives is what is measured)."""
 import argparse
 import json
@@ -21,15 +24,47 @@ ROOT = Path(__file__).resolve().parents[1]
 SPIN = "import time\nend = time.time() + {s}\nx = 0\nwhile time.time() < end:\n    x += 1\n"
 
 
-def targets() -> dict[str, str]:
-    """{name: bed} of the beds' healthy targets: each style's (styles) and the classic four (classic)."""
+# the hand-written caches' healthy targets: name -> (module of doctor_lab/hand_caches, its factory)
+HAND_CACHES = {"own_cache": ("own_cache", "healthy"), "input_pos": ("input_pos", "healthy"),
+               **{f"presents_{lay}": ("presents", f"{lay}_healthy") for lay in ("kv", "latent", "olmo")}}
+GENERATED = "generated:"   # a generated style's name: this prefix, then its id with '.' for ',' (--targets splits on ',')
+
+
+def generated_names(n: int, seed: int) -> list[str]:
+    from doctor_lab.generated.combos import healthy_cover
+    return [GENERATED + s.id.replace(",", ".") for s in healthy_cover(n, seed)]
+
+
+def _a_generated_style(name: str) -> bool:
+    """name is GENERATED + a valid style's id ('.' for ','): --targets may name one not drawn."""
+    from doctor_lab.generated.combos import Style, valid
+    try:
+        return name.startswith(GENERATED) and valid(Style.parse(name[len(GENERATED):].replace(".", ",")))
+    except (KeyError, ValueError):
+        return False
+
+
+def targets(generated: int = 0, seed: int = 0) -> dict[str, str]:
+    """{name: bed} of the beds' healthy targets: each style's (styles), the classic four (classic),
+    each cache convention's (hand_caches), and `generated` healthy styles of the generated bed
+    (combos.healthy_cover(generated, seed))."""
     from doctor_lab.styles import STYLES
     from doctor_lab.styles.classic import STYLES as CLASSIC
-    return {**{s: "styles" for s in STYLES}, **{s: "classic" for s in CLASSIC}}
+    return {**{s: "styles" for s in STYLES}, **{s: "classic" for s in CLASSIC}, **dict.fromkeys(HAND_CACHES, "hand_caches"),
+            **dict.fromkeys(generated_names(generated, seed) if generated else [], "generated")}
 
 
 def build(name: str):
-    if targets()[name] == "classic":
+    if name.startswith(GENERATED):
+        from doctor_lab.generated.combos import HEALTHY, Style
+        from doctor_lab.generated.lm import build as build_generated
+        return build_generated(Style.parse(name[len(GENERATED):].replace(".", ",")), HEALTHY)
+    if name in HAND_CACHES:
+        from doctor_lab.hand_caches import input_pos, own_cache, presents
+        module, factory = HAND_CACHES[name]
+        return getattr({"own_cache": own_cache, "input_pos": input_pos, "presents": presents}[module], factory)()
+    from doctor_lab.styles.classic import STYLES as CLASSIC
+    if name in CLASSIC:
         from doctor_lab.styles import classic
         return classic.build(name)
     from doctor_lab.styles import build as build_style
@@ -89,8 +124,12 @@ def run(names: list[str], n: int, k: int, busy_seconds: float, timeout: float = 
     return runs, time.time() - t0
 
 
+HEALTHY_EXITS = (0, 3)   # a healthy target passes or is inconclusive; 1 is a fail, 2 a refusal
+
+
 def report(runs: list[dict], k: int, wall: float) -> tuple[str, int]:
-    """The per-target lines and the totals; the total flip count."""
+    """The per-target lines and the totals; the flips plus the target-runs that exited other than
+    HEALTHY_EXITS (or could not examine)."""
     f = flips(runs)
     lines, total = [], 0
     for name, by_check in f.items():
@@ -100,9 +139,10 @@ def report(runs: list[dict], k: int, wall: float) -> tuple[str, int]:
         moved = ", ".join(f"{c} {v}" for c, v in by_check.items() if v) or "none"
         lines.append(f"{name:14s} flips {n}  exit codes seen {codes}  moved: {moved}")
     checks = sum(len(v) - 1 for v in f.values())
+    off = sum(r.get(name, {}).get("exit_code") not in HEALTHY_EXITS for r in runs for name in f)
     lines.append(f"total: {total} flips over {len(runs)} runs x {len(f)} targets ({checks} target-checks) "
-                 f"beside {k} busy processes, {wall:.0f} s wall")
-    return "\n".join(lines), total
+                 f"beside {k} busy processes, {wall:.0f} s wall; {off} target-runs exited other than 0 or 3")
+    return "\n".join(lines), total + off
 
 
 def main(argv=None) -> int:
@@ -111,15 +151,22 @@ def main(argv=None) -> int:
     p.add_argument("--busy", type=int, default=2, help="busy processes beside the runs")
     p.add_argument("--busy-seconds", type=float, default=3600, help="each busy process stops by itself after this")
     p.add_argument("--targets", default="all", help="comma-separated names (default: every healthy target)")
+    p.add_argument("--generated", type=int, default=0, metavar="N",
+                   help="also N healthy styles of the generated bed, every axis value among them (at least 6)")
+    p.add_argument("--seed", type=int, default=0, help="the generated styles' draw (default 0)")
     p.add_argument("--out", default=None, help="keep the runs as JSON here")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         print("JSON:" + json.dumps(worker(args.worker.split(","))))
         return 0
-    known = targets()
+    try:
+        known = targets(args.generated, args.seed)
+    except ValueError as e:   # too few generated styles to hold every axis value
+        print(f"stability: --generated: {e}", file=sys.stderr)
+        return 2
     names = list(known) if args.targets == "all" else [t for t in args.targets.split(",") if t]
-    unknown = [t for t in names if t not in known]
+    unknown = [t for t in names if t not in known and not _a_generated_style(t)]
     if unknown or args.runs < 2:
         print(f"stability: {'unknown target(s) ' + ', '.join(unknown) if unknown else '--runs needs 2 or more'} "
               f"(targets: {', '.join(known)})", file=sys.stderr)

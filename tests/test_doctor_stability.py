@@ -1,6 +1,6 @@
 """The gate does not move (doctor_lab/stability.py), shrunk: 2 healthy targets of the beds, 2 runs,
 1 busy process; the flip count itself (a changed cause, a missing row, a run that could not
-examine) on made-up runs. The full benchmark is `python -m doctor_lab.stability` (10 runs, 2 busy)."""
+examine) and the runs that exit other than 0 or 3 on made-up runs. The full benchmark is `python -m doctor_lab.stability` (10 runs, 2 busy)."""
 import pytest
 
 from doctor_lab import stability
@@ -22,16 +22,34 @@ def test_a_flip_is_a_run_whose_outcome_or_cause_differs_from_the_first():
     f = stability.flips(runs)["t"]
     assert f == {"kv_cache": 2, "padding": 2, "(error)": 1}
     text, total = stability.report(runs, 1, 1.0)
-    assert total == 5 and "exit codes seen [0, 'error']" in text
+    assert total == 6 and "exit codes seen [0, 'error']" in text   # 5 flips, 1 run that could not examine
+    assert "1 target-runs exited other than 0 or 3" in text
+    failed = [{"t": {"exit_code": 1, "rows": {"padding": ["fail", "x"]}}}] * 2   # steady, but a fail
+    assert stability.report(failed, 1, 1.0)[1] == 2
 
 
 def test_the_beds_healthy_targets_and_bad_arguments():
     names = stability.targets()
-    assert {"gpt_fast", "mistral", "decoder_layer", "nanogpt", "mha_subclass"} <= set(names) and len(names) == 15
+    assert {"gpt_fast", "mistral", "decoder_layer", "nanogpt", "mha_subclass"} <= set(names) and len(names) == 20
+    assert {n for n, bed in names.items() if bed == "hand_caches"} == {
+        "own_cache", "input_pos", "presents_kv", "presents_latent", "presents_olmo"}
     assert stability.main(["--targets", "nope"]) == 2
     assert stability.main(["--runs", "1"]) == 2
+    assert stability.main(["--generated", "3"]) == 2     # too few to hold every axis value
+    assert stability.main(["--targets", "generated:not.a.style"]) == 2
 
 
-@pytest.mark.parametrize("name", ["mistral", "nanogpt"])
+def test_the_generated_healthy_targets_are_drawn_seeded_with_every_axis_value():
+    from doctor_lab.generated import records
+    drawn = stability.generated_names(8, seed=1)
+    assert drawn == stability.generated_names(8, seed=1) and len(set(drawn)) == 8
+    assert drawn != stability.generated_names(8, seed=2)
+    values = {(axis, name) for d in drawn for axis, name in zip(records.AXES, d.split(":", 1)[1].split("."))}
+    assert values == {(v.axis, v.name) for v in records.AXES_VALUES}
+    assert {bed for n, bed in stability.targets(8, seed=1).items() if n in drawn} == {"generated"}
+
+
+@pytest.mark.parametrize("name", ["mistral", "nanogpt", "own_cache", "presents_latent",
+                                  "generated:matmul.separate.bool.layer.softmax.learned.none.default.d32_l2"])
 def test_each_bed_builds_its_healthy_target(name):
     assert stability.build(name) is not None

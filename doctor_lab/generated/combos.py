@@ -123,3 +123,22 @@ def sample(n: int, seed: int = 0, healthy_share: float = 0.2) -> list[Combo]:
         out += [Combo(s, bug) for s in rng.sample(pop[bug], min(k, len(pop[bug])))]
     rng.shuffle(out)
     return out
+
+
+def healthy_cover(n: int, seed: int = 0) -> list[Style]:
+    """n valid styles, seeded, in which every value of every axis appears: greedily the style that
+    adds the most values not yet seen (ties: the seeded shuffle's order), then the shuffle's next
+    ones. ValueError where n is too few to cover every value."""
+    rng = random.Random(seed)
+    pool = all_styles()
+    rng.shuffle(pool)
+    picked, seen = [], set()
+    every = set(VALUES)
+    while seen != every:
+        best = max(pool, key=lambda s: len({v.key for v in s.values} - seen))
+        picked.append(best)
+        seen |= {v.key for v in best.values}
+    if n < len(picked):
+        raise ValueError(f"{n} styles cannot hold every axis value ({len(picked)} needed, seed {seed})")
+    chosen = {s.id for s in picked}
+    return picked + [s for s in pool if s.id not in chosen][:n - len(picked)]
