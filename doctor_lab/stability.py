@@ -15,6 +15,7 @@ if anything flipped or a healthy target's run exited other than 0 or 3 (pass, or
 threads torch chooses (the reordering across threads a loaded machine gives is what is measured)."""
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -103,11 +104,13 @@ def _busy(k: int, seconds: float) -> list[subprocess.Popen]:
     return [subprocess.Popen([sys.executable, "-c", SPIN.format(s=seconds)]) for _ in range(k)]
 
 
-def run(names: list[str], n: int, k: int, busy_seconds: float, timeout: float = 1800) -> tuple[list[dict], float]:
-    """n runs of the worker, each a subprocess, beside k busy processes: (the runs, wall seconds)."""
+def run(names: list[str], n: int, k: int, busy_seconds: float, timeout: float = 1800
+        ) -> tuple[list[dict], float, list[float]]:
+    """n runs of the worker, each a subprocess, beside k busy processes: (the runs, wall seconds, the
+    1-minute load average at the end of each run: the load the runs met, whatever made it)."""
     spinners = _busy(k, busy_seconds)
     t0 = time.time()
-    runs = []
+    runs, loads = [], []
     try:
         for i in range(n):
             p = subprocess.run([sys.executable, "-m", "doctor_lab.stability", "--worker", ",".join(names)], cwd=ROOT,
@@ -116,18 +119,19 @@ def run(names: list[str], n: int, k: int, busy_seconds: float, timeout: float = 
             if p.returncode or not got:
                 raise RuntimeError(f"run {i + 1} exited {p.returncode}: {(p.stderr.strip().splitlines() or ['-'])[-1]}")
             runs.append(json.loads(got[0]))
-            print(f"  run {i + 1}/{n}: {time.time() - t0:.0f} s", flush=True)
+            loads.append(os.getloadavg()[0])
+            print(f"  run {i + 1}/{n}: {time.time() - t0:.0f} s, load {loads[-1]:.1f}", flush=True)
     finally:
         for s in spinners:   # the spinners stop by themselves; these are ours, ended early when done
             s.terminate()
             s.wait()
-    return runs, time.time() - t0
+    return runs, time.time() - t0, loads
 
 
 HEALTHY_EXITS = (0, 3)   # a healthy target passes or is inconclusive; 1 is a fail, 2 a refusal
 
 
-def report(runs: list[dict], k: int, wall: float) -> tuple[str, int]:
+def report(runs: list[dict], k: int, wall: float, loads: list[float] = ()) -> tuple[str, int]:
     """The per-target lines and the totals; the flips plus the target-runs that exited other than
     HEALTHY_EXITS (or could not examine)."""
     f = flips(runs)
@@ -141,7 +145,9 @@ def report(runs: list[dict], k: int, wall: float) -> tuple[str, int]:
     checks = sum(len(v) - 1 for v in f.values())
     off = sum(r.get(name, {}).get("exit_code") not in HEALTHY_EXITS for r in runs for name in f)
     lines.append(f"total: {total} flips over {len(runs)} runs x {len(f)} targets ({checks} target-checks) "
-                 f"beside {k} busy processes, {wall:.0f} s wall; {off} target-runs exited other than 0 or 3")
+                 f"beside {k} busy processes, {wall:.0f} s wall; {off} target-runs exited other than 0 or 3"
+                 + (f"; load average at the runs' ends {min(loads):.1f}..{max(loads):.1f} on {os.cpu_count()} CPUs"
+                    if loads else ""))
     return "\n".join(lines), total + off
 
 
@@ -173,14 +179,15 @@ def main(argv=None) -> int:
         return 2
     print(f"{len(names)} healthy targets x {args.runs} runs beside {args.busy} busy processes")
     try:
-        runs, wall = run(names, args.runs, args.busy, args.busy_seconds)
+        runs, wall, loads = run(names, args.runs, args.busy, args.busy_seconds)
     except (RuntimeError, subprocess.TimeoutExpired) as e:
         print(f"stability: {e}", file=sys.stderr)
         return 2
-    text, total = report(runs, args.busy, wall)
+    text, total = report(runs, args.busy, wall, loads)
     print(text)
     if args.out:
-        Path(args.out).write_text(json.dumps({"runs": runs, "busy": args.busy, "wall_s": wall}, indent=1) + "\n")
+        Path(args.out).write_text(json.dumps({"runs": runs, "busy": args.busy, "wall_s": wall, "load": loads,
+                                               "cpus": os.cpu_count()}, indent=1) + "\n")
     return 1 if total else 0
 
 
