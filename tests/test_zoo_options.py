@@ -26,20 +26,43 @@ def test_only_the_field_that_changes_attention_code_is_an_option(found):
     assert found["status"] == "discovered" and found["attention"] == ["attn"]
     tried = {t["label"]: t for t in found["tried"]}
     # every boolean of the class's own fields tried; the sizes the shrink sets are not candidates
-    assert {"halve_scores=true", "gelu_mlp=true", "unused_flag=true"} <= set(tried)
+    assert {"halve_scores=true", "gelu_mlp=true", "unused_flag=true", "zero_bias=true"} <= set(tried)
     assert not any(k.startswith(("hidden_size", "num_attention_heads", "vocab_size")) for k in tried)
-    assert [k for k, t in tried.items() if t["found"]] == ["halve_scores=true"]
+    assert [k for k, t in tried.items() if t["found"]] == ["halve_scores=true", "zero_bias=true"]
     assert tried["halve_scores=true"]["by"] == ["lines", "outputs"] and tried["halve_scores=true"]["lines"] == 1
     assert tried["gelu_mlp=true"]["by"] == [] and not tried["gelu_mlp=true"]["error"]
-    assert options.option_sets(found) == [{}, {"halve_scores": True}]
+    assert options.option_sets(found) == [{}, {"halve_scores": True}, {"zero_bias": True}]
     assert found["cost"]["wall_s"] > 0
+
+
+def test_a_parameter_that_starts_at_zero_is_found_by_what_the_module_holds(found):
+    """zero_bias adds a bias to the attention's projection that starts at zero: no output moves and
+    no other line runs (measured here), but the attention module built holds a parameter more."""
+    t = {t["label"]: t for t in found["tried"]}["zero_bias=true"]
+    assert t["by"] == ["params"] and t["lines"] == 0 and t["impls"] == ["eager"]
+
+
+def test_the_fields_of_a_sub_config_are_tried():
+    """A composite config whose model reads text_config: its fields are candidates `text_config.x`,
+    found as the flat config's are; the value reaches the sub-config over the shrink."""
+    import option_fakes
+    from doctor_lab.zoo.shrink import make_config
+    option_fakes.register()
+    table = {"generic": option_fakes.GENERIC, "archs": {}}
+    cfg = make_config(option_fakes.COMPOSITE, table, {"text_config.halve_scores": True})
+    assert cfg.text_config.halve_scores is True and cfg.text_config.hidden_size == 16 and not cfg.text_config.gelu_mlp
+    d = options.discover(option_fakes.COMPOSITE, ["eager"], table, root=HERE)
+    tried = {t["label"]: t for t in d["tried"]}
+    assert {"text_config.gelu_mlp=true", "text_config.unused_flag=true"} <= set(tried)
+    assert sorted(k for k, t in tried.items() if t["found"]) == ["text_config.halve_scores=true", "text_config.zero_bias=true"]
+    assert tried["text_config.halve_scores=true"]["by"] == ["lines", "outputs"]
 
 
 def test_a_job_per_option_set_and_its_row_key(found, tmp_path):
     jobs = option_zoo.jobs({"fake": found})
-    assert sorted(v[1] == {} for v in jobs.values()) == [False, True] and "fake" in jobs
+    assert sorted(v[1] == {} for v in jobs.values()) == [False, False, True] and "fake" in jobs
     rows = option_zoo.write_table(tmp_path, {"fake": found})
-    assert [r["options"] for r in rows if r["found"] == "yes"] == ["halve_scores=true"]
+    assert [r["options"] for r in rows if r["found"] == "yes"] == ["halve_scores=true", "zero_bias=true"]
     assert (tmp_path / "options.csv").read_text().startswith("arch,options,kind,found,by")
     assert options.label({"use_sliding_window": True, "max_window_layers": 0}) == \
         "max_window_layers=0+use_sliding_window=true"
