@@ -132,3 +132,29 @@ def test_an_option_changes_the_default_before_the_shrink():
     assert on.use_sliding_window is True and on.sliding_window == 16 and on.num_hidden_layers == 2
     kinds = ["sliding_attention", "full_attention"]
     assert make_config("qwen2", t, {"use_sliding_window": True, "layer_types": kinds}).layer_types == kinds
+
+
+def test_the_cost_table_is_rendered_from_the_option_tables(tmp_path):
+    """DOCTOR.md's option zoo cost: per release, the discovery's cost summed over options.json, each
+    job's (architecture x option set) from its results, the command's from zoo.json; the whole
+    release extrapolated, and said so, where a zoo table of that release gives its number of LMs."""
+    import json
+
+    from doctor_lab.report.sections import zoo_options as section
+    fig = tmp_path / "doctor_figures"
+    assert section.blocks([], fig) == {}
+    d = tmp_path / "zoo_options" / "5.23.0"
+    d.mkdir(parents=True)
+    found = {"found": ["a=true"], "status": "discovered", "tried": 10, "cost": {"wall_s": 20.0, "cpu_s": 6.0}}
+    (d / "options.json").write_text(json.dumps({"llama": found, "qwen2": {**found, "cost": {"wall_s": 40.0, "cpu_s": 10.0}}}))
+    res = [{"arch": a, "option_label": o, "impl": i, "wall_s": 5.0, "cpu_s": c}
+           for a, o, c in (("llama", "", 1.0), ("llama", "a=true", 2.0), ("qwen2", "", 3.0)) for i in ("eager", "sdpa")]
+    (d / "zoo.json").write_text(json.dumps({"results": res, "cost": {"wall_s": 300.0, "cpu_s": 90.0, "workers": [2]}}))
+    (tmp_path / "zoo").mkdir()
+    (tmp_path / "zoo" / "zoo.json").write_text(json.dumps({"transformers": "5.23.0", "archs": 100}))
+    text = section.blocks([], fig)[section.NAME]
+    assert "| 5.23.0 | llama, qwen2 | 20 | 4 | 60 s / 16 s | 3 (eager+sdpa) | 10 s / 4.0 s; 10 s / 6.0 s | " \
+           "5.0 min / 90 s (2 workers) |" in text
+    # 100 x (8 CPU s of discovery + 2 sets x 4 CPU s a job) = 1,600 CPU s
+    assert "**5.23.0, extrapolated, not measured**: its 100 causal LMs" in text and "200 jobs at 4.0 CPU s" in text
+    assert "= 27 CPU min, about 13 min on 2 cores" in text
