@@ -134,6 +134,17 @@ def test_an_option_changes_the_default_before_the_shrink():
     assert make_config("qwen2", t, {"use_sliding_window": True, "layer_types": kinds}).layer_types == kinds
 
 
+
+def test_an_option_a_shrink_derives_keeps_its_value():
+    """The shrink derives Gemma's query_pre_attn_scalar from the shrunk head (16); an option that sets
+    it (flat, or in a sub-config) is measured at its own value, not at the derived one."""
+    from doctor_lab.zoo.shrink import load_table, make_config
+    t = load_table()
+    assert make_config("gemma2", t).query_pre_attn_scalar == 16
+    assert make_config("gemma2", t, {"query_pre_attn_scalar": 4}).query_pre_attn_scalar == 4
+    assert make_config("gemma3", t, {"text_config.query_pre_attn_scalar": 4}).text_config.query_pre_attn_scalar == 4
+
+
 def test_the_cost_table_is_rendered_from_the_option_tables(tmp_path):
     """DOCTOR.md's option zoo cost: per release, the discovery's cost summed over options.json, each
     job's (architecture x option set) from its results, the command's from zoo.json; the whole
@@ -158,3 +169,15 @@ def test_the_cost_table_is_rendered_from_the_option_tables(tmp_path):
     # 100 x (8 CPU s of discovery + 2 sets x 4 CPU s a job) = 1,600 CPU s
     assert "**5.23.0, extrapolated, not measured**: its 100 causal LMs" in text and "200 jobs at 4.0 CPU s" in text
     assert "= 27 CPU min, about 13 min on 2 cores" in text
+
+
+def test_a_rope_per_layer_kind_is_tried_per_kind():
+    """Gemma 3's text_config holds a rope per layer kind (sliding, full): each kind's rope is set to
+    each rope type, one at a time, and the value reaches that kind's rope in the sub-config."""
+    from doctor_lab.zoo.shrink import load_table, make_config
+    t = load_table()
+    got = {c.label: c for c in options.candidates(make_config("gemma3", t), t["generic"])}
+    linear = got["text_config.rope_parameters=full_attention:linear,sliding_attention:default"]
+    assert "text_config.rope_parameters=full_attention:default,sliding_attention:yarn" in got
+    rope = make_config("gemma3", t, {linear.field: linear.value}).text_config.rope_parameters
+    assert (rope["full_attention"]["rope_type"], rope["sliding_attention"]["rope_type"]) == ("linear", "default")

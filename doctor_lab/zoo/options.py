@@ -65,7 +65,9 @@ class Found:
 
 def value_label(name: str, value) -> str:
     """`use_sliding_window=true`, `rope_scaling=linear` (a rope dict by its type), `layer_types=[a,b]`."""
-    if isinstance(value, dict):
+    if isinstance(value, dict) and value and all(_is_rope(x) for x in value.values()):   # a rope per layer kind
+        v = ",".join(f"{k}:{value_label('', x)[1:]}" for k, x in sorted(value.items()))
+    elif isinstance(value, dict):
         v = value.get("rope_type") or value.get("type") or json.dumps(value, sort_keys=True, separators=(",", ":"))
     elif isinstance(value, (list, tuple)):
         v = "[" + ",".join(str(x) for x in value) + "]"
@@ -104,6 +106,10 @@ def _strings(*texts) -> list[str]:
             out += re.findall(r"['\"]([\w.-]+)['\"]", m.group(1))
         out += re.findall(r"`?\"([\w.-]+)\"`?", t) if "Literal" not in t else []
     return list(dict.fromkeys(out))
+
+
+def _is_rope(v) -> bool:
+    return isinstance(v, dict) and ("rope_type" in v or "rope_theta" in v or "type" in v)
 
 
 def _rope_types() -> list[str]:
@@ -178,11 +184,15 @@ def candidates(cfg, generic: dict, prefix: str = "") -> list[Candidate]:
             mine += [(x, "float") for x in ([v / 2] if v else [0.5] if v == 0 else [0.5, 30.0])]
         elif isinstance(v, str) or (v is None and "str" in kinds):
             mine += [(s, "str") for s in _strings(ann, typ + " " + text) if s != v][:MAX_STR]
-        elif (isinstance(v, dict) and ("rope_type" in v or "rope_theta" in v or "type" in v)) or (
+        elif _is_rope(v) or (
                 v is None and "dict" in kinds and "rope" in (name + text).lower()):
             got = (v or {}).get("rope_type") or (v or {}).get("type")
             mine += [(_rope_value(v, t, head_dim, d.get("max_position_embeddings") or 8192), "rope")
                      for t in _rope_types() if t != got]
+        elif isinstance(v, dict) and v and all(_is_rope(x) for x in v.values()):
+            # a rope per layer kind (Gemma 3's sliding and full layers): each kind's set to each type, one at a time
+            mine += [({**v, k: _rope_value(x, t, head_dim, d.get("max_position_embeddings") or 8192)}, "rope")
+                     for k, x in v.items() for t in _rope_types() if t != (x.get("rope_type") or x.get("type"))]
         elif isinstance(v, list) and len(v) == n_layers and v and all(isinstance(x, str) for x in v):
             mine += [([k] * n_layers, "layers") for k in _layer_kinds(v) if [k] * n_layers != v]
         out += [Candidate(prefix + name, x, kind) for x, kind in mine]

@@ -150,7 +150,8 @@ def make_config(arch: str, table: dict | None = None, options: dict | None = Non
         default = AutoConfig.for_model(arch, **overlay(dict(init), before))
     kw = overlay(_shrunk_kwargs(default, table["generic"], init), options)
     cfg = AutoConfig.for_model(arch, **kw)
-    _fix_derived(cfg, table["generic"], {**init, **entry.get("set", {})})
+    # an option's own value is given, not derived: query_pre_attn_scalar=4 stays 4
+    _fix_derived(cfg, table["generic"], overlay({**init, **entry.get("set", {})}, options))
     for k, v in entry.get("set", {}).items():
         _set(cfg, k, v)
     return getattr(cfg, entry["use"]) if entry.get("use") else cfg
