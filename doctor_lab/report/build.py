@@ -2,11 +2,11 @@
 import sys
 from pathlib import Path
 
-from doctor_lab.report.sections import backtest, doctor, findings, generated, zoo, zoo_diffusers, zoo_xt
+from doctor_lab.report.sections import backtest, doctor, findings, generated, zoo, zoo_diffusers, zoo_options, zoo_xt
 from experiments.io import write_text
 from experiments.report.markdown import update_readme
 
-SECTIONS = (doctor, generated, zoo, zoo_xt, zoo_diffusers, findings, backtest)
+SECTIONS = (doctor, generated, zoo, zoo_options, zoo_xt, zoo_diffusers, findings, backtest)
 PAGE = "DOCTOR.md"
 FIGURES = "doctor_figures"   # beside the page: the suite's report prunes results/figures/ as its own
 OWNER = "lab"                # README markers <!-- BEGIN lab:NAME -->

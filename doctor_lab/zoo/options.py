@@ -1,5 +1,6 @@
 """The option space of an architecture, found by measurement: the config fields that change what
-its attention code does. Each candidate value of a field of the config class (a boolean flipped,
+its attention code does. Each candidate value of a field of the config class or of one of its
+sub-configs (a composite config's text_config: `text_config.field`) (a boolean flipped,
 each value of an enum, a small integer: a window shorter than T, a layer bound below the shrunk
 depth; a float halved or a softcap where none is set; each rope type; each per-layer kind) is built
 one at a time over the shrunk default (shrink.make_config(options=...)) and run (a prefill of T
@@ -9,7 +10,9 @@ changes
   lines   the lines executed by the attention code: every transformers line run while an attention
           module, or a module inside it, is the innermost module running, and the lines of the
           attention classes' own methods while the model is built; or
-  outputs the output of an attention module whose input it left equal.
+  outputs the output of an attention module whose input it left equal; or
+  params  the parameters and buffers the attention modules hold (name and shape, on the built
+          model): an attention bias its init leaves at zero moves no output and runs no other line.
 
 The attention modules are found by measurement, not by name: the innermost module running when a
 softmax over the T keys, or scaled_dot_product_attention, is called. Then the pairs: over each
@@ -49,7 +52,7 @@ class Found:
     options: dict
     label: str
     kind: str
-    by: list = field(default_factory=list)       # "lines" and/or "outputs"
+    by: list = field(default_factory=list)       # "lines", "outputs" and/or "params"
     impls: list = field(default_factory=list)    # where it changed something
     lines: int = 0                               # attention lines it adds or removes (the most over impls)
     error: str = ""                              # why it could not be built or run (then not an option)
@@ -62,7 +65,9 @@ class Found:
 
 def value_label(name: str, value) -> str:
     """`use_sliding_window=true`, `rope_scaling=linear` (a rope dict by its type), `layer_types=[a,b]`."""
-    if isinstance(value, dict):
+    if isinstance(value, dict) and value and all(_is_rope(x) for x in value.values()):   # a rope per layer kind
+        v = ",".join(f"{k}:{value_label('', x)[1:]}" for k, x in sorted(value.items()))
+    elif isinstance(value, dict):
         v = value.get("rope_type") or value.get("type") or json.dumps(value, sort_keys=True, separators=(",", ":"))
     elif isinstance(value, (list, tuple)):
         v = "[" + ",".join(str(x) for x in value) + "]"
@@ -103,6 +108,10 @@ def _strings(*texts) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def _is_rope(v) -> bool:
+    return isinstance(v, dict) and ("rope_type" in v or "rope_theta" in v or "type" in v)
+
+
 def _rope_types() -> list[str]:
     try:
         from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
@@ -132,9 +141,16 @@ def fixed_by_shrink(cfg, generic: dict) -> set[str]:
     return set(generic) | {amap[k] for k in generic if k in amap}
 
 
-def candidates(cfg, generic: dict) -> list[Candidate]:
+def _head_dim(cfg) -> int:
+    """The width of a head, for a rope's per-frequency factors (a sub-config without heads: 16)."""
+    h, n = getattr(cfg, "hidden_size", None), getattr(cfg, "num_attention_heads", None)
+    return getattr(cfg, "head_dim", None) or (h // n if isinstance(h, int) and isinstance(n, int) and n else 16)
+
+
+def candidates(cfg, generic: dict, prefix: str = "") -> list[Candidate]:
     """Every candidate value of the config class's own fields (not the base class's, not the sizes
-    the shrink sets), over the shrunk config `cfg`."""
+    the shrink sets), over the shrunk config `cfg`; and of each sub-config's (a composite config's
+    text_config, attn_config), named `sub.field` (shrink.make_config sets it in that sub-config)."""
     from transformers import PretrainedConfig
 
     from doctor_lab.zoo.shrink import SWITCHED_BY_VALUE
@@ -142,33 +158,44 @@ def candidates(cfg, generic: dict) -> list[Candidate]:
     base = set(PretrainedConfig().to_dict()) | NOT_FIELDS
     fixed = fixed_by_shrink(cfg, generic)
     n_layers = d.get("num_hidden_layers") or getattr(cfg, "num_hidden_layers", 2)
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    head_dim = _head_dim(cfg)
+    subs = getattr(cls, "sub_configs", {}) or {}
     out = []
+    for sub in subs:
+        s = getattr(cfg, sub, None)
+        if isinstance(s, PretrainedConfig):
+            out += candidates(s, generic, f"{prefix}{sub}.")
     for name, v in d.items():
-        if name in base or name.startswith("_") or name in getattr(cls, "sub_configs", {}):
+        if name in base or name.startswith("_") or name in subs:
             continue
+        mine = []
         if name in fixed:
             if name in SWITCHED_BY_VALUE and v in (None, False):   # a window the default leaves unset: set one
-                out.append(Candidate(name, generic[name], "int"))
+                out.append(Candidate(prefix + name, generic[name], "int"))
             continue
         typ, text = _doc(cls, name)
         ann = _annotation(cls, name)
         kinds = f"{typ} {ann}".lower()
         if isinstance(v, bool) or (v is None and "bool" in kinds):
-            out.append(Candidate(name, not v, "bool"))
+            mine.append((not v, "bool"))
         elif isinstance(v, int) or (v is None and "int" in kinds and "float" not in kinds):
-            out += [Candidate(name, x, "int") for x in SMALL_INTS if x != v]
+            mine += [(x, "int") for x in SMALL_INTS if x != v]
         elif isinstance(v, float) or (v is None and "float" in kinds):
-            out += [Candidate(name, x, "float") for x in ([v / 2] if v else [0.5] if v == 0 else [0.5, 30.0])]
+            mine += [(x, "float") for x in ([v / 2] if v else [0.5] if v == 0 else [0.5, 30.0])]
         elif isinstance(v, str) or (v is None and "str" in kinds):
-            out += [Candidate(name, s, "str") for s in _strings(ann, typ + " " + text) if s != v][:MAX_STR]
-        elif (isinstance(v, dict) and ("rope_type" in v or "rope_theta" in v or "type" in v)) or (
+            mine += [(s, "str") for s in _strings(ann, typ + " " + text) if s != v][:MAX_STR]
+        elif _is_rope(v) or (
                 v is None and "dict" in kinds and "rope" in (name + text).lower()):
             got = (v or {}).get("rope_type") or (v or {}).get("type")
-            out += [Candidate(name, _rope_value(v, t, head_dim, d.get("max_position_embeddings") or 8192), "rope")
-                    for t in _rope_types() if t != got]
+            mine += [(_rope_value(v, t, head_dim, d.get("max_position_embeddings") or 8192), "rope")
+                     for t in _rope_types() if t != got]
+        elif isinstance(v, dict) and v and all(_is_rope(x) for x in v.values()):
+            # a rope per layer kind (Gemma 3's sliding and full layers): each kind's set to each type, one at a time
+            mine += [({**v, k: _rope_value(x, t, head_dim, d.get("max_position_embeddings") or 8192)}, "rope")
+                     for k, x in v.items() for t in _rope_types() if t != (x.get("rope_type") or x.get("type"))]
         elif isinstance(v, list) and len(v) == n_layers and v and all(isinstance(x, str) for x in v):
-            out += [Candidate(name, [k] * n_layers, "layers") for k in _layer_kinds(v) if [k] * n_layers != v]
+            mine += [([k] * n_layers, "layers") for k in _layer_kinds(v) if [k] * n_layers != v]
+        out += [Candidate(prefix + name, x, kind) for x, kind in mine]
     return out
 
 
@@ -180,6 +207,7 @@ class Trace:
     io: dict                 # attention module name -> [(input, output)] per call
     attention: list          # the attention modules' names
     error: str = ""
+    params: frozenset = frozenset()   # (module, name, shape) of the attention modules' parameters and buffers
 
 
 def _first_tensor(args, kwargs):
@@ -278,7 +306,18 @@ def trace(build, vocab_of, root: str) -> Trace:
     lines = set().union(*(rec.by_module[n] for n in inside)) if inside else set()
     classes = {type(m) for m, n in names.items() if n in rec.attention}
     lines |= set().union(*(rec.by_class.get(c, set()) for c in classes)) if classes else set()
-    return Trace(frozenset(lines), {n: rec.io.get(n, []) for n in att}, att)
+    return Trace(frozenset(lines), {n: rec.io.get(n, []) for n in att}, att, params=structure(model, att))
+
+
+def structure(model, attention: list[str]) -> frozenset:
+    """What the attention modules hold: (module, name, shape) of every parameter and buffer in them.
+    A flip that adds a parameter its init leaves at zero (an attention bias) moves no output and may
+    run no other transformers line (the bias goes to F.linear), but the module it builds differs."""
+    out = set()
+    for n in attention:
+        m = model.get_submodule(n)
+        out |= {(n, k, tuple(t.shape)) for k, t in [*m.named_parameters(), *m.named_buffers()]}
+    return frozenset(out)
 
 
 def _push(rec, n, args, kwargs):
@@ -339,10 +378,12 @@ def compare(base: dict[str, Trace], tried: dict[str, Trace], f: Found) -> Found:
             continue
         changed = len(b.lines ^ t.lines)
         moved = outputs_moved(b, t)
-        if changed or moved:
+        built = b.params != t.params
+        if changed or moved or built:
             f.impls.append(impl)
             f.lines = max(f.lines, changed)
-            f.by = sorted(set(f.by) | ({"lines"} if changed else set()) | ({"outputs"} if moved else set()))
+            f.by = sorted(set(f.by) | ({"lines"} if changed else set()) | ({"outputs"} if moved else set())
+                          | ({"params"} if built else set()))
     if not f.impls and errors:
         f.error = "; ".join(errors)[:300]
     return f
@@ -368,7 +409,9 @@ def discover(arch: str, impls, table: dict, pairs: bool = True, root: str | None
     if all(t.error for t in base.values()):
         out["status"] = "not_built"
     else:
-        cands = candidates(cfg, table["generic"])
+        # where the model takes a sub-config of the composite one (the shrink table's `use`), its fields are that sub-config's
+        use = (table["archs"].get(arch) or {}).get("use")
+        cands = candidates(cfg, table["generic"], f"{use}." if use else "")
         alone = [compare(base, {i: measure(arch, i, table, {c.field: c.value}, root) for i in impls},
                          Found({c.field: c.value}, c.label, c.kind)) for c in cands]
         tried = list(alone)

@@ -113,6 +113,18 @@ def _set(cfg, dotted: str, value):
     setattr(cfg, name, value)
 
 
+def overlay(kw: dict, options: dict) -> dict:
+    """kw with `options` over it; `sub.field` (an option of a sub-config: text_config.attention_bias)
+    goes into kw[sub], a dict of that sub-config's values, beside the values already there."""
+    for k, v in options.items():
+        head, dot, rest = k.partition(".")
+        if dot:
+            kw[head] = overlay(dict(kw[head]) if isinstance(kw.get(head), dict) else {}, {rest: v})
+        else:
+            kw[k] = v
+    return kw
+
+
 def per_layer(value) -> bool:
     """A value given per layer (a list: layer_types), which only the shrunk depth can take."""
     return isinstance(value, (list, tuple))
@@ -133,12 +145,13 @@ def make_config(arch: str, table: dict | None = None, options: dict | None = Non
     options = options or {}
     before = {k: v for k, v in options.items() if not per_layer(v)}
     try:
-        default = AutoConfig.for_model(arch, **before)
+        default = AutoConfig.for_model(arch, **overlay({}, before))
     except Exception:  # noqa: BLE001  a default that fails its own validator: the entry's init repairs it (else raises)
-        default = AutoConfig.for_model(arch, **init, **before)
-    kw = {**_shrunk_kwargs(default, table["generic"], init), **options}
+        default = AutoConfig.for_model(arch, **overlay(dict(init), before))
+    kw = overlay(_shrunk_kwargs(default, table["generic"], init), options)
     cfg = AutoConfig.for_model(arch, **kw)
-    _fix_derived(cfg, table["generic"], {**init, **entry.get("set", {})})
+    # an option's own value is given, not derived: query_pre_attn_scalar=4 stays 4
+    _fix_derived(cfg, table["generic"], overlay({**init, **entry.get("set", {})}, options))
     for k, v in entry.get("set", {}).items():
         _set(cfg, k, v)
     return getattr(cfg, entry["use"]) if entry.get("use") else cfg
