@@ -41,6 +41,7 @@ class Condition(str, enum.Enum):
     DECODER_CONFIG = "decoder_config"      # an encoder architecture configured as a causal decoder
     SCALE_CONFIG = "scale_config"          # a config flag that changes the scores' scale (GPT-2's scale_attn_*)
     SAVE_LOAD = "save_load"                # the model saved (save_pretrained) and loaded back (from_pretrained)
+    DEFAULT_IMPL = "default_implementation"  # the implementation the model picks when none is asked for
     GPU = "gpu"
 
 
