@@ -42,6 +42,7 @@ class Condition(str, enum.Enum):
     SCALE_CONFIG = "scale_config"          # a config flag that changes the scores' scale (GPT-2's scale_attn_*)
     SAVE_LOAD = "save_load"                # the model saved (save_pretrained) and loaded back (from_pretrained)
     DEFAULT_IMPL = "default_implementation"  # the implementation the model picks when none is asked for
+    CONFIG_OPTION = "config_option"        # a config value other than the default (the note names it)
     GPU = "gpu"
 
 
@@ -58,6 +59,7 @@ PROBES = frozenset({
     "bidirectional_prefix",    # prefix / image tokens the config declares bidirectional, with their labels
     "encoder_decoder",         # encoder-decoder models: cross-attention padding under generate()
     "multimodal_positions",    # image tokens with the position ids the model makes for them (M-RoPE), no mask vs all-ones
+    "rope_axes",               # a multi-axis RoPE (frames, rows, columns): each axis's position turns only its own channels
 })
 FIELDS = ("id", "title", "threads", "introduced", "fixed", "before", "architectures", "implementations",
           "condition", "check", "repro", "verified")
