@@ -20,10 +20,10 @@ from doctor_lab.zoo.findings import PINNED as DEFAULT_PINNED
 
 TRANSFORMERS = "transformers"
 # library (its name on the package index) -> (its import name, its directory prefix, the oldest release listed)
-LIBRARIES = {TRANSFORMERS: ("transformers", "tf", "4.36.0"),
+LIBRARIES = {TRANSFORMERS: ("transformers", "tf", "4.30.0"),
              "x-transformers": ("x_transformers", "xt", "1.20.0"),
              "diffusers": ("diffusers", "df", "0.20.0")}
-KNOWN = Path(__file__).with_name("transformers_releases.txt")  # the releases on the package index, 4.36 on
+KNOWN = Path(__file__).with_name("transformers_releases.txt")  # the releases on the package index, 4.30 on
 
 
 def known_file(library: str = TRANSFORMERS) -> Path:
