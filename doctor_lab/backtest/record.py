@@ -43,6 +43,7 @@ class Condition(str, enum.Enum):
     SAVE_LOAD = "save_load"                # the model saved (save_pretrained) and loaded back (from_pretrained)
     DEFAULT_IMPL = "default_implementation"  # the implementation the model picks when none is asked for
     CONFIG_OPTION = "config_option"        # a config value other than the default (the note names it)
+    PLAIN = "plain_forward"                # nothing beyond the default config and a plain forward
     GPU = "gpu"
 
 
@@ -59,7 +60,8 @@ PROBES = frozenset({
     "bidirectional_prefix",    # prefix / image tokens the config declares bidirectional, with their labels
     "encoder_decoder",         # encoder-decoder models: cross-attention padding under generate()
     "multimodal_positions",    # image tokens with the position ids the model makes for them (M-RoPE), no mask vs all-ones
-    "rope_axes",               # a multi-axis RoPE (frames, rows, columns): each axis's position turns only its own channels
+    "rope_channels",           # which channels a RoPE turns: each axis only its own (frames, rows, columns), none of a
+                               # partial rotary's unrotated share
 })
 FIELDS = ("id", "title", "threads", "introduced", "fixed", "before", "architectures", "implementations",
           "condition", "check", "repro", "verified")
