@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from attention_doctor.result import FAIL, INCONCLUSIVE, WARN, Row
-from doctor_lab.backtest import runner
+from doctor_lab.backtest import releases, runner
 from doctor_lab.backtest.plan import Plan, run_dir
 from doctor_lab.report.triage import row_name
 
@@ -186,7 +186,7 @@ def judge(cs: list[Cell], check: str) -> Verdict:
 
 def verdict(p: Plan, cs: list[Cell]) -> Verdict:
     """The entry's verdict: its own check's, or `missed (needs probe X)` with what the nearest said."""
-    if not p.checks and not p.nearest:
+    if p.entry.library != releases.TRANSFORMERS:
         return Verdict(NOT_RUN, f"{p.entry.check}: a {p.entry.library} regression; the backtest runs transformers' zoo only")
     if not p.nearest:
         v = judge(cs, p.entry.check)

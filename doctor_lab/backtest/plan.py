@@ -46,7 +46,7 @@ def is_probe(entry: rec.Regression, registered: frozenset[str]) -> bool:
 
 def plan(entry: rec.Regression, registered: frozenset[str], nearest: bool = True, options: bool = False) -> Plan:
     if entry.library != releases.TRANSFORMERS:   # the backtest drives transformers' zoo: nothing runs (not run)
-        return Plan(entry, (), False, options)
+        return Plan(entry, (), is_probe(entry, registered), options)
     if not is_probe(entry, registered):
         return Plan(entry, (entry.check,), False, options)
     return Plan(entry, NEAREST.get(entry.check, ()) if nearest else (), True, options)
