@@ -23,9 +23,8 @@ def test_the_record_holds_its_entries_with_every_field():
 
 
 def test_releases_are_on_the_index_and_in_order():
-    known = releases.known()
-    order = {v: i for i, v in enumerate(known)}
     for e in ENTRIES:
+        order = {v: i for i, v in enumerate(releases.known(e.library))}
         assert order[e.before] + 1 == order[e.introduced], f"{e.id}: before is the release just before introduced"
         if e.fixed != rec.OPEN:
             assert order[e.introduced] < order[e.fixed], e.id
@@ -38,10 +37,10 @@ def test_each_repro_was_verified_on_its_three_releases():
         assert e.verified == {r: e.expected(r) for r in e.releases}, f"{e.id}: verified {e.verified}"
 
 
-def test_each_repro_imports_torch_transformers_and_the_stdlib_only():
+def test_each_repro_imports_torch_its_library_and_the_stdlib_only():
     for e in ENTRIES:
         if e.repro is not None:
-            assert rec._imports(e.repro) <= rec.STANDALONE, e.id
+            assert rec._imports(e.repro) <= rec.IMPORTS[e.library], e.id
             assert e.repro.name == f"{e.id}.py"
 
 
@@ -99,6 +98,41 @@ def test_one_repro_on_the_installed_release():
                     f"python -m doctor_lab.backtest.verify runs them on their own releases")
     r = subprocess.run([sys.executable, str(e.repro)], capture_output=True, text=True, timeout=300)
     assert r.returncode == measured[installed], f"{e.id} on {installed}: {r.stdout}{r.stderr}"
+
+
+def _other_library_entry(tmp_path: Path, monkeypatch, repro_text: str, **change) -> Path:
+    """One entry of another library (x-transformers), its repro in tmp_path/repros."""
+    entry = next(e for e in ENTRIES if e.library == "x-transformers")
+    fake = tmp_path / "repros"
+    fake.mkdir(parents=True)
+    (fake / entry.repro.name).write_text(repro_text)
+    monkeypatch.setattr(rec, "HERE", tmp_path)
+    monkeypatch.setattr(rec, "REPROS", fake)
+    raw = next(r for r in yaml.safe_load(rec.RECORD.read_text()) if r["id"] == entry.id)
+    raw.update(change)
+    p = tmp_path / "record.yaml"
+    p.write_text(yaml.safe_dump([raw]))
+    return p
+
+
+def test_an_entry_of_another_library_reads_its_own_index_and_imports(tmp_path, monkeypatch):
+    entry = next(e for e in ENTRIES if e.library == "x-transformers")
+    ok = _other_library_entry(tmp_path, monkeypatch, entry.repro.read_text())
+    assert rec.load(ok)[0].library == "x-transformers"
+    with pytest.raises(rec.RecordError, match="is not a x-transformers release"):
+        rec.load(_other_library_entry(tmp_path / "a", monkeypatch, entry.repro.read_text(), fixed="4.50.0"))
+    with pytest.raises(rec.RecordError, match=r"imports \['transformers'\]"):
+        rec.load(_other_library_entry(tmp_path / "b", monkeypatch, entry.repro.read_text() + "\nimport transformers\n"))
+    with pytest.raises(rec.RecordError, match="library 'jax'"):
+        rec.load(_other_library_entry(tmp_path / "c", monkeypatch, entry.repro.read_text(), library="jax"))
+
+
+def test_an_entry_of_another_library_is_not_run_by_the_backtest():
+    from doctor_lab.backtest import outcomes, plan
+    entry = next(e for e in ENTRIES if e.library != releases.TRANSFORMERS)
+    p = plan.plan(entry, rec.registered_checks())
+    assert p.checks == ()
+    assert outcomes.verdict(p, []).kind == outcomes.NOT_RUN
 
 
 def test_verify_refuses_an_unknown_entry_in_one_line(capsys):

@@ -12,14 +12,14 @@ Verdicts (one check, over its cells):
   missed               the check ran on the introducing release and did not fail or warn
   not run              no row on the introducing release (never counted as caught)
 An entry whose check is a probe the doctor lacks is `missed (needs probe X)`; the nearest checks it
-has, where they ran, add what they said."""
+has, where they ran, add what they said. An entry of another library than transformers is `not run`."""
 import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from attention_doctor.result import FAIL, INCONCLUSIVE, WARN, Row
-from doctor_lab.backtest import runner
+from doctor_lab.backtest import releases, runner
 from doctor_lab.backtest.plan import Plan, run_dir
 from doctor_lab.report.triage import row_name
 
@@ -186,6 +186,8 @@ def judge(cs: list[Cell], check: str) -> Verdict:
 
 def verdict(p: Plan, cs: list[Cell]) -> Verdict:
     """The entry's verdict: its own check's, or `missed (needs probe X)` with what the nearest said."""
+    if p.entry.library != releases.TRANSFORMERS:
+        return Verdict(NOT_RUN, f"{p.entry.check}: a {p.entry.library} regression; the backtest runs transformers' zoo only")
     if not p.nearest:
         v = judge(cs, p.entry.check)
         return Verdict(v.kind, f"{p.entry.check} {v.text}")

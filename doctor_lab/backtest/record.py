@@ -1,5 +1,5 @@
 """The record: record.yaml read into typed entries, its schema enforced. One entry per regression
-transformers shipped, with the releases that bracket it (before < introduced < fixed), what it
+transformers (or another library the doctor targets: `library`) shipped, with the releases that bracket it (before < introduced < fixed), what it
 touched, the condition it needs, the doctor check expected to catch it (or the probe the doctor
 lacks), and its repro (repros/<id>.py) or the reason there is none."""
 import ast
@@ -17,8 +17,12 @@ HERE = Path(__file__).parent
 RECORD = HERE / "record.yaml"
 REPROS = HERE / "repros"
 OPEN = "open"
-# what a repro may import: it runs on any release, against torch and transformers alone
+# what a repro may import: it runs on any release, against torch and its library alone
 STANDALONE = frozenset({"torch", "transformers", "sys", "os", "math", "warnings"})
+# library -> what its repros may import beside the stdlib ones of STANDALONE
+IMPORTS = {releases.TRANSFORMERS: STANDALONE,
+           "x-transformers": STANDALONE - {"transformers"} | {"x_transformers"},
+           "diffusers": STANDALONE - {"transformers"} | {"diffusers"}}
 
 
 class Condition(str, enum.Enum):
@@ -37,6 +41,9 @@ class Condition(str, enum.Enum):
     DECODER_CONFIG = "decoder_config"      # an encoder architecture configured as a causal decoder
     SCALE_CONFIG = "scale_config"          # a config flag that changes the scores' scale (GPT-2's scale_attn_*)
     SAVE_LOAD = "save_load"                # the model saved (save_pretrained) and loaded back (from_pretrained)
+    DEFAULT_IMPL = "default_implementation"  # the implementation the model picks when none is asked for
+    CONFIG_OPTION = "config_option"        # a config value other than the default (the note names it)
+    PLAIN = "plain_forward"                # nothing beyond the default config and a plain forward
     GPU = "gpu"
 
 
@@ -53,10 +60,12 @@ PROBES = frozenset({
     "bidirectional_prefix",    # prefix / image tokens the config declares bidirectional, with their labels
     "encoder_decoder",         # encoder-decoder models: cross-attention padding under generate()
     "multimodal_positions",    # image tokens with the position ids the model makes for them (M-RoPE), no mask vs all-ones
+    "rope_channels",           # which channels a RoPE turns: each axis only its own (frames, rows, columns), none of a
+                               # partial rotary's unrotated share
 })
 FIELDS = ("id", "title", "threads", "introduced", "fixed", "before", "architectures", "implementations",
           "condition", "check", "repro", "verified")
-OPTIONAL = ("no_repro", "history", "note", "config")
+OPTIONAL = ("no_repro", "history", "note", "config", "library")
 
 
 @dataclass(frozen=True)
@@ -79,6 +88,7 @@ class Regression:
     # values the regression needs on the zoo's shrunk configs (a window where the defaults set none),
     # given at construction (the zoo's --init); sorted (key, value) pairs
     config: tuple[tuple[str, object], ...] = ()
+    library: str = releases.TRANSFORMERS   # the package the releases are of (releases.LIBRARIES)
 
     @property
     def releases(self) -> tuple[str, ...]:
@@ -93,14 +103,14 @@ class RecordError(ValueError):
     pass
 
 
-def _version(entry: str, name: str, value, real: frozenset[str]) -> Version:
-    """A release on the package index (releases.known()), as a Version."""
+def _version(entry: str, name: str, value, real: frozenset[str], library: str = releases.TRANSFORMERS) -> Version:
+    """A release on the package index (releases.known(library)), as a Version."""
     try:
         v = Version(str(value))
     except InvalidVersion:
         v = None
     if v is None or str(value) not in real:
-        raise RecordError(f"{entry}: {name} {value!r} is not a transformers release (transformers_releases.txt)")
+        raise RecordError(f"{entry}: {name} {value!r} is not a {library} release ({releases.known_file(library).name})")
     return v
 
 
@@ -115,8 +125,9 @@ def _imports(path: Path) -> set[str]:
     return names
 
 
-def parse(raw: dict, checks: frozenset[str], real: frozenset[str]) -> Regression:
-    """One entry, checked: every field, releases in order, the repro standalone."""
+def parse(raw: dict, checks: frozenset[str], real: frozenset[str] | None = None) -> Regression:
+    """One entry, checked: every field, releases in order (on its library's index; real: transformers'
+    releases, given), the repro standalone."""
     ident = raw.get("id", "?")
     missing = [f for f in FIELDS if f not in raw]
     unknown = [f for f in raw if f not in FIELDS + OPTIONAL]
@@ -124,14 +135,20 @@ def parse(raw: dict, checks: frozenset[str], real: frozenset[str]) -> Regression
         raise RecordError(f"{ident}: missing {missing} / unknown {unknown}")
     if not re.fullmatch(r"[a-z0-9_]+", ident):
         raise RecordError(f"{ident}: an id is lower_snake_case")
-    before, introduced = _version(ident, "before", raw["before"], real), _version(ident, "introduced", raw["introduced"], real)
+    library = raw.get("library", releases.TRANSFORMERS)
+    if library not in releases.LIBRARIES:
+        raise RecordError(f"{ident}: library {library!r} is none of {sorted(releases.LIBRARIES)}")
+    if real is None or library != releases.TRANSFORMERS:
+        real = frozenset(releases.known(library))
+    before = _version(ident, "before", raw["before"], real, library)
+    introduced = _version(ident, "introduced", raw["introduced"], real, library)
     if not before < introduced:
         raise RecordError(f"{ident}: before {before} is not older than introduced {introduced}")
     older = [v for v in real if Version(v) < introduced]
     if str(raw["before"]) != max(older, key=Version, default=None):
         raise RecordError(f"{ident}: before is the release just before {introduced} on the index, "
                           f"{max(older, key=Version, default='none')}, not {raw['before']}")
-    if raw["fixed"] != OPEN and not introduced < _version(ident, "fixed", raw["fixed"], real):
+    if raw["fixed"] != OPEN and not introduced < _version(ident, "fixed", raw["fixed"], real, library):
         raise RecordError(f"{ident}: fixed {raw['fixed']} is not newer than introduced {introduced}")
     threads = tuple(raw["threads"])
     if not threads or not all(re.fullmatch(r"[\w.-]+/[\w.-]+ #\d+", t) for t in threads):
@@ -151,13 +168,13 @@ def parse(raw: dict, checks: frozenset[str], real: frozenset[str]) -> Regression
         repro = HERE / raw["repro"]
         if repro != REPROS / f"{ident}.py" or not repro.is_file():
             raise RecordError(f"{ident}: repro is repros/{ident}.py, and it exists: {raw['repro']}")
-        extra = _imports(repro) - STANDALONE
+        extra = _imports(repro) - IMPORTS[library]
         if extra:
-            raise RecordError(f"{ident}: the repro imports {sorted(extra)}: torch, transformers and the stdlib only")
+            raise RecordError(f"{ident}: the repro imports {sorted(extra)}: torch, {library} and the stdlib only")
     verified = {str(k): v for k, v in (raw["verified"] or {}).items()}
     history = {str(k): v for k, v in (raw.get("history") or {}).items()}
     for r, code in {**verified, **history}.items():
-        _version(ident, "a measured release", r, real)
+        _version(ident, "a measured release", r, real, library)
         if code not in (0, 1, 2):
             raise RecordError(f"{ident}: exit code {code!r} at {r}")
     if not raw["architectures"]:
@@ -168,7 +185,7 @@ def parse(raw: dict, checks: frozenset[str], real: frozenset[str]) -> Regression
         raise RecordError(f"{ident}: config maps config keys to plain values: {config!r}")
     return Regression(ident, raw["title"], threads, str(raw["before"]), str(raw["introduced"]), str(raw["fixed"]),
                       tuple(raw["architectures"]), impls, cond, raw["check"], repro, raw.get("no_repro", ""),
-                      verified, history, raw.get("note", ""), tuple(sorted(config.items())))
+                      verified, history, raw.get("note", ""), tuple(sorted(config.items())), library)
 
 
 def registered_checks() -> frozenset[str]:

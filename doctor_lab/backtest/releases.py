@@ -1,8 +1,9 @@
-"""Transformers releases installed side by side, each in a directory of its own: PINNED/tf-VERSION
-(the zoo's `--pinned` layout), shared between sessions. A release is installed with pip's --no-deps
+"""Releases installed side by side, each in a directory of its own: PINNED/tf-VERSION for transformers,
+xt-VERSION for x-transformers, df-VERSION for diffusers (the zoos' `--pinned` layout), shared between sessions. A release is installed with pip's --no-deps
 into PINNED/tf-VERSION.tmp and renamed into place when whole, so a directory that exists is complete;
 the huggingface-hub, tokenizers, safetensors (and any other package transformers checks the version
-of at import) that its own pins want and the system's do not satisfy go into the same directory."""
+of at import) that its own pins want and the system's do not satisfy go into the same directory. The other
+libraries' releases go in alone (--no-deps): their dependencies are the environment's (requirements.txt)."""
 import ast
 import shutil
 import subprocess
@@ -17,34 +18,44 @@ from packaging.version import Version
 # one cache of releases for the lab: PINNED_RELEASES, else ../pinned beside the clone
 from doctor_lab.zoo.findings import PINNED as DEFAULT_PINNED
 
-KNOWN = Path(__file__).with_name("transformers_releases.txt")  # the releases on the package index, 4.36 on
-OLDEST = Version("4.36.0")
+TRANSFORMERS = "transformers"
+# library (its name on the package index) -> (its import name, its directory prefix, the oldest release listed)
+LIBRARIES = {TRANSFORMERS: ("transformers", "tf", "4.30.0"),
+             "x-transformers": ("x_transformers", "xt", "1.20.0"),
+             "diffusers": ("diffusers", "df", "0.20.0")}
+KNOWN = Path(__file__).with_name("transformers_releases.txt")  # the releases on the package index, 4.30 on
+
+
+def known_file(library: str = TRANSFORMERS) -> Path:
+    return KNOWN if library == TRANSFORMERS else KNOWN.with_name(f"{LIBRARIES[library][0]}_releases.txt")
 WAIT_S = 600  # how long to wait for another process's install of the same release (PINNED/tf-X.tmp)
 
 
-def known() -> tuple[str, ...]:
-    """The transformers releases on the package index from 4.36, oldest first (KNOWN, committed)."""
-    return tuple(ln.strip() for ln in KNOWN.read_text().splitlines() if ln.strip() and not ln.startswith("#"))
+def known(library: str = TRANSFORMERS) -> tuple[str, ...]:
+    """A library's releases on the package index from its oldest listed, oldest first (committed)."""
+    return tuple(ln.strip() for ln in known_file(library).read_text().splitlines() if ln.strip() and not ln.startswith("#"))
 
 
-def refresh_known() -> tuple[str, ...]:
-    """Rewrite KNOWN from `pip index versions transformers` (the package index)."""
-    r = subprocess.run([sys.executable, "-m", "pip", "index", "versions", "transformers"], capture_output=True, text=True)
+def refresh_known(library: str = TRANSFORMERS) -> tuple[str, ...]:
+    """Rewrite the library's list from `pip index versions LIBRARY` (the package index)."""
+    r = subprocess.run([sys.executable, "-m", "pip", "index", "versions", library], capture_output=True, text=True)
     line = next((ln for ln in r.stdout.splitlines() if ln.startswith("Available versions:")), None)
     if r.returncode or line is None:
-        raise RuntimeError(f"pip index versions transformers failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
-    vs = sorted((v.strip() for v in line.split(":", 1)[1].split(",") if Version(v.strip()) >= OLDEST), key=Version)
-    KNOWN.write_text("# transformers releases on the package index from 4.36 (pip index versions transformers), "
-                     "oldest first;\n# python -m doctor_lab.backtest.releases --list rewrites it\n" + "\n".join(vs) + "\n")
+        raise RuntimeError(f"pip index versions {library} failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
+    oldest = LIBRARIES[library][2]
+    vs = sorted((v.strip() for v in line.split(":", 1)[1].split(",") if Version(v.strip()) >= Version(oldest)), key=Version)
+    known_file(library).write_text(
+        f"# {library} releases on the package index from {oldest} (pip index versions {library}), oldest first;\n"
+        "# python -m doctor_lab.backtest.releases --list rewrites it\n" + "\n".join(vs) + "\n")
     return tuple(vs)
 
 
-def directory(pinned: Path, version: str) -> Path:
-    return pinned / f"tf-{version}"
+def directory(pinned: Path, version: str, library: str = TRANSFORMERS) -> Path:
+    return pinned / f"{LIBRARIES[library][1]}-{version}"
 
 
-def installed(pinned: Path, version: str) -> bool:
-    return (directory(pinned, version) / "transformers" / "__init__.py").is_file()
+def installed(pinned: Path, version: str, library: str = TRANSFORMERS) -> bool:
+    return (directory(pinned, version, library) / LIBRARIES[library][0] / "__init__.py").is_file()
 
 
 def _literal(path: Path, name: str):
@@ -89,56 +100,57 @@ def era_pins(package_dir: Path) -> list[str]:
     return wanted
 
 
-def install(version: str, pinned: Path = DEFAULT_PINNED, log=print) -> Path:
-    """PINNED/tf-VERSION, installed if it is not there yet (waits for another process's install)."""
-    d = directory(pinned, version)
+def install(version: str, pinned: Path = DEFAULT_PINNED, log=print, library: str = TRANSFORMERS) -> Path:
+    """PINNED/tf-VERSION (xt-, df-), installed if it is not there yet (waits for another process's install)."""
+    d = directory(pinned, version, library)
     tmp = d.with_name(d.name + ".tmp")
     deadline = time.monotonic() + WAIT_S
-    while not installed(pinned, version) and tmp.exists() and time.monotonic() < deadline:
+    while not installed(pinned, version, library) and tmp.exists() and time.monotonic() < deadline:
         time.sleep(5)  # someone else is installing it
-    if installed(pinned, version):
+    if installed(pinned, version, library):
         return d
     if tmp.exists():
         raise RuntimeError(f"{tmp} has stayed for {WAIT_S} s: a broken install? remove it and rerun")
     pinned.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     try:
-        _pip(tmp, f"transformers=={version}")
-        pins = era_pins(tmp / "transformers")
+        _pip(tmp, f"{library}=={version}")
+        pins = era_pins(tmp / "transformers") if library == TRANSFORMERS else []
         if pins:
             _pip(tmp, *pins)
         tmp.rename(d)
     except BaseException:  # noqa: BLE001 -- any failure, interrupts too: the half-installed .tmp is removed, then re-raised
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    log(f"installed transformers {version} in {d} ({time.monotonic() - t0:.0f} s"
+    log(f"installed {library} {version} in {d} ({time.monotonic() - t0:.0f} s"
         + (f"; with {', '.join(pins)}" if pins else "") + ")")
     return d
 
 
 def main(argv=None) -> int:
-    """python -m doctor_lab.backtest.releases VERSION... [--pinned DIR]: install releases;
-    --list: rewrite transformers_releases.txt from the package index."""
+    """python -m doctor_lab.backtest.releases VERSION... [--pinned DIR] [--library L]: install releases;
+    --list: rewrite the library's list of releases (transformers_releases.txt) from the package index."""
     import argparse
     p = argparse.ArgumentParser(prog="python -m doctor_lab.backtest.releases", description=main.__doc__)
     p.add_argument("versions", nargs="*")
     p.add_argument("--pinned", type=Path, default=DEFAULT_PINNED)
-    p.add_argument("--list", action="store_true", help=f"rewrite {KNOWN.name} from the package index")
+    p.add_argument("--library", default=TRANSFORMERS, choices=sorted(LIBRARIES))
+    p.add_argument("--list", action="store_true", help="rewrite the library's list of releases from the package index")
     a = p.parse_args(argv)
     try:
         if a.list:
-            print(f"{len(refresh_known())} releases in {KNOWN}")
+            print(f"{len(refresh_known(a.library))} releases in {known_file(a.library)}")
     except RuntimeError as e:
         print(f"releases: {e}", file=sys.stderr)
         return 2
-    unknown = [v for v in a.versions if v not in known()]
+    unknown = [v for v in a.versions if v not in known(a.library)]
     if unknown:
-        print(f"releases: not a transformers release on the index: {', '.join(unknown)} (see {KNOWN.name})",
-              file=sys.stderr)
+        print(f"releases: not a {a.library} release on the index: {', '.join(unknown)} "
+              f"(see {known_file(a.library).name})", file=sys.stderr)
         return 2
     for v in a.versions:
         try:
-            print(install(v, a.pinned))
+            print(install(v, a.pinned, library=a.library))
         except RuntimeError as e:
             print(f"releases: {e}", file=sys.stderr)
             return 2

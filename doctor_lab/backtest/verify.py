@@ -1,5 +1,6 @@
 """Run each repro of the record on its releases: the release before (exit 0), the introducing release
-(exit 1) and the fixing release (exit 0), each installed in isolation (releases.py, cached).
+(exit 1) and the fixing release (exit 0), each installed in isolation (releases.py, cached; of the
+entry's library).
 
     python -m doctor_lab.backtest.verify                      # every entry with a repro
     python -m doctor_lab.backtest.verify gpt_sdpa_cache_no_mask --pinned DIR
@@ -61,7 +62,7 @@ def verify(entry: rec.Regression, pinned: Path, history: bool) -> list[Run]:
         expected = entry.history[release] if release in entry.history and release not in entry.releases \
             else entry.expected(release)
         t0 = time.monotonic()
-        d = releases.install(release, pinned, log=lambda m: print(f"  {m}", flush=True))
+        d = releases.install(release, pinned, log=lambda m: print(f"  {m}", flush=True), library=entry.library)
         code, line = run_repro(entry.repro, d)
         runs.append(Run(entry.id, release, expected, code, line, time.monotonic() - t0))
         r = runs[-1]
