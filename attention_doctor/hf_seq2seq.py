@@ -7,6 +7,7 @@ import torch
 from attention_doctor.adapters import Unreachable, Unsupported, _params
 from attention_doctor.hf import HFCausalLM
 from attention_doctor.module_state import restored
+from attention_doctor.signals import TargetRaised
 
 SOURCE_T = 8   # the fixed encoder input the decoder reads in the causal-LM checks
 SOURCE_SEED = 4321
@@ -93,9 +94,17 @@ class HFSeq2SeqLM(HFCausalLM):
         the decoder's cache or without; the model put back after it."""
         if not hasattr(self.module, "generate"):
             raise Unreachable("no generate() to decode with")
-        with restored(self.module):
-            out = self.module.generate(input_ids=src, attention_mask=src_mask.long(), max_new_tokens=n,
-                                       min_new_tokens=n, do_sample=False, num_beams=1, output_logits=True,
-                                       return_dict_in_generate=True, pad_token_id=self.pad_id or 0,
-                                       eos_token_id=None, use_cache=use_cache)
+        gen = getattr(self.module, "generation_config", None)
+        start = {} if isinstance(getattr(gen, "decoder_start_token_id", None), int) else {
+            "decoder_start_token_id": self.pad_id or 0}   # none declared: any fixed token starts the decoder
+        try:
+            with restored(self.module):
+                out = self.module.generate(input_ids=src, attention_mask=src_mask.long(), max_new_tokens=n,
+                                           min_new_tokens=n, do_sample=False, num_beams=1, output_logits=True,
+                                           return_dict_in_generate=True, pad_token_id=self.pad_id or 0,
+                                           eos_token_id=None, use_cache=use_cache, **start)
+        except TargetRaised:   # the model's own forward raised: the check's failure
+            raise
+        except Exception as e:  # noqa: BLE001 -- generate()'s own code refused (not the model's forward): Unreachable, that part of encoder_decoder not run (inconclusive), never a pass
+            raise Unreachable(f"generate() refused: {str(e).splitlines()[0][:160] if str(e) else type(e).__name__}") from None
         return torch.stack(out.logits, 1)

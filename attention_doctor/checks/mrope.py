@@ -19,6 +19,7 @@ def _image_row(ctx):
     a, T = ctx.adapter, ctx.T
     x = ctx.sample(1, T, k=94)
     img = getattr(a, "image_token", lambda: None)()   # ids an adapter does not declare: the positions alone
+    img = img if img is not None and 0 <= img < a.vocab_size else None   # one outside its vocabulary: not placed
     start = getattr(a, "vision_start_token", lambda: None)()
     n = SIDE * SIDE
     if img is not None:

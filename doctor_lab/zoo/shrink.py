@@ -93,6 +93,7 @@ def _fix_derived(cfg, generic: dict, kw: dict):
         # Gemma 2/3 scale scores by query_pre_attn_scalar ** -0.5, 256 by default: their default
         # head_dim. Left at 256 beside a 16-wide head, scores would be 4x too small.
         cfg.query_pre_attn_scalar = getattr(cfg, "head_dim", None) or d["hidden_size"] // d["num_attention_heads"]
+    _fit_mrope(cfg)
     vocab = d.get("vocab_size")
     for k in ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id"):
         v = d.get(k)
@@ -104,6 +105,23 @@ def _fix_derived(cfg, generic: dict, kw: dict):
         s = getattr(cfg, sub, None)
         if s is not None and hasattr(s, "to_dict"):
             _fix_derived(s, generic, kw.get(sub, {}) if isinstance(kw.get(sub), dict) else {})
+
+
+def _fit_mrope(cfg):
+    """M-RoPE's sections (rotary frequencies per position row: temporal, height, width) sum to half the
+    head dim: rescaled to the shrunk head, each row kept at least 1 (Qwen2-VL's [16, 24, 24] -> [2, 3, 3])."""
+    d = cfg.to_dict()
+    heads, width = d.get("num_attention_heads"), d.get("hidden_size")
+    head = d.get("head_dim") or (width // heads if isinstance(width, int) and isinstance(heads, int) else None)
+    for key in ("rope_scaling", "rope_parameters"):
+        rope = getattr(cfg, key, None)
+        sec = rope.get("mrope_section") if isinstance(rope, dict) else None
+        if not isinstance(head, int) or not isinstance(sec, list) or not sec or sum(sec) == head // 2:
+            continue
+        half = head // 2
+        new = [max(1, round(s * half / sum(sec))) for s in sec]
+        new[0] += half - sum(new)
+        rope["mrope_section"] = new
 
 
 def _set(cfg, dotted: str, value):

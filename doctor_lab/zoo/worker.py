@@ -153,13 +153,17 @@ def build(arch: str, impl: str, table: dict, seed: int = 0, options: dict | None
     builds it: torch seeded with `seed`, then the table's config (with `options`: shrink.make_config).
     NotBuilt says why not."""
     import torch
-    from transformers import AutoModelForCausalLM
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    import transformers
 
+    from doctor_lab.zoo import kinds
     from doctor_lab.zoo.shrink import NotExamined, make_config
 
-    res = {"arch": arch, "impl": impl, "class": MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(arch)}
     entry = table["archs"].get(arch) or {}
+    kind, cls_name, auto = kinds.of(arch, [entry["kind"]] if entry.get("kind") else []) or (
+        "causal_lm", None, "AutoModelForCausalLM")
+    res = {"arch": arch, "impl": impl, "class": cls_name}
+    if kind != "causal_lm":
+        res["kind"] = kind
     if entry.get("why"):
         res["shrink"] = entry["why"]
     try:
@@ -174,11 +178,10 @@ def build(arch: str, impl: str, table: dict, seed: int = 0, options: dict | None
     try:
         with stand_ins(arch, table, cfg):
             if entry.get("use"):  # a sub-config: the mapped class takes it directly
-                import transformers
                 cls = getattr(transformers, res["class"])
                 model = cls._from_config(cfg, attn_implementation=impl).eval()
             else:
-                model = AutoModelForCausalLM.from_config(cfg, attn_implementation=impl).eval()
+                model = getattr(transformers, auto).from_config(cfg, attn_implementation=impl).eval()
     except Exception as e:  # noqa: BLE001 -- the model's build raised: status unsupported or not_built, never a verdict
         if _is_memory(e):
             raise
