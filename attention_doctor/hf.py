@@ -221,7 +221,7 @@ class HFCausalLM(Adapter):
         follows the config's vision start token. Unsupported where the forward takes no image grid;
         Unreachable where the config declares no merge size or start token to lay the image out by."""
         if "image_grid_thw" not in _params(self.module.forward):
-            raise Unsupported("its forward takes no image grid (image_grid_thw)", "no_image_grid")
+            raise Unsupported("its forward takes no image grid (image_grid_thw)")
         cfg = self.module.config
         merge = getattr(getattr(cfg, "vision_config", None), "spatial_merge_size", None)
         if not isinstance(merge, int):
