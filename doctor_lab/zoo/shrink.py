@@ -71,10 +71,19 @@ def _per_layer(d: dict) -> set:
     return {k for k, v in d.items() if k == "per_layer_config" or (isinstance(v, list) and len(v) == n and n)}
 
 
+def _sub_configs(cfg) -> list[str]:
+    """The names of a composite config's sub-configs: its sub_configs, or in releases before that
+    attribute (4.4x's PaliGemma), its attributes that are configs themselves (text_config, ...)."""
+    named = getattr(cfg, "sub_configs", None)
+    if named:
+        return list(named)
+    return [k for k, v in vars(cfg).items() if not k.startswith("_") and hasattr(v, "to_dict") and hasattr(v, "model_type")]
+
+
 def _shrunk_kwargs(cfg, generic: dict, extra: dict) -> dict:
     kw = {k: v for k, v in generic.items() if k in _known(cfg)
           and not (k in SWITCHED_BY_VALUE and getattr(cfg, k, None) in (None, False))}
-    for sub in getattr(cfg, "sub_configs", {}) or {}:
+    for sub in _sub_configs(cfg):
         s = getattr(cfg, sub, None)
         if s is not None and hasattr(s, "to_dict"):
             d = s.to_dict()
@@ -101,7 +110,7 @@ def _fix_derived(cfg, generic: dict, kw: dict):
             setattr(cfg, k, vocab - 1)
         elif isinstance(vocab, int) and isinstance(v, list):
             setattr(cfg, k, [min(i, vocab - 1) for i in v])
-    for sub in getattr(cfg, "sub_configs", {}) or {}:
+    for sub in _sub_configs(cfg):
         s = getattr(cfg, sub, None)
         if s is not None and hasattr(s, "to_dict"):
             _fix_derived(s, generic, kw.get(sub, {}) if isinstance(kw.get(sub), dict) else {})
