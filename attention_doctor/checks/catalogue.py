@@ -393,7 +393,8 @@ REGISTRY: tuple[Check, ...] = (
                   "suffix_not_causal": fails("in training, an output moves with the last token"),
                   "no_token_types": not_applicable("its forward takes no token types, or its config declares no "
                                                    "image token (what a type means is not declared)"),
-                  "no_prefix": not_applicable("in training no leading run of one type is seen both ways"),
+                  "no_prefix": not_applicable("in training, with token types and no pixels, no leading run of one "
+                                              "type is seen both ways: its mask does not read token types alone"),
                   "prefix_ambiguous": cannot("a leading run is seen both ways, but neither type makes it a prefix "
                                              "before a causal rest: no layout to judge the pads by")},
           measures={"prefix_type": "the token type whose leading run is seen both ways",

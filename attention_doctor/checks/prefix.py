@@ -69,7 +69,9 @@ def bidirectional_prefix(ctx):
         if any(d > EXACT_REL for d in moved.values()):
             return inconclusive("in training a leading run is seen both ways, but not as one prefix type before a "
                                 f"causal rest (per type: run moved {moved}, the rest {after})", "prefix_ambiguous")
-        return na("in training neither type's leading run is seen both ways: no bidirectional prefix", "no_prefix")
+        return na("in training, token types given and no pixels, neither type's leading run is seen both ways: "
+                  "its mask does not read token types alone (a prefix made only with an image's pixels, as "
+                  "PaliGemma's before 4.45, is out of the doctor's reach)", "no_prefix")
     p = found[0]
     agree = ctx.limit(AGREE_REL)
     types = torch.full_like(x, 1 - p)
