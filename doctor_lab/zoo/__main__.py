@@ -219,7 +219,8 @@ def main(argv=None):
                    timeout_s=a.timeout, cpu_s=a.cpu, mem_bytes=int(a.mem_gb * 2 ** 30), progress=progress)
     if not a.table and checks is None and not a.no_confirm:
         confirm(out, archs, a, shrink, run_key, session)
-    s = table.write(out, list(dict.fromkeys(every + archs)), run_key)   # types of other kinds named: tabled too
+    ran = [r["arch"] for r in table.load(out) if r["arch"] not in every and kinds.of(r["arch"])]
+    s = table.write(out, list(dict.fromkeys(every + archs + ran)), run_key)   # types of other kinds run here: tabled too
     over = table.write_releases(out)
     c = s.get("cost") or {}
     print(f"zoo: transformers {s.get('transformers', transformers.__version__)}: {s['examined']} of {s['archs']} "
