@@ -19,8 +19,8 @@ def _image_row(ctx):
     a, T = ctx.adapter, ctx.T
     x = ctx.sample(1, T, k=94)
     img = getattr(a, "image_token", lambda: None)()   # ids an adapter does not declare: the positions alone
-    img = img if img is not None and 0 <= img < a.vocab_size else None   # one outside its vocabulary: not placed
     start = getattr(a, "vision_start_token", lambda: None)()
+    img, start = (t if t is not None and 0 <= t < a.vocab_size else None for t in (img, start))   # outside: not placed
     n = SIDE * SIDE
     if img is not None:
         x[:, START:START + n] = img

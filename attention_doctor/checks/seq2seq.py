@@ -2,8 +2,10 @@
 source alone, right-padded and left-padded (its mask False on the pads), the pads holding two
 different fillings: the decoder's logits on the same decoder ids, and greedy generate() with the
 decoder's cache and without, must not move with what the pads hold, and right padding (which shifts
-no source position) must give what the source alone gives. The cached decoding must equal the
-uncached one (the decoder's own cache)."""
+no source position) must give what the source alone gives. The cached decoding against the
+uncached one is measured, not judged: the decoder's cache is kv_cache's (prefill and step, on the
+decoder driven as an LM); generate()'s uncached path differs from plain forwards on some models
+(FSMT at 5.23: its cached decoding equals them), not triaged as attention's."""
 import torch
 
 from attention_doctor.checks.common import AGREE_REL, held_in_part, judged, na, rel
@@ -54,16 +56,13 @@ def encoder_decoder(ctx):
             not_run[part] = e.why
             continue
         measured[part] = _compared(decoded[cached])
-    cache = None
+    cache = None   # measured, not judged: generate()'s own paths (the decoder's cache is kv_cache's, prefill and step)
     if len(decoded) == 2:
         cache = rel(decoded[True]["alone"], decoded[False]["alone"], "the uncached decoding")
-    worst_pads = max(v for m in measured.values() for v in m.values())
-    bad_cache = cache is not None and cache > agree
-    worst = max(worst_pads, cache or 0.0)
+    worst = max(v for m in measured.values() for v in m.values())
     detail = "; ".join(f"{part}: " + ", ".join(f"{k} {v:.3g}" for k, v in m.items()) for part, m in measured.items())
-    detail += "" if cache is None else f"; cached against uncached decoding, source alone: {cache:.3g}"
-    cause = "pads_seen" if worst_pads > agree else "decoder_cache_differs"
-    r = judged(worst_pads > agree or bad_cache, worst, f"<= {agree:g}", detail, cause,
+    detail += "" if cache is None else f"; cached against uncached decoding, source alone (not judged): {cache:.3g}"
+    r = judged(worst > agree, worst, f"<= {agree:g}", detail, "pads_seen",
                forward=forward, generate_cached=measured.get("generate_cached"),
                generate_uncached=measured.get("generate_uncached"), cache=cache, limit=agree)
     return held_in_part(r, not_run)
