@@ -100,3 +100,25 @@ def test_a_causal_lm_has_none_of_these_interfaces():
     from attention_doctor.hf import build
     r = examine(build("llama", "sdpa"), checks=["encoder_decoder", "bidirectional_prefix", "multimodal_positions"])
     assert [c.outcome for c in r.checks] == [NA, NA, NA], [c.reason for c in r.checks]
+
+
+def test_a_forward_that_raises_only_without_a_mask_is_examined_and_one_that_always_raises_is_not():
+    from attention_doctor import TargetError
+    from attention_doctor.hf import HFCausalLM
+    from tests.test_doctor_hf_cache import GivenCacheLM
+
+    class NeedsMask(GivenCacheLM):
+        def __init__(self, always=False):
+            super().__init__()
+            self.always = always
+
+        def forward(self, input_ids, attention_mask=None, **kwargs):
+            if attention_mask is None or self.always:
+                raise RuntimeError("no mask")
+            return super().forward(input_ids, attention_mask=attention_mask, **kwargs)
+
+    torch.manual_seed(0)
+    r = examine(HFCausalLM(NeedsMask().eval()), checks=["finite_output", "padding"])
+    assert "no mask" in r.info["unmasked_forward_raised"] and r["finite_output"].outcome is PASS
+    with pytest.raises(TargetError, match="its forward raised"):
+        examine(HFCausalLM(NeedsMask(always=True).eval()), checks=["finite_output"])
