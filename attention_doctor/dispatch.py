@@ -17,6 +17,9 @@ def adapt(obj, causal=None, **kw) -> Adapter:
         raise TargetError(f"{type(obj).__name__} is not a torch.nn.Module")
     mro = {c.__module__.split(".")[0] + "." + c.__name__ for c in type(obj).__mro__}
     if "transformers.PreTrainedModel" in mro:
+        from attention_doctor.hf_seq2seq import HFSeq2SeqLM, is_seq2seq
+        if is_seq2seq(obj):   # an encoder-decoder: the decoder driven as the LM, the encoder input beside it
+            return HFSeq2SeqLM(obj, **kw)
         from attention_doctor.hf import HFCausalLM
         return HFCausalLM(obj, **kw)
     if "x_transformers.TransformerWrapper" in mro:

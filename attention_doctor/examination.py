@@ -194,7 +194,10 @@ def _smoke(ctx, strict):
     try:
         y = ctx.run(x)
     except TargetRaised as e:
-        raise TargetError(f"{ctx.adapter.name}: its forward raised on a ({ctx.B}, {ctx.T}) input: {e.error}") from None
+        y = _masked_smoke(ctx, x)   # raising with no mask only: the checks that call it so fail (target_raised)
+        if y is None:
+            raise TargetError(f"{ctx.adapter.name}: its forward raised on a ({ctx.B}, {ctx.T}) input: {e.error}") from None
+        ctx.info["unmasked_forward_raised"] = e.error[:200]
     except Unsupported as e:   # no plain call at all
         raise TargetError(f"{ctx.adapter.name}: {e.why}") from None
     except Signal as e:   # the adapter's own code raised (or said a row for every check) around the forward
@@ -206,6 +209,16 @@ def _smoke(ctx, strict):
         shape = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
         raise TargetError(f"{ctx.adapter.name}: forward returned {shape}, not ({ctx.B}, {ctx.T}, D) floats")
     return x, y, None
+
+
+def _masked_smoke(ctx, x):
+    """The plain forward with an all-ones mask, where the one without a mask raised: its output, or
+    None where that raises too (or the target takes no mask). A target that runs only when given a
+    mask is examined, and what it raises without one is the failure of each check that calls it so."""
+    try:
+        return ctx.run(x, torch.ones(x.shape[:2], dtype=torch.bool, device=x.device))
+    except Signal:   # raises with a mask too, or takes none: the target cannot be used (TargetError)
+        return None
 
 
 def _sensitive_first(ctx):

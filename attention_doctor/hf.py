@@ -183,17 +183,60 @@ class HFCausalLM(Adapter):
             kw["output_attentions"] = True
         return self.module(input_ids=x, **kw).logits
 
-    def typed_forward(self, x, types):
+    def typed_forward(self, x, types, mask=None, labels=None):
         """The logits with token_type_ids, where the config declares image tokens: a run of 1s is an
-        image (Gemma3), attended within itself. Elsewhere types mean other things (HRM's prefix LM: every
-        1 one block), which the doctor cannot tell from a forward: Unsupported."""
+        image (Gemma3), attended within itself; 0s PaliGemma's prefix. Elsewhere types mean other things
+        (HRM's prefix LM: every 1 one block), which the doctor cannot tell from a forward: Unsupported.
+        mask: the attention mask (None: none passed); labels: given where the forward takes them (a
+        training call: the mask some releases build differs with labels)."""
         cfg = self.module.config
         if "token_type_ids" not in _params(self.module.forward):
             raise Unsupported("its forward takes no token_type_ids", "no_token_types")
         if not any(isinstance(getattr(cfg, k, None), int) for k in IMAGE_TOKEN):   # what a type means is declared
             raise Unsupported("its config declares no image token: what its token types mean is not declared "
                               "(a prefix LM's one block, a segment)", "no_token_types")
-        return self.module(input_ids=x, token_type_ids=types, **self._uncached()).logits
+        kw = {} if mask is None else {"attention_mask": mask.long()}
+        if labels is not None and "labels" in _params(self.module.forward):   # training: the loss's own inputs
+            kw["labels"] = labels
+        return self.module(input_ids=x, token_type_ids=types, **kw, **self._uncached()).logits
+
+    def rows_forward(self, x, positions, mask=None):
+        """The logits with position ids of several rows, (R, B, T) (M-RoPE's temporal, height and
+        width), and the attention mask as given (None: no mask passed). Unsupported where the forward
+        takes no position_ids; whether it reads R rows is the check's to measure."""
+        if "position_ids" not in _params(self.module.forward):
+            raise Unsupported("its forward takes no position_ids", "no_positions")
+        kw = {} if mask is None else {"attention_mask": mask.long()}
+        return self.module(input_ids=x, position_ids=positions, **kw, **self._uncached()).logits
+
+    def image_token(self) -> int | None:
+        """The image token its config declares (None: none declared)."""
+        cfg = self.module.config
+        return next((v for k in IMAGE_TOKEN if isinstance(v := getattr(cfg, k, None), int)), None)
+
+    def own_image_forward(self, x, side, mask=None):
+        """The logits of x, whose image tokens are one image of side x side merged patches, with the
+        positions the model makes itself from the image's grid (transformers' image_grid_thw: 1 frame,
+        side x the vision config's spatial merge rows and columns) and no pixels; the image run
+        follows the config's vision start token. Unsupported where the forward takes no image grid;
+        Unreachable where the config declares no merge size or start token to lay the image out by."""
+        if "image_grid_thw" not in _params(self.module.forward):
+            raise Unsupported("its forward takes no image grid (image_grid_thw)")
+        cfg = self.module.config
+        merge = getattr(getattr(cfg, "vision_config", None), "spatial_merge_size", None)
+        if not isinstance(merge, int):
+            raise Unreachable("its config declares no spatial_merge_size: the image grid of its tokens is not known")
+        grid = torch.tensor([[1, side * merge, side * merge]], device=x.device).expand(x.shape[0], 3)
+        kw = {} if mask is None else {"attention_mask": mask.long()}
+        img = self.image_token()
+        if "mm_token_type_ids" in _params(self.module.forward) and img is not None:   # 5.x: what a processor gives
+            kw["mm_token_type_ids"] = (x == img).int()   # text 0, image 1 (its docstring's modalities)
+        return self.module(input_ids=x, image_grid_thw=grid, **kw, **self._uncached()).logits
+
+    def vision_start_token(self) -> int | None:
+        """The token its config declares before an image's run (None: none)."""
+        v = getattr(self.module.config, "vision_start_token_id", None)
+        return v if isinstance(v, int) else None
 
     def _state_name(self) -> str:
         takes = _params(self.module.forward)

@@ -2,6 +2,7 @@
 (zoo.json rows as the zoo writes them, in tmp_path), the table and the report's section written from
 them, and its bad input. No install, no zoo run: `--table` reads the runs that are there."""
 import csv
+import dataclasses
 import json
 import subprocess
 import sys
@@ -81,8 +82,9 @@ def test_a_warn_is_caught_and_a_failed_install_or_a_refusing_zoo_says_why_not(tm
     assert v.kind == "not run" and "the zoo exited 2: zoo: not in transformers 4.42.0's mapping" in v.text
 
 
-def test_a_probe_entry_is_missed_whatever_its_nearest_checks_say(tmp_path):
-    e = ENTRIES["paligemma_training_pads_unmasked"]
+def test_a_probe_entry_is_missed_whatever_its_nearest_checks_say(tmp_path, monkeypatch):
+    e = dataclasses.replace(ENTRIES["paligemma_training_pads_unmasked"], check="packed_sequences")
+    monkeypatch.setitem(plan.NEAREST, "packed_sequences", ("padding",))
     assert e.check in record.PROBES and e.check not in CHECKS
     p = plan.plan(e, CHECKS)
     assert p.nearest and p.checks == plan.NEAREST[e.check]
@@ -90,7 +92,7 @@ def test_a_probe_entry_is_missed_whatever_its_nearest_checks_say(tmp_path):
     zoo_table(tmp_path, e.introduced, {(a, i.value): moved for a in e.architectures for i in e.implementations},
               p.checks)
     v = outcomes.verdict(p, outcomes.cells(p, tmp_path))
-    assert v.kind == "missed" and v.text.startswith("needs probe bidirectional_prefix; nearest padding: caught")
+    assert v.kind == "missed" and v.text.startswith("needs probe packed_sequences; nearest padding: caught")
     bare = plan.plan(e, CHECKS, nearest=False)
     assert bare.checks == () and outcomes.verdict(bare, outcomes.cells(bare, tmp_path)).text.endswith("no nearest check run")
 

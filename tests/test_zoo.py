@@ -86,10 +86,14 @@ def test_runner_isolates_hang_crash_memory_and_cpu(tmp_path):
 
 
 def test_shrink_table():
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as M
+    from doctor_lab.zoo import kinds
     t = load_table()
     gone = {a for a, e in t["archs"].items() if e.get("releases")}  # mapped by older releases only
-    assert set(t["archs"]) - gone <= set(M), set(t["archs"]) - gone - set(M)
+    assert {a for a in set(t["archs"]) - gone if kinds.of(a) is None} == set()   # every entry a type of some kind
+    c = make_config("t5", t)   # a seq2seq LM: its decoder as deep as its encoder
+    assert (c.num_layers, c.num_decoder_layers) == (2, 2)
+    c = make_config("qwen2_vl", t)   # M-RoPE's sections fit the shrunk head (half of 64 / 4)
+    assert sum(c.text_config.rope_parameters["mrope_section"]) == 8
     assert all(e.get("why") or e.get("skip") for e in t["archs"].values())
     c = make_config("deepseek_v2", t)  # MLA: its own sizes, from the table
     assert (c.hidden_size, c.num_hidden_layers, c.kv_lora_rank, c.qk_rope_head_dim) == (64, 2, 16, 8)
@@ -451,3 +455,15 @@ def test_flex_attention_runs_eagerly_and_is_examined(tmp_path):
     assert sorted((r["impl"], r["status"], r["check"], r["verdict"]) for r in rows) == [
         ("flex_attention", "examined", "kv_cache", "pass"), ("flex_attention", "examined", "padding", "pass")]
     assert all(float(r["measured"]) <= 1e-5 for r in rows)
+
+
+def test_kinds_keep_the_default_run_causal_and_name_the_others():
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as M
+
+    from doctor_lab.zoo import kinds
+    assert kinds.every() == list(M)   # the default run: the causal LMs, as before kinds
+    assert kinds.of("bart")[:2] == ("causal_lm", "BartForCausalLM")   # first kind that maps it
+    assert kinds.of("bart", ["seq2seq_lm"])[:2] == ("seq2seq_lm", "BartForConditionalGeneration")
+    seq2seq = kinds.every(["seq2seq_lm"])
+    assert {"t5", "bart", "marian"} <= set(seq2seq) and "llama" not in seq2seq
+    assert kinds.of("paligemma")[0] == "image_text_to_text" and kinds.of("no_such_type") is None

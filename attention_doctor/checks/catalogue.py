@@ -364,6 +364,67 @@ REGISTRY: tuple[Check, ...] = (
                                          "the reason and in `error`")},
           measures={"plain": "the plain batch's outputs reloaded against before saving: relative difference",
                     "padded": "the same, left-padded, real tokens (None: no padding mask)"}),
+    Check("encoder_decoder", "seq2seq", "enc-dec",
+          does="an encoder-decoder's encoder input (6 tokens) alone, right-padded and left-padded by 5 (mask False "
+               "on the pads), the pads filled two ways; the decoder's logits on the same decoder ids, and greedy "
+               "generate() of 6 tokens with the decoder's cache and without",
+          fails_when="what the pads hold moves the decoder's outputs (right or left), or right padding moves them "
+                     "from the source alone's (it shifts no source position)",
+          tolerance="1e-5: masked source tokens contribute exactly 0 to cross-attention; the same sums in another "
+                    "order differ by rounding only",
+          applies="encoder-decoders whose encoder reads token ids (a decoder-only target: n/a)",
+          thread="huggingface/transformers #36293",
+          causes={"pads_seen": fails("the decoder's outputs move with the encoder input's padding: cross-attention "
+                                     "(or the encoder) sees masked source tokens"),
+                  "no_encoder": not_applicable("no encoder input beside the decoder's ids")},
+          measures={"forward": "{right_pads, left_pads, right_vs_alone}: the decoder's logits, relative differences: "
+                               "the two pad fillings right and left, right-padded against the source alone",
+                    "generate_cached": "the same for generate()'s logits with the decoder's cache (None: not run)",
+                    "generate_uncached": "the same without the cache (None: not run)",
+                    "cache": "cached against uncached decoding of the source alone (None: not run; not judged: the "
+                             "decoder's cache is kv_cache's, and generate()'s uncached path differs from plain "
+                             "forwards on some models, FSMT's at 5.23, untriaged)"}),
+    Check("bidirectional_prefix", "prefix", "prefix",
+          does="a target whose forward reads token types, in training (train mode, labels on the suffix): which "
+               "type makes a leading run of 6 seen both ways, measured; then the row left-padded by 4, the pads "
+               "filled two ways and of either type, and its last token replaced",
+          fails_when="what the pads hold moves the real tokens' outputs (pads unmasked with the prefix), or an "
+                     "output moves with the last token (the suffix not causal)",
+          tolerance="1e-5 for the pads (rounding), 1e-6 for the suffix (masked keys contribute exactly 0)",
+          applies="targets whose token types mark a prefix or an image seen both ways (transformers: token_type_ids "
+                  "where the config declares an image token)",
+          thread="huggingface/transformers #35855",
+          causes={"pads_seen": fails("in training, what the left pads hold moves the real tokens' outputs: the "
+                                     "padding mask lost where the prefix is unmasked"),
+                  "suffix_not_causal": fails("in training, an output moves with the last token"),
+                  "no_token_types": not_applicable("its forward takes no token types, or its config declares no "
+                                                   "image token (what a type means is not declared)"),
+                  "no_prefix": not_applicable("in training, with token types and no pixels, no leading run of one "
+                                              "type is seen both ways: its mask does not read token types alone"),
+                  "prefix_ambiguous": cannot("a leading run is seen both ways, but neither type makes it a prefix "
+                                             "before a causal rest: no layout to judge the pads by")},
+          measures={"prefix_type": "the token type whose leading run is seen both ways",
+                    "moved": "per type: the leading run's outputs, relative change with its last token replaced",
+                    "pads": "per pad type: the real tokens' outputs, relative change with what the pads hold",
+                    "suffix_leak": "the padded row's outputs before its last token, relative change with it replaced"}),
+    Check("multimodal_positions", "mrope", "M-RoPE",
+          does="a target that reads position ids of 3 rows (text positions given as rows give its own outputs): an "
+               "image of 2x2 tokens laid out as M-RoPE lays one (one temporal value, heights and widths), no "
+               "pixels; no attention mask against an all-ones mask, with the positions given and with those the "
+               "model makes from the image's grid",
+          fails_when="the outputs with no mask differ from those with an all-ones mask, or the forward raises "
+                     "without a mask only",
+          tolerance="1e-5: an all-ones mask masks nothing, the same computation",
+          applies="targets that take multi-row position ids (M-RoPE); others n/a",
+          thread="huggingface/transformers #39194",
+          causes={"unmasked_differs": fails("with no mask the outputs differ from an all-ones mask's: the mask "
+                                            "builder reads the image's positions (packed sequences, a cut row)"),
+                  "no_multirow_positions": not_applicable("position ids of several rows are refused, or not read "
+                                                          "as its own positions")},
+          measures={"positions_given": "the image's positions given: no mask against all ones, relative difference",
+                    "own_positions": "the model's own positions from the image's grid: the same (None: not run)",
+                    "own_matches_given": "its own positions' outputs against those of the layout given (not "
+                                         "judged: the layout is the doctor's)"}),
 )
 ORDER: tuple[str, ...] = tuple(c.name for c in REGISTRY)
 BY_NAME: dict[str, Check] = {c.name: c for c in REGISTRY}

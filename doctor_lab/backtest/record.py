@@ -57,9 +57,6 @@ class Impl(str, enum.Enum):
 # probes the doctor does not have yet (issue 46, part 2), named where an entry needs one
 PROBES = frozenset({
     "packed_sequences",        # documents in one row, position ids restarting
-    "bidirectional_prefix",    # prefix / image tokens the config declares bidirectional, with their labels
-    "encoder_decoder",         # encoder-decoder models: cross-attention padding under generate()
-    "multimodal_positions",    # image tokens with the position ids the model makes for them (M-RoPE), no mask vs all-ones
     "rope_channels",           # which channels a RoPE turns: each axis only its own (frames, rows, columns), none of a
                                # partial rotary's unrotated share
 })

@@ -49,7 +49,10 @@ OPTIONS_ROOT = Path("results/zoo_options")  # the option zoo's tables, one dir p
 
 def parse(argv):
     p = argparse.ArgumentParser(prog="python -m doctor_lab.zoo", description=__doc__.split("\n\n")[0])
-    p.add_argument("--arch", nargs="+", help="model types (default: all of the mapping); commas work too")
+    p.add_argument("--arch", nargs="+", help="model types (default: all of --kind's mappings); commas work too")
+    p.add_argument("--kind", default="causal_lm",
+                   help="model kinds whose types the default run examines, comma-separated: causal_lm, seq2seq_lm, "
+                        "image_text_to_text, vision_to_seq (doctor_lab/zoo/kinds.py); --arch takes a type of any")
     p.add_argument("--impl", default=",".join(IMPLS), help="attention implementations, comma-separated")
     p.add_argument("--transformers", type=Path, metavar="DIR",
                    help="a transformers release installed in DIR (pip install --no-deps --target DIR "
@@ -162,18 +165,21 @@ def main(argv=None):
         transformers = need_transformers()
     except TargetError as e:   # not installed: one line naming the install command, exit 2
         fail(str(e))
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    from doctor_lab.zoo import runner, table
+    from doctor_lab.zoo import kinds, runner, table
     from doctor_lab.zoo.shrink import entry_hash, load_table, parse_values, with_init
     if (a.discover or a.launcher != "local" or a.sets_of) and not a.options:
         fail("--discover, --launcher and --sets-of go with --options")
     out = a.out or (OPTIONS_ROOT / transformers.__version__ if a.options else ROOT / "releases" / version if version else ROOT)
-    every = list(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    wanted_kinds = [k for k in a.kind.split(",") if k]
+    if not wanted_kinds or any(k not in kinds.KINDS for k in wanted_kinds):
+        fail(f"--kind {a.kind!r}: give some of {','.join(kinds.KINDS)}")
+    every = kinds.every(wanted_kinds)
     archs = [x for s in a.arch for x in s.split(",") if x] if a.arch else every
-    unknown = [x for x in archs if x not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES]
+    unknown = [x for x in archs if kinds.of(x) is None]
     if unknown:
-        fail(f"not in transformers {transformers.__version__}'s MODEL_FOR_CAUSAL_LM_MAPPING_NAMES: {', '.join(unknown)}")
+        fail(f"not a model type of transformers {transformers.__version__}'s causal-LM, seq2seq-LM or image-text "
+             f"mappings: {', '.join(unknown)}")
     if a.init and not a.out:
         fail("--init needs --out: the release's own table holds the shrink table's configs only")
     impls = [i for i in a.impl.split(",") if i]
@@ -189,6 +195,12 @@ def main(argv=None):
         shrink = with_init(load_table(), archs, parse_values(a.init))
     except (OSError, ValueError) as e:
         fail(str(e))
+    if wanted_kinds != list(kinds.DEFAULT):   # a type built as another kind than its first: keyed apart (entry_hash)
+        shrink = {**shrink, "archs": dict(shrink["archs"])}
+        for x in archs:
+            k = kinds.of(x, wanted_kinds)[0]
+            if k != kinds.of(x)[0]:
+                shrink["archs"][x] = {**(shrink["archs"].get(x) or {"why": "built as another kind"}), "kind": k}
     # one table, one doctor, one release: a result of another is stale
     run_key = f"{runner.doctor_hash()}-tf{transformers.__version__}" + ("" if checks is None else "-" + ",".join(checks or ["none"]))
     hashes = {x: f"{entry_hash(x, shrink)}-{run_key}" for x in archs}
@@ -207,7 +219,8 @@ def main(argv=None):
                    timeout_s=a.timeout, cpu_s=a.cpu, mem_bytes=int(a.mem_gb * 2 ** 30), progress=progress)
     if not a.table and checks is None and not a.no_confirm:
         confirm(out, archs, a, shrink, run_key, session)
-    s = table.write(out, every, run_key)
+    ran = [r["arch"] for r in table.load(out) if r["arch"] not in every and kinds.of(r["arch"])]
+    s = table.write(out, list(dict.fromkeys(every + archs + ran)), run_key)   # types of other kinds run here: tabled too
     over = table.write_releases(out)
     c = s.get("cost") or {}
     print(f"zoo: transformers {s.get('transformers', transformers.__version__)}: {s['examined']} of {s['archs']} "

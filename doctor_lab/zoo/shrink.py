@@ -71,10 +71,19 @@ def _per_layer(d: dict) -> set:
     return {k for k, v in d.items() if k == "per_layer_config" or (isinstance(v, list) and len(v) == n and n)}
 
 
+def _sub_configs(cfg) -> list[str]:
+    """The names of a composite config's sub-configs: its sub_configs, or in releases before that
+    attribute (4.4x's PaliGemma), its attributes that are configs themselves (text_config, ...)."""
+    named = getattr(cfg, "sub_configs", None)
+    if named:
+        return list(named)
+    return [k for k, v in vars(cfg).items() if not k.startswith("_") and hasattr(v, "to_dict") and hasattr(v, "model_type")]
+
+
 def _shrunk_kwargs(cfg, generic: dict, extra: dict) -> dict:
     kw = {k: v for k, v in generic.items() if k in _known(cfg)
           and not (k in SWITCHED_BY_VALUE and getattr(cfg, k, None) in (None, False))}
-    for sub in getattr(cfg, "sub_configs", {}) or {}:
+    for sub in _sub_configs(cfg):
         s = getattr(cfg, sub, None)
         if s is not None and hasattr(s, "to_dict"):
             d = s.to_dict()
@@ -93,6 +102,7 @@ def _fix_derived(cfg, generic: dict, kw: dict):
         # Gemma 2/3 scale scores by query_pre_attn_scalar ** -0.5, 256 by default: their default
         # head_dim. Left at 256 beside a 16-wide head, scores would be 4x too small.
         cfg.query_pre_attn_scalar = getattr(cfg, "head_dim", None) or d["hidden_size"] // d["num_attention_heads"]
+    _fit_mrope(cfg)
     vocab = d.get("vocab_size")
     for k in ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id"):
         v = d.get(k)
@@ -100,10 +110,27 @@ def _fix_derived(cfg, generic: dict, kw: dict):
             setattr(cfg, k, vocab - 1)
         elif isinstance(vocab, int) and isinstance(v, list):
             setattr(cfg, k, [min(i, vocab - 1) for i in v])
-    for sub in getattr(cfg, "sub_configs", {}) or {}:
+    for sub in _sub_configs(cfg):
         s = getattr(cfg, sub, None)
         if s is not None and hasattr(s, "to_dict"):
             _fix_derived(s, generic, kw.get(sub, {}) if isinstance(kw.get(sub), dict) else {})
+
+
+def _fit_mrope(cfg):
+    """M-RoPE's sections (rotary frequencies per position row: temporal, height, width) sum to half the
+    head dim: rescaled to the shrunk head, each row kept at least 1 (Qwen2-VL's [16, 24, 24] -> [2, 3, 3])."""
+    d = cfg.to_dict()
+    heads, width = d.get("num_attention_heads"), d.get("hidden_size")
+    head = d.get("head_dim") or (width // heads if isinstance(width, int) and isinstance(heads, int) else None)
+    for key in ("rope_scaling", "rope_parameters"):
+        rope = getattr(cfg, key, None)
+        sec = rope.get("mrope_section") if isinstance(rope, dict) else None
+        if not isinstance(head, int) or not isinstance(sec, list) or not sec or sum(sec) == head // 2:
+            continue
+        half = head // 2
+        new = [max(1, round(s * half / sum(sec))) for s in sec]
+        new[0] += half - sum(new)
+        rope["mrope_section"] = new
 
 
 def _set(cfg, dotted: str, value):

@@ -1,6 +1,7 @@
 """One architecture, in its own process: build the shrunk model once per attention
 implementation, run a forward and a KV-cache step, then the doctor; one result file per
 implementation, written atomically (a crash leaves none, and the runner writes the row)."""
+import inspect
 import os
 import resource
 import sys
@@ -49,6 +50,13 @@ def _is_memory(e: BaseException) -> bool:
     return isinstance(e, MemoryError) or "can't allocate memory" in str(e) or "std::bad_alloc" in str(e)
 
 
+def _params(fn) -> set[str]:
+    try:
+        return set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
 def smoke(model, vocab: int) -> dict:
     """A forward on (2, 8) ids, then a prefill of 6 and a step of 2 through the cache; what the
     step returned is compared against the full forward (a number, not a verdict: the doctor's
@@ -56,16 +64,25 @@ def smoke(model, vocab: int) -> dict:
     import torch
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (2, 8), generator=gen)
+    dec = {"decoder_input_ids": ids} if "decoder_input_ids" in _params(model.forward) else {}   # an encoder-decoder
     with torch.no_grad():
-        full = model(input_ids=ids, use_cache=False).logits
-        out = {"logits_shape": list(full.shape), "logits_finite": bool(torch.isfinite(full).all())}
         try:
-            pre = model(input_ids=ids[:, :6], use_cache=True)
+            full = model(input_ids=ids, use_cache=False, **dec).logits
+            out = {}
+        except Exception as e:  # noqa: BLE001 -- raising with no mask only (the doctor's checks judge it): run masked
+            if _is_memory(e):
+                raise
+            full = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, **dec).logits
+            out = {"unmasked_raised": _line(e)}
+        out.update(logits_shape=list(full.shape), logits_finite=bool(torch.isfinite(full).all()))
+        try:
+            pre = model(input_ids=ids[:, :6], use_cache=True, **{k: v[:, :6] for k, v in dec.items()})
             cache = getattr(pre, "past_key_values", None)
             if cache is None:
                 out["cache"] = "no past_key_values returned"
             else:
-                step = model(input_ids=ids[:, 6:], past_key_values=cache, use_cache=True).logits
+                step = model(input_ids=ids[:, :6] if dec else ids[:, 6:], past_key_values=cache, use_cache=True,
+                             **{k: v[:, 6:] for k, v in dec.items()}).logits
                 err = (step - full[:, 6:]).abs().max() / full[:, 6:].abs().max().clamp_min(1e-30)
                 out["cache"] = "ran"
                 out["cache_step_rel_err"] = float(err)
@@ -136,13 +153,17 @@ def build(arch: str, impl: str, table: dict, seed: int = 0, options: dict | None
     builds it: torch seeded with `seed`, then the table's config (with `options`: shrink.make_config).
     NotBuilt says why not."""
     import torch
-    from transformers import AutoModelForCausalLM
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    import transformers
 
+    from doctor_lab.zoo import kinds
     from doctor_lab.zoo.shrink import NotExamined, make_config
 
-    res = {"arch": arch, "impl": impl, "class": MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(arch)}
     entry = table["archs"].get(arch) or {}
+    kind, cls_name, auto = kinds.of(arch, [entry["kind"]] if entry.get("kind") else []) or (
+        "causal_lm", None, "AutoModelForCausalLM")
+    res = {"arch": arch, "impl": impl, "class": cls_name}
+    if kind != "causal_lm":
+        res["kind"] = kind
     if entry.get("why"):
         res["shrink"] = entry["why"]
     try:
@@ -157,11 +178,10 @@ def build(arch: str, impl: str, table: dict, seed: int = 0, options: dict | None
     try:
         with stand_ins(arch, table, cfg):
             if entry.get("use"):  # a sub-config: the mapped class takes it directly
-                import transformers
                 cls = getattr(transformers, res["class"])
                 model = cls._from_config(cfg, attn_implementation=impl).eval()
             else:
-                model = AutoModelForCausalLM.from_config(cfg, attn_implementation=impl).eval()
+                model = getattr(transformers, auto).from_config(cfg, attn_implementation=impl).eval()
     except Exception as e:  # noqa: BLE001 -- the model's build raised: status unsupported or not_built, never a verdict
         if _is_memory(e):
             raise
