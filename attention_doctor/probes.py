@@ -28,6 +28,15 @@ MASKED = -1e3  # a score below this at init is a masked one (fills: -inf, finfo.
 TERMS = 8      # products kept before the pending one: the terms a sum of scores may add
 
 
+def _cleaned(a: torch.Tensor, w: torch.Tensor) -> bool:
+    """a is the softmax's weights w with only their zero or non-finite entries set to 0 (a fully masked
+    row's NaN cleaned after the softmax, as CpmAnt's masked_fill(score, ~mask, 0) does): the same mix of
+    the values wherever w has one, so still this call's."""
+    kept = a != 0
+    gone = w[~kept]
+    return torch.equal(a[kept], w[kept]) and bool(((gone == 0) | ~torch.isfinite(gone)).all())
+
+
 @dataclass
 class Call:
     source: str                       # sdpa | flex | softmax | handmade (no softmax call: handmade.py) | project
@@ -557,7 +566,8 @@ class Probe(TorchFunctionMode):
         elif c is not None and c.weights is not None and (a.shape[-2:] == c.weights.shape[-2:] or block is not None and (
                 a.shape[-2] == c.weights.shape[-2] and a.shape[-1] == block.stop - block.start)):
             self._pending_call = None
-            if block is None and a.shape == c.weights.shape and not torch.equal(a.detach(), c.weights.to(a.dtype)):
+            if block is None and a.shape == c.weights.shape and not torch.equal(a.detach(), c.weights.to(a.dtype)) \
+                    and not _cleaned(a.detach(), c.weights.to(a.dtype)):
                 # the product took other weights of this shape (differential attention's A1 - lambda A2): its
                 # output is no mix of this call's values, so neither is this call's v and out
                 c.extra["combined_weights"] = True

@@ -77,3 +77,30 @@ def test_hard_attention_choosing_another_key_is_no_own_key_masked():
     torch.manual_seed(0)
     r = examine(Hard(), checks=["eval_dropout", "self_visibility"])
     assert not r["self_visibility"].failed, r.details()
+
+
+def _cleaned_row_attention(q, k, v, keep, clean_future=False):
+    """A mask with a fully masked row (query 0 sees nothing: its softmax is NaN), cleaned after the
+    softmax by masked_fill(~keep, 0) (CpmAnt's); `clean_future`: the cleaning zeroes a visible key too."""
+    s = (q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5).masked_fill(~keep, float("-inf"))
+    w = torch.softmax(s, -1)
+    drop = ~keep
+    if clean_future:
+        drop = drop | torch.eye(keep.shape[-1], dtype=torch.bool)
+    return w.masked_fill(drop, 0.0) @ v
+
+
+def test_weights_cleaned_of_a_masked_rows_nan_after_the_softmax_are_still_the_calls_own():
+    """Only the softmax's zero or non-finite entries set to 0: the product still mixes this call's values
+    (v and out read, the call recomputable); a visible key zeroed too is other weights (combined)."""
+    from attention_doctor.probes import Probe
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, H, 6, D) for _ in range(3))
+    keep = torch.ones(6, 6, dtype=torch.bool).tril()
+    keep[0] = False   # a row with no visible key
+    for clean_future, own in ((False, True), (True, False)):
+        with Probe() as p:
+            _cleaned_row_attention(q, k, v, keep, clean_future)
+        (c,) = p.calls
+        assert (c.complete and c.v is not None and c.out is not None) == own, (clean_future, c.extra.keys())
+        assert c.extra.get("combined_weights", False) != own
