@@ -102,6 +102,19 @@ def test_a_causal_lm_has_none_of_these_interfaces():
     assert [c.outcome for c in r.checks] == [NA, NA, NA], [c.reason for c in r.checks]
 
 
+def test_position_rows_ignored_or_broadcast_as_a_batch_are_no_multirow_positions():
+    """The zoo's false alarms of the first version: a model that ignores position_ids when a mask is given
+    (and raises on 3 rows without one: Jamba's mask path) and one whose learned positions broadcast 3 rows
+    into a batch (BioGPT) take no multi-row positions: n/a, not fail or inconclusive; Qwen2-VL still reads them."""
+    from doctor_lab.zoo.shrink import load_table, make_config
+    from transformers import AutoModelForCausalLM
+    for arch, impl in (("jamba", "eager"), ("biogpt", "sdpa")):
+        torch.manual_seed(0)
+        m = AutoModelForCausalLM.from_config(make_config(arch, load_table()), attn_implementation=impl).eval()
+        r = row(m, "multimodal_positions")
+        assert r.outcome is NA and r.cause == "no_multirow_positions", (arch, r.outcome, r.reason)
+
+
 def test_a_forward_that_raises_only_without_a_mask_is_examined_and_one_that_always_raises_is_not():
     from attention_doctor import TargetError
     from attention_doctor.hf import HFCausalLM

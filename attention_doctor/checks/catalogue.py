@@ -411,7 +411,8 @@ REGISTRY: tuple[Check, ...] = (
           does="a target that reads position ids of 3 rows (text positions given as rows give its own outputs): an "
                "image of 2x2 tokens laid out as M-RoPE lays one (one temporal value, heights and widths), no "
                "pixels; no attention mask against an all-ones mask, with the positions given and with those the "
-               "model makes from the image's grid",
+               "model makes from the image's grid (n/a where its forward takes no grid); a target whose outputs "
+               "do not move with the rows after the first reads none",
           fails_when="the outputs with no mask differ from those with an all-ones mask, or the forward raises "
                      "without a mask only",
           tolerance="1e-5: an all-ones mask masks nothing, the same computation",
@@ -419,12 +420,14 @@ REGISTRY: tuple[Check, ...] = (
           thread="huggingface/transformers #39194",
           causes={"unmasked_differs": fails("with no mask the outputs differ from an all-ones mask's: the mask "
                                             "builder reads the image's positions (packed sequences, a cut row)"),
-                  "no_multirow_positions": not_applicable("position ids of several rows are refused, or not read "
-                                                          "as its own positions")},
+                  "no_multirow_positions": not_applicable("position ids of several rows are refused, read as "
+                                                          "other than its own positions, or not read at all (the "
+                                                          "rows after the first move nothing)")},
           measures={"positions_given": "the image's positions given: no mask against all ones, relative difference",
                     "own_positions": "the model's own positions from the image's grid: the same (None: not run)",
                     "own_matches_given": "its own positions' outputs against those of the layout given (not "
-                                         "judged: the layout is the doctor's)"}),
+                                         "judged: the layout is the doctor's)",
+                    "not_applicable": "the parts whose interface the target lacks (own_positions: no image grid)"}),
 )
 ORDER: tuple[str, ...] = tuple(c.name for c in REGISTRY)
 BY_NAME: dict[str, Check] = {c.name: c for c in REGISTRY}

@@ -8,7 +8,7 @@ given as rows must give what its own text positions give."""
 import torch
 
 from attention_doctor.checks.common import AGREE_REL, held_in_part, judged, na, rel
-from attention_doctor.signals import TargetRaised, Unsupported
+from attention_doctor.signals import TargetRaised, Unreachable, Unsupported
 
 ROWS, START, SIDE = 3, 4, 2   # rows of positions; where the image starts; its side in merged patches
 
@@ -53,21 +53,31 @@ def multimodal_positions(ctx):
         except Unsupported as e:
             return na(e.why, "no_multirow_positions")
         own = ctx.run(text, ones)
-        if rel(as_rows, own, "its own text positions") > agree:
-            return na(f"text positions given as {ROWS} rows give other outputs than its own: it does not read "
-                      "them as multi-row positions", "no_multirow_positions")
+        if as_rows.shape != own.shape or rel(as_rows, own, "its own text positions") > agree:
+            return na(f"text positions given as {ROWS} rows give other outputs than its own (shape "
+                      f"{tuple(as_rows.shape)} against {tuple(own.shape)}): it does not read them as multi-row "
+                      "positions", "no_multirow_positions")
+        others = rows.clone()
+        others[1:] = others[1:].flip(-1)   # the rows after the first reversed (a shift alone: the same relative rotations)
+        if rel(ctx.call(a.rows_forward, text, others, ones), as_rows, "the outputs with equal rows") <= agree:
+            return na(f"its outputs do not move with the position rows after the first: it reads no multi-row "
+                      "positions (a forward that ignores position_ids with a mask given)", "no_multirow_positions")
         x, pos = _image_row(ctx)
         given = {"masked": ctx.call(a.rows_forward, x, pos, ones)}
         given["unmasked"] = ctx.call(a.rows_forward, x, pos, None)   # its raise here is the failure (target_raised)
         ctx.require_repeatable()   # after: a forward that raises with no mask leaves the repeatability undecided
         measured = {"positions_given": rel(given["unmasked"], given["masked"], "the all-ones mask's outputs")}
-        not_run, matches = {}, None
+        not_run, na_parts, matches = {}, {}, None
         try:
             if not callable(getattr(a, "own_image_forward", None)):
                 raise Unsupported("no positions of its own from an image's grid (an Adapter's own_image_forward)")
             mine = ctx.call(a.own_image_forward, x, SIDE, ones)
-        except (Unsupported, TargetRaised) as e:   # no image grid it reads, or none without pixels: that part not run
-            not_run["own_positions"] = getattr(e, "error", None) or e.why
+        except Unreachable as e:   # an image grid it takes but the doctor cannot lay out: that part not run
+            not_run["own_positions"] = e.why
+        except Unsupported as e:   # it takes no image grid: that part does not exist (n/a), the given positions judge
+            na_parts["own_positions"] = e.why
+        except TargetRaised as e:   # an image grid it takes but cannot run without pixels: that part not run
+            not_run["own_positions"] = e.error
         else:
             mine_unmasked = ctx.call(a.own_image_forward, x, SIDE, None)
             measured["own_positions"] = rel(mine_unmasked, mine, "the all-ones mask's outputs (its own positions)")
@@ -76,6 +86,7 @@ def multimodal_positions(ctx):
     detail = ("an image of " + f"{SIDE}x{SIDE} tokens, no mask against an all-ones mask: "
               + ", ".join(f"{k} {v:.3g}" for k, v in measured.items())
               + ("" if matches is None else f"; its own positions against those given: {matches:.3g}"))
+    detail += "".join(f"; {k}: n/a, {why}" for k, why in na_parts.items())
     r = judged(worst > agree, worst, f"<= {agree:g}", detail, "unmasked_differs", limit=agree,
-               own_matches_given=matches, **measured)
+               own_matches_given=matches, **measured, **({"not_applicable": list(na_parts)} if na_parts else {}))
     return held_in_part(r, not_run)
