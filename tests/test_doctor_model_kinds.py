@@ -106,8 +106,9 @@ def test_position_rows_ignored_or_broadcast_as_a_batch_are_no_multirow_positions
     """The zoo's false alarms of the first version: a model that ignores position_ids when a mask is given
     (and raises on 3 rows without one: Jamba's mask path) and one whose learned positions broadcast 3 rows
     into a batch (BioGPT) take no multi-row positions: n/a, not fail or inconclusive; Qwen2-VL still reads them."""
-    from doctor_lab.zoo.shrink import load_table, make_config
     from transformers import AutoModelForCausalLM
+
+    from doctor_lab.zoo.shrink import load_table, make_config
     for arch, impl in (("jamba", "eager"), ("biogpt", "sdpa")):
         torch.manual_seed(0)
         m = AutoModelForCausalLM.from_config(make_config(arch, load_table()), attn_implementation=impl).eval()

@@ -426,8 +426,7 @@ REGISTRY: tuple[Check, ...] = (
           measures={"positions_given": "the image's positions given: no mask against all ones, relative difference",
                     "own_positions": "the model's own positions from the image's grid: the same (None: not run)",
                     "own_matches_given": "its own positions' outputs against those of the layout given (not "
-                                         "judged: the layout is the doctor's)",
-                    "not_applicable": "the parts whose interface the target lacks (own_positions: no image grid)"}),
+                                         "judged: the layout is the doctor's)"}),
 )
 ORDER: tuple[str, ...] = tuple(c.name for c in REGISTRY)
 BY_NAME: dict[str, Check] = {c.name: c for c in REGISTRY}

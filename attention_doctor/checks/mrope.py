@@ -60,7 +60,7 @@ def multimodal_positions(ctx):
         others = rows.clone()
         others[1:] = others[1:].flip(-1)   # the rows after the first reversed (a shift alone: the same relative rotations)
         if rel(ctx.call(a.rows_forward, text, others, ones), as_rows, "the outputs with equal rows") <= agree:
-            return na(f"its outputs do not move with the position rows after the first: it reads no multi-row "
+            return na("its outputs do not move with the position rows after the first: it reads no multi-row "
                       "positions (a forward that ignores position_ids with a mask given)", "no_multirow_positions")
         x, pos = _image_row(ctx)
         given = {"masked": ctx.call(a.rows_forward, x, pos, ones)}
