@@ -1,8 +1,8 @@
 """Sweeps through `hydra/launcher=slurm` on a real one-node SLURM cluster (slurmctld + slurmd,
 brought up by experiments/slurm/local_cluster.sh): a job array with its report, a bad cell, a
 control shared by two jobs, preemption (`scontrol requeue`) and a time limit, each resumed from
-its checkpoint to the uninterrupted run's metrics.csv, byte for byte; and the option zoo
-(`python -m doctor_lab.zoo --options --launcher slurm`), whose tables are those of local workers.
+its checkpoint to the uninterrupted run's metrics.csv, byte for byte (the option zoo on the same
+cluster: test_slurm_option_zoo.py).
 
 Without a cluster these tests skip, saying how to start one; under CI (CI=true or
 ATTN_REQUIRE_SLURM=1, which .ci/run sets) they fail instead. Every job takes one CPU."""
@@ -304,50 +304,3 @@ def test_time_limit_signals_checkpoints_requeues_and_resumes_identically(cluster
     [job] = [d for d in sweep_dir.iterdir() if (d / "summary.json").exists()]
     assert (job / "metrics.csv").read_bytes() == ref
     assert json.loads((job / "summary.json").read_text())["steps_done"] == 200
-
-
-# -- the option zoo (python -m doctor_lab.zoo --options) on the cluster: the rows of local workers ---
-# one architecture, eager, one cheap check: its discovery and each option set a SLURM job; here, in
-# this file, because the cluster's two CPUs are the other tests' (loadfile runs a file's tests in turn)
-OPTION_ZOO = ["--options", "--arch", "llama", "--impl", "eager", "--checks", "future_leak", "--workers", "2"]
-ON_SLURM = ["--launcher", "slurm", "--partition", "debug"]
-
-
-def option_zoo(out: Path, *more: str) -> str:
-    """The option zoo into `out`; its output. On a failure or a timeout its SLURM jobs are cancelled."""
-    try:
-        p = subprocess.run([sys.executable, "-m", "doctor_lab.zoo", *OPTION_ZOO, "--out", str(out), *more], cwd=ROOT,
-                           env={**ENV, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=300)
-    except subprocess.TimeoutExpired:
-        p = None
-    if p is None or p.returncode != 0:
-        jobs = sorted({f.name.split("_")[0] for f in out.glob("submitit/*_submitted.pkl")})
-        if jobs:
-            subprocess.run(["scancel", *jobs], env=ENV, capture_output=True, timeout=30)
-        pytest.fail(f"option zoo {' '.join(more) or 'local'}: " + ("timed out" if p is None else
-                    f"exit {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}"))
-    return p.stdout
-
-
-def test_option_zoo_on_slurm_gives_the_rows_of_local_workers_and_resumes(cluster, tmp_path):
-    """One command: the discovery, then a job per option set, each a SLURM job; the option table and
-    the zoo's table are those of local workers; run again, it submits nothing and rewrites nothing."""
-    pytest.importorskip("transformers")
-    import csv
-    option_zoo(tmp_path / "local")
-    said = option_zoo(tmp_path / "slurm", *ON_SLURM)
-    local, slurm = (list(csv.DictReader(open(tmp_path / d / "zoo.csv"))) for d in ("local", "slurm"))
-    sets = {r["options"] for r in local}
-    assert local == slurm and len(sets) >= 3 and {r["status"] for r in local} == {"examined"}, (local, slurm)
-    assert (tmp_path / "local" / "options.csv").read_bytes() == (tmp_path / "slurm" / "options.csv").read_bytes()
-    jobs = re.findall(r"\] (\S+): job (\d+) slurm", said)   # the discovery's job, then one per option set
-    assert len(jobs) == 1 + len(sets) and len({j for _, j in jobs}) == len(jobs), said
-    sub = tmp_path / "slurm" / "submitit"
-    assert sorted(f.name for f in sub.glob("*_result.pkl")) == sorted(f"{j}_0_result.pkl" for _, j in jobs)
-    # resumable: every result is there, so nothing is submitted and the tables are left as they are
-    before = {f.name: f.read_bytes() for f in (tmp_path / "slurm").glob("*.csv")}
-    files = sorted(f.name for f in sub.iterdir())
-    again = option_zoo(tmp_path / "slurm", *ON_SLURM)
-    assert "finding the options" not in again and "to run" not in again and " slurm (" not in again, again
-    assert sorted(f.name for f in sub.iterdir()) == files
-    assert {f.name: f.read_bytes() for f in (tmp_path / "slurm").glob("*.csv")} == before
