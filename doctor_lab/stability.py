@@ -11,7 +11,9 @@ target's check differs from the first run's.
     python -m doctor_lab.stability --generated 12 --seed 0   # and 12 of the generated bed's healthy styles
 
 Prints one line per target (its flips, the exit codes its runs gave), then the totals; exits 1
-if anything flipped or a healthy target's run exited other than 0 or 3 (pass, or inconclusive). --out FILE keeps the runs as JSON. Torch runs in the children with the
+if anything flipped or a healthy target's run exited other than 0 or 3 (pass, or inconclusive), its
+exit code judged as a maintainer's CI judges it: against the hazards its bed documents for its formula
+as a baseline (hazards(); the codes without them are printed beside). --out FILE keeps the runs as JSON. Torch runs in the children with the
 threads torch chooses (the reordering across threads a loaded machine gives is what is measured)."""
 import argparse
 import json
@@ -72,9 +74,30 @@ def build(name: str):
     return build_style(name)
 
 
+def hazards(name: str) -> tuple[tuple[str, str], ...]:
+    """The (check, cause) rows a healthy target fails by its own formula, as its bed documents them
+    (a style's HAZARDS: q k^T formed before the scale, as Meta's Llama and nanoGPT write it, overflows
+    float16 first); the hand-written caches and the generated bed's healthy styles declare none."""
+    if name.startswith(GENERATED) or name in HAND_CACHES:
+        return ()
+    from doctor_lab.styles import STYLES
+    from doctor_lab.styles.classic import STYLES as CLASSIC
+    return tuple(getattr(STYLES.get(name) or CLASSIC[name], "HAZARDS", ()))
+
+
+def baseline(name: str):
+    """A target's hazards as the baseline a maintainer keeps beside such a model (None: none): the gate
+    reads the exit code judged against it, so a documented hazard is expected and anything else is not."""
+    from attention_doctor.baseline import Baseline, Expected
+    found = hazards(name)
+    return Baseline([Expected(check, (cause,), "a hazard of this formula, documented by its bed")
+                     for check, cause in found]) if found else None
+
+
 def worker(names: list[str]) -> dict:
-    """One run: {target: {"exit_code": int, "rows": {check: [outcome, cause]}}} (a target that cannot
-    be examined: {"error": its one line})."""
+    """One run: {target: {"exit_code": int, "bare_exit_code": int, "rows": {check: [outcome, cause]}}}:
+    exit_code judged against the target's documented hazards (baseline()), bare_exit_code without them
+    (a target that cannot be examined: {"error": its one line})."""
     from attention_doctor import TargetError, examine
     out = {}
     for name in names:
@@ -83,7 +106,10 @@ def worker(names: list[str]) -> dict:
         except TargetError as e:
             out[name] = {"error": str(e)}
             continue
-        out[name] = {"exit_code": r.exit_code, "rows": {c.name: [c.outcome.value, c.cause] for c in r.checks}}
+        bare = r.exit_code
+        r.baseline = baseline(name)
+        out[name] = {"exit_code": r.exit_code, "bare_exit_code": bare,
+                     "rows": {c.name: [c.outcome.value, c.cause] for c in r.checks}}
     return out
 
 
@@ -140,8 +166,10 @@ def report(runs: list[dict], k: int, wall: float, loads: list[float] = ()) -> tu
         n = sum(by_check.values())
         total += n
         codes = sorted({r[name].get("exit_code", "error") for r in runs}, key=str)
+        bare = sorted({r[name].get("bare_exit_code", "error") for r in runs}, key=str)
         moved = ", ".join(f"{c} {v}" for c, v in by_check.items() if v) or "none"
-        lines.append(f"{name:14s} flips {n}  exit codes seen {codes}  moved: {moved}")
+        lines.append(f"{name:14s} flips {n}  exit codes seen {codes}" + (f" (without its hazards {bare})" if bare != codes else "")
+                     + f"  moved: {moved}")
     checks = sum(len(v) - 1 for v in f.values())
     off = sum(r.get(name, {}).get("exit_code") not in HEALTHY_EXITS for r in runs for name in f)
     lines.append(f"total: {total} flips over {len(runs)} runs x {len(f)} targets ({checks} target-checks) "

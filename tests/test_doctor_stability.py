@@ -55,3 +55,22 @@ def test_the_generated_healthy_targets_are_drawn_seeded_with_every_axis_value():
                                   "generated:matmul.separate.bool.layer.softmax.learned.none.default.d32_l2"])
 def test_each_bed_builds_its_healthy_target(name):
     assert stability.build(name) is not None
+
+
+def test_a_documented_hazard_is_expected_and_anything_else_is_not():
+    """The gate judges a healthy target's exit code against its bed's hazards, as a maintainer's baseline
+    does: Llama's and nanoGPT's q k^T before the scale fails low_precision by their formula; another
+    cause there, another check failing, or a target without hazards still exits 1."""
+    from attention_doctor.result import FAIL, PASS, DoctorResult, Row
+    assert stability.hazards("llama") == stability.hazards("nanogpt") == (("low_precision", "qk_before_scale"),)
+    assert stability.hazards("mistral") == stability.hazards("own_cache") == stability.hazards("einsum") == ()
+
+    def code(name, *rows):
+        r = DoctorResult(name, [Row("padding", PASS), *rows])
+        r.baseline = stability.baseline(name)
+        return r.exit_code
+    hazard = Row("low_precision", FAIL, cause="qk_before_scale")
+    assert code("nanogpt", hazard) == 0 and code("llama", hazard) == 0
+    assert code("mistral", hazard) == 1                                          # declares no hazard
+    assert code("nanogpt", Row("low_precision", FAIL, cause="scores_overflow")) == 1   # another cause
+    assert code("nanogpt", hazard, Row("future_leak", FAIL, cause="later_key_moves")) == 1

@@ -20,6 +20,7 @@ def test_healthy_style_fails_nothing_but_the_scale_after_order(style):
     r = examine(S.build(style), strict=True)
     failed = {c.name for c in r.failed}
     assert failed == ({"low_precision"} if style in SCALE_AFTER else set()), r.table() + "\n" + r.details()
+    assert {(c.name, c.cause) for c in r.failed} == set(S.STYLES[style].HAZARDS)   # what the stability gate expects
     if style in SCALE_AFTER:   # the cause named: q k^T passes 65504 before the scale; the mask fill is fine
         assert r["low_precision"].cause == "qk_before_scale", r["low_precision"].detail
         assert "at scores ~1e3" not in r["low_precision"].detail

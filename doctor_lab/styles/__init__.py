@@ -124,8 +124,8 @@ def style_cases(name, module) -> list[Case]:
 
 def from_classic(classic) -> list[Case]:
     """The classic bed's cases (a STYLES dict of classes with SUPPORTS, BUGS: bug -> checks) as
-    records: its checks without causes (that bed declares none)."""
-    return [Case(style, bug, tuple((c, "") for c in classic.BUGS[bug]) if bug else (), how=bug or "healthy",
+    records: a bug's checks without causes (that bed declares none), the healthy model's hazards."""
+    return [Case(style, bug, tuple((c, "") for c in classic.BUGS[bug]) if bug else cls.HAZARDS, how=bug or "healthy",
                  target=f"{classic.__name__}:{style}_{bug or 'healthy'}")
             for style, cls in classic.STYLES.items() for bug in (None, *cls.SUPPORTS)]
 

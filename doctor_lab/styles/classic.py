@@ -141,10 +141,16 @@ class MLP(nn.Sequential):
         super().__init__(nn.Linear(D, 2 * D), nn.GELU(), nn.Linear(2 * D, D))
 
 
+# the (check, cause) rows a style's healthy model fails by its formula (styles/__init__.py's HAZARDS):
+# q k^T formed before the 1/sqrt(d_k), as nanoGPT writes it, passes float16's 65504 first
+SCALE_AFTER_HAZARD = (("low_precision", "qk_before_scale"),)
+
+
 class LM(nn.Module):
     """Token embedding, LAYERS blocks of pre-norm attention + MLP, a final norm and the head.
     Subclasses make `attn` and say how the forward is called."""
     SUPPORTS = ()
+    HAZARDS = ()
 
     def __init__(self, bug=None, positions=False):
         super().__init__()
@@ -187,6 +193,7 @@ class NanoAttention(nn.Module):
 
 
 class NanoLM(LM):
+    HAZARDS = SCALE_AFTER_HAZARD
     SUPPORTS = ("no_scaling", "cosine_scores", "naive_softmax", "sum_normalize", "finite_mask", "no_transpose_merge",
                 "softmax_over_queries", "no_causal_mask", "off_by_one", "unexpanded_mask", "neg_inf_fill",
                 "left_pad_positions", "dropout_in_eval")
@@ -304,6 +311,7 @@ class Block(nn.Module):
 
 
 class FunctionalLM(nn.Module):
+    HAZARDS = SCALE_AFTER_HAZARD
     SUPPORTS = ("no_scaling", "cosine_scores", "naive_softmax", "sum_normalize", "finite_mask", "no_transpose_merge",
                 "softmax_over_queries", "no_causal_mask", "off_by_one", "unexpanded_mask", "neg_inf_fill",
                 "cache_top_left", "rope_bf16", "dropout_in_eval")
