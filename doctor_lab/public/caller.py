@@ -19,6 +19,11 @@ def state(model) -> dict:
             "tensors": {n: t.detach().clone() for n, t in [*model.named_parameters(), *model.named_buffers()]}}
 
 
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """A tensor's bytes: bit for bit (a NaN equals itself, -0.0 differs from 0.0, complex included)."""
+    return t.reshape(-1).contiguous().view(torch.uint8)
+
+
 def differences(before: dict, after: dict) -> list[str]:
     """What changed, one line each: a module's mode, a tensor gone or new, its dtype, device or bits."""
     out = [f"{n or 'model'}: training {m} -> {after['modes'].get(n)}" for n, m in before["modes"].items()
@@ -29,7 +34,7 @@ def differences(before: dict, after: dict) -> list[str]:
             out.append(f"{n}: gone")
         elif (u.dtype, u.device, u.shape) != (t.dtype, t.device, t.shape):
             out.append(f"{n}: {t.dtype} {tuple(t.shape)} on {t.device} -> {u.dtype} {tuple(u.shape)} on {u.device}")
-        elif not torch.equal(t.view(torch.uint8) if t.is_complex() else t, u.view(torch.uint8) if u.is_complex() else u):
+        elif not torch.equal(_bits(t), _bits(u)):
             out.append(f"{n}: values changed")
     out += [f"{n}: new" for n in after["tensors"] if n not in before["tensors"]]
     return out
