@@ -123,6 +123,15 @@ TARGETS = (
             Expect("low_precision", ("inconclusive",), "as nanochat")),
            "as nanochat, then smear_lambda 0.5 (a trained checkpoint's token shift on; init_weights zeroes it and "
            "#756 shows only where it is non-zero)", stubs=("rustbpe", "tiktoken")),
+    Target("nanochat-next-key-visible", NANOCHAT + "'s own init (output projections zero), a mask that shows the next "
+           "key", "nanochat", "nanochat/gpt.py", "nanochat_factory.py:next_key_visible",
+           (Expect("future_leak", ("fail",), "each query sees the next key: at init the outputs cannot move (c_proj "
+                                             "zero), so the doctor must look on a copy with those weights filled"),
+            Expect("amplified_logits", ("fail",), "the same visible later key, read in the mask, with non-zero "
+                                                  "weight on it")),
+           "as nanochat", stubs=("rustbpe", "tiktoken"),
+           planted="nanochat.flash_attention._sdpa_attention (its CPU path) with key j visible to query i for "
+                   "j <= i + 1"),
     Target("gpt-fast", "gpt-fast's model.py (forward needs input_pos, behind setup_caches)", "gpt-fast", "model.py",
            "gpt_fast_factory.py:small",
            (Expect(EXIT, ("0", "1", "3"), "examined, not refused (exit 2): the doctor gives input_pos and sets up "

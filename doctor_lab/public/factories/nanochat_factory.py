@@ -26,3 +26,18 @@ def smear_on():
     with torch.no_grad():
         model.smear_lambda.fill_(0.5)
     return model
+
+
+def next_key_visible():
+    """Planted, at nanochat's own init (its output projections zero): the attention mask lets each
+    query see the next key too (key j visible to query i where j <= i + 1), through the SDPA path
+    nanochat takes on CPU (nanochat.flash_attention._sdpa_attention)."""
+    import nanochat.flash_attention as fa
+    import torch.nn.functional as F
+
+    def leaky(q, k, v, window_size, enable_gqa):
+        rows = (k.size(2) - q.size(2)) + torch.arange(q.size(2), device=q.device)[:, None]
+        keep = torch.arange(k.size(2), device=q.device)[None, :] <= rows + 1
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=enable_gqa)
+    fa._sdpa_attention = leaky
+    return small()
