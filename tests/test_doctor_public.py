@@ -46,6 +46,8 @@ def test_every_factory_is_there_and_every_source_is_pinned_and_used():
         assert fn in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}, t.factory
         # a factory's name never shadows the package it imports (its folder goes first on sys.path)
         assert Path(file).stem not in {"olmo", "model", "nanochat", "torchtitan", "apps", "lingua"}
+    titan = next(t for t in TARGETS if t.name == "torchtitan-llama3")
+    assert "tyro" in titan.stubs() and "torchtitan.models.moe.kernels" in titan.stubs()   # read from its factory
     for s in SOURCES:
         assert re.fullmatch(r"[0-9a-f]{40}", s.commit) and any(t.source == s.name for t in TARGETS), s.name
 

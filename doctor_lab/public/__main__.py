@@ -39,9 +39,8 @@ def not_measured(target: Target, sources: dict[str, str]) -> str:
 
 def provenance(target: Target, path: str | None) -> dict:
     if not target.source:
-        spec = importlib.util.find_spec(target.needs)
         from importlib.metadata import version
-        return {"package": f"{target.needs}=={version(target.needs)}", "at": str(spec.origin) if spec else ""}
+        return {"package": f"{target.needs}=={version(target.needs)}"}
     src = SOURCE[target.source]
     git = lambda *a: subprocess.run(["git", "-C", path, *a], capture_output=True, text=True).stdout.strip()  # noqa: E731
     commit = git("rev-parse", "HEAD") or "unknown (not a git checkout)"
@@ -75,7 +74,7 @@ def run_cli(target: Target, path: str | None, timeout: float) -> dict:
         run = {"exit_code": p.returncode, "seconds": round(time.time() - t0, 1), "load": round(load, 2)}
         if out.is_file():
             rows = json.loads(out.read_text())["checks"]
-            run["checks"] = {r["name"]: {k: r[k] for k in ("outcome", "cause", "measured", "reason")} for r in rows}
+            run["checks"] = {r["name"]: {k: r[k] for k in ("outcome", "cause", "measured", "reason", "detail")} for r in rows}
         else:
             run["stderr"] = (p.stderr.strip().splitlines() or [""])[-1]
         return run
@@ -126,7 +125,7 @@ def judge(expect: Expect, runs: list[dict], caller: dict | None) -> dict:
 
 def examine_target(target: Target, sources: dict[str, str], timeout: float) -> dict:
     record = {"name": target.name, "row": target.row, "command": typed(target), "file": target.file,
-              "built": target.built, "stubs": list(target.stubs), "planted": target.planted}
+              "built": target.built, "stubs": list(target.stubs()), "planted": target.planted}
     why_not = not_measured(target, sources)
     if why_not:
         return {**record, "status": why_not,

@@ -2,8 +2,11 @@
 lives in, the factory that builds it small (doctor_lab/public/factories/), the modules stubbed and
 why, and the right outcome of each check the table's row names, with why it is right. Order,
 counts and the results table are derived from TARGETS; nothing here imports torch."""
+import ast
 from dataclasses import dataclass
+from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[2]
 FACTORIES = "doctor_lab/public/factories"
 EXIT = "exit"       # an Expect on the command's exit code (right: the codes, as strings)
 CALLER = "caller"   # an Expect on the caller's model after examine() (caller.py; right: "unchanged")
@@ -40,7 +43,6 @@ class Target:
     factory: str                 # FILE:FN under FACTORIES, or a TARGET string the CLI takes as it is
     expects: tuple[Expect, ...]
     built: str                   # how it is built, and anything set that the user would not
-    stubs: tuple[str, ...] = ()  # modules stubbed (unused by the model), as the factory says why
     needs: str = ""              # a module that must import (a target without a source)
     cli_args: tuple[str, ...] = ()
     repeats: int = 1             # runs of the command; every one is judged
@@ -48,6 +50,16 @@ class Target:
 
     def target(self) -> str:
         return f"{FACTORIES}/{self.factory}" if ".py:" in self.factory else self.factory
+
+    def stubs(self) -> tuple[str, ...]:
+        """The modules its factory stubs (stub(...) at the factory's top level; its docstring says
+        why each is unused), read from the file, never typed twice."""
+        if ".py:" not in self.factory:
+            return ()
+        tree = ast.parse((ROOT / FACTORIES / self.factory.partition(":")[0]).read_text())
+        calls = [n.value for n in tree.body if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)
+                 and getattr(n.value.func, "id", "") == "stub"]
+        return tuple(a.value for c in calls for a in c.args if isinstance(a, ast.Constant))
 
 
 SOURCES = (
@@ -72,28 +84,25 @@ TARGETS = (
                                                 "float32: +4096 gives the outputs of +0 (a real-cast table would scale, "
                                                 "not rotate)"),
             Expect(EXIT, ("0",), "healthy code; no hazard of its formula applies (SDPA scales before q k^T)")),
-           "dim 32, 2 layers, 4 heads (2 kv), vocab 64, max_seq_len 4224, init_weights under no_grad",
-           stubs=("tyro", "torchdata", "torch.utils.tensorboard", "datasets", "torchtitan.models.moe.kernels")),
+           "dim 32, 2 layers, 4 heads (2 kv), vocab 64, max_seq_len 4224, init_weights under no_grad"),
     Target("torchtitan-llama3-bf16-phases", TITAN, "torchtitan", "torchtitan/models/llama3/model/model.py",
            "torchtitan_factory.py:phases_in_bfloat16",
            (Expect("long_positions", ("fail",), "angles rounded to bfloat16 drift with the position: far out the "
                                                 "relative rotation is wrong; seen only while the table stays complex",
                    cause="shift_moves_outputs"),),
            "as torchtitan-llama3",
-           stubs=("tyro", "torchdata", "torch.utils.tensorboard", "datasets", "torchtitan.models.moe.kernels"),
            planted="freqs_cis rebuilt from position * frequency rounded to bfloat16 (still complex64)"),
     Target("OLMo", "AllenAI OLMo (past_key_values/use_cache -> presents)", "OLMo", "olmo/model.py",
            "olmo_factory.py:small",
            (Expect("kv_cache", ("pass",), "its presents (per-layer k, v) driven bare: a prompt and then new tokens "
                                           "through the cache equal the full forward"),
             Expect(EXIT, ("0",), "healthy code")),
-           "d_model 32, 2 layers, 4 heads, vocab 64, RoPE, dropouts 0, max_sequence_length 4224",
-           stubs=("boto3", "botocore", "cached_path", "datasets", "google.api_core", "olmo_data")),
+           "d_model 32, 2 layers, 4 heads, vocab 64, RoPE, dropouts 0, max_sequence_length 4224"),
     Target("OLMo-cache-top-left", "AllenAI OLMo (past_key_values/use_cache -> presents)", "OLMo", "olmo/model.py",
            "olmo_factory.py:cache_top_left",
            (Expect("kv_cache", ("fail",), "the new tokens attend as if they were the sequence's first",
                    cause="new_tokens_differ"),),
-           "as OLMo", stubs=("boto3", "botocore", "cached_path", "datasets", "google.api_core", "olmo_data"),
+           "as OLMo",
            planted="OLMoBlock.attention takes the causal bias's top-left rows on a step after the prompt"),
     Target("lingua", "lingua's LMTransformer (mask passed to SDPA as attn_mask)", "lingua",
            "apps/main/transformer.py", "lingua_factory.py:small",
@@ -104,8 +113,7 @@ TARGETS = (
             Expect("fully_masked_rows", ("pass",), "SDPA with a boolean mask on a row with no visible key: the doctor's "
                                                    "padded rows return finite values on this torch"),
             Expect(EXIT, ("0",), "healthy code")),
-           "dim 32, 2 layers, 4 heads (2 kv), vocab 64, max_seqlen 4224, init_weights; attn_impl sdpa (its default)",
-           stubs=("xformers",)),
+           "dim 32, 2 layers, 4 heads (2 kv), vocab 64, max_seqlen 4224, init_weights; attn_impl sdpa (its default)"),
     Target("nanochat", NANOCHAT, "nanochat", "nanochat/gpt.py", "nanochat_factory.py:small",
            (Expect("low_precision", ("inconclusive",), "it asserts its rotary tables are in its compute dtype "
                                                        "(float32 on CPU): .to(float16) is refused by its contract, "
@@ -113,8 +121,7 @@ TARGETS = (
             Expect("kv_cache", ("pass",), "its KVCache (engine.py) driven bare; at init smear_lambda is 0, so "
                                           "#756's smear on a multi-token step has no effect yet"),
             Expect(EXIT, ("3",), "nothing fails; low_precision could not run (its contract)")),
-           "sequence_len 64, 2 layers, 4 heads (2 kv), n_embd 32, vocab 64, init_weights; nanochat.engine imported",
-           stubs=("rustbpe", "tiktoken")),
+           "sequence_len 64, 2 layers, 4 heads (2 kv), n_embd 32, vocab 64, init_weights; nanochat.engine imported"),
     Target("nanochat-smear-on", NANOCHAT + ": karpathy/nanochat #756", "nanochat", "nanochat/gpt.py",
            "nanochat_factory.py:smear_on",
            (Expect("kv_cache", ("fail",), "#756 (open): a step of several tokens after the prefill smears as a "
@@ -122,14 +129,14 @@ TARGETS = (
                    cause="new_tokens_differ"),
             Expect("low_precision", ("inconclusive",), "as nanochat")),
            "as nanochat, then smear_lambda 0.5 (a trained checkpoint's token shift on; init_weights zeroes it and "
-           "#756 shows only where it is non-zero)", stubs=("rustbpe", "tiktoken")),
+           "#756 shows only where it is non-zero)"),
     Target("nanochat-next-key-visible", NANOCHAT + "'s own init (output projections zero), a mask that shows the next "
            "key", "nanochat", "nanochat/gpt.py", "nanochat_factory.py:next_key_visible",
            (Expect("future_leak", ("fail",), "each query sees the next key: at init the outputs cannot move (c_proj "
                                              "zero), so the doctor must look on a copy with those weights filled"),
             Expect("amplified_logits", ("fail",), "the same visible later key, read in the mask, with non-zero "
                                                   "weight on it")),
-           "as nanochat", stubs=("rustbpe", "tiktoken"),
+           "as nanochat",
            planted="nanochat.flash_attention._sdpa_attention (its CPU path) with key j visible to query i for "
                    "j <= i + 1"),
     Target("gpt-fast", "gpt-fast's model.py (forward needs input_pos, behind setup_caches)", "gpt-fast", "model.py",

@@ -3,14 +3,14 @@
 PYTHONPATH. Stubbed (imported by olmo/util.py, olmo/tokenizer.py and olmo/data for checkpoints,
 cloud storage and datasets, none used by a forward): boto3, botocore, cached_path (its
 SchemeClient given the one class attribute olmo/util.py reads at import), datasets,
-google.api_core, olmo_data."""
+google.api_core (not the google namespace: protobuf lives there), olmo_data."""
 import torch
 
 from doctor_lab.public.stubs import stub
 
 stub("boto3", "botocore", "botocore.config", "botocore.exceptions")
 stub("cached_path", "cached_path.schemes", SchemeClient=type("SchemeClient", (), {"recoverable_errors": ()}))
-stub("datasets", "google", "google.api_core", "google.api_core.retry", "olmo_data", "olmo_data.data")
+stub("datasets", "google.api_core", "google.api_core.retry", "olmo_data", "olmo_data.data")
 
 import olmo.model as olmo_model  # noqa: E402
 from olmo.config import ModelConfig  # noqa: E402
