@@ -55,14 +55,14 @@ def test_every_factory_is_there_and_every_source_is_pinned_and_used():
 def test_absent_sources_are_not_measured_never_right(tmp_path, capsys):
     code = main(["--only", "OLMo,nanochat-smear-on", "--source", f"nanochat={tmp_path}", "--out", str(tmp_path)])
     assert code == 3
-    data = json.loads((tmp_path / "public.json").read_text())
+    data = json.loads((tmp_path / "table.json").read_text())
     olmo, nanochat = data["targets"]
     assert olmo["status"] == ("not measured: pass --source OLMo=PATH (git clone https://github.com/allenai/OLMo OLMo "
                               "&& git -C OLMo checkout 59a53e3f68e5)")
     assert nanochat["status"].startswith(f"not measured: {tmp_path} has no nanochat/gpt.py")
     verdicts = [v["verdict"] for t in data["targets"] for v in t["verdicts"]]
     assert verdicts and not any(v in ("right", "wrong") for v in verdicts)
-    assert "| OLMo | kv_cache | pass | - | not measured: pass --source OLMo=PATH" in (tmp_path / "public.md").read_text()
+    assert "| OLMo | kv_cache | pass | - | not measured: pass --source OLMo=PATH" in (tmp_path / "table.md").read_text()
     with pytest.raises(SystemExit):
         main(["--source", "nanoGPT=/x"])
 

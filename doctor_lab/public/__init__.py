@@ -2,7 +2,7 @@
 point the doctor at them (`python -m attention_doctor FACTORY.py:FN` with their checkout on
 PYTHONPATH), each judged against the right outcome of the row it stands for:
 
-    python -m doctor_lab.public --source torchtitan=PATH --source OLMo=PATH ... [--out results/doctor]
+    python -m doctor_lab.public --source torchtitan=PATH --source OLMo=PATH ... [--out results/doctor/public]
 
 records.py: one record per target (the codebase, the commit measured, the file, the factory that
 builds it small with random weights, the modules it stubs, the right outcome per check and why);

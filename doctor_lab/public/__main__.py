@@ -5,7 +5,8 @@ Each target of records.TARGETS examined bare, as a user types it, in a subproces
 time; each Expect judged right or wrong against what the run measured. A target whose source is
 not given, or lacks the class's file, or that timed out, is "not measured" (never right). Exit
 0: every target measured and right; 1: a row wrong; 3: nothing wrong, a target not measured.
---out DIR writes DIR/public.json and DIR/public.md (results/doctor to commit them)."""
+--out DIR writes DIR/table.json and DIR/table.md (results/doctor/public to commit them: beside, not
+in, results/doctor, whose JSON files are the validation's)."""
 import argparse
 import importlib.util
 import json
@@ -62,7 +63,8 @@ def typed(target: Target) -> str:
 
 
 def run_cli(target: Target, path: str | None, timeout: float) -> dict:
-    """One bare run: its exit code, seconds, the machine's load, and each check's row (from --json)."""
+    """One bare run: its exit code, seconds, the machine's load, and each check's row (from --json;
+    the detail of the rows judged)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "r.json"
         cmd = [sys.executable, "-m", "attention_doctor", target.target(), *target.cli_args, "--json", str(out)]
@@ -74,7 +76,10 @@ def run_cli(target: Target, path: str | None, timeout: float) -> dict:
         run = {"exit_code": p.returncode, "seconds": round(time.time() - t0, 1), "load": round(load, 2)}
         if out.is_file():
             rows = json.loads(out.read_text())["checks"]
-            run["checks"] = {r["name"]: {k: r[k] for k in ("outcome", "cause", "measured", "reason", "detail")} for r in rows}
+            judged = {e.check for e in target.expects}
+            keep = ("outcome", "cause", "measured", "reason")
+            run["checks"] = {r["name"]: {k: r[k] for k in keep} | ({"detail": r["detail"]} if r["name"] in judged else {})
+                             for r in rows}
         else:
             run["stderr"] = (p.stderr.strip().splitlines() or [""])[-1]
         return run
@@ -142,7 +147,7 @@ def examine_target(target: Target, sources: dict[str, str], timeout: float) -> d
 def markdown(data: dict) -> str:
     from doctor_lab.public.records import SOURCES
     lines = ["# Issue 61's table on the public classes, bare from the command line",
-             "", "Written by `python -m doctor_lab.public --out results/doctor " +
+             "", "Written by `python -m doctor_lab.public --out results/doctor/public " +
              " ".join(f"--source {s.name}=PATH" for s in SOURCES) + "` (doctor_lab/public/records.py: each "
              "target's build, stubs and why each outcome is right). "
              f"torch {data['env']['torch']}, transformers {data['env']['transformers']}, one thread per run.", "",
@@ -161,6 +166,9 @@ def markdown(data: dict) -> str:
                      + f"; built: {t['built']}" + (f"; planted: {t['planted']}" if t["planted"] else "")
                      + (f"; stubbed (unused): {', '.join(t['stubs'])}" if t["stubs"] else "")
                      + (f"; runs: {runs}" if runs else f"; {t['status']}"))
+        for name, row in (t["runs"][0].get("checks", {}) if t.get("runs") else {}).items():
+            if row.get("detail") and row["outcome"] == "fail":   # a fail's witness, as the doctor words it
+                lines.append(f"  - {name} {row['cause']}: {row['detail']}")
     return "\n".join(lines) + "\n"
 
 
@@ -169,7 +177,7 @@ def main(argv=None) -> int:
     ap.add_argument("--source", action="append", default=[], metavar="NAME=PATH",
                     help="a checkout of a public codebase: " + ", ".join(SOURCE))
     ap.add_argument("--only", default="", help="comma-separated target names (default: all)")
-    ap.add_argument("--out", type=Path, help="write OUT/public.json and OUT/public.md")
+    ap.add_argument("--out", type=Path, help="write OUT/table.json and OUT/table.md")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per run (default 600)")
     a = ap.parse_args(argv)
     sources = {}
@@ -196,9 +204,9 @@ def main(argv=None) -> int:
                                             for s in SOURCE.values()}, "targets": results}
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
-        (a.out / "public.json").write_text(json.dumps(data, indent=1) + "\n")
-        (a.out / "public.md").write_text(markdown(data))
-        print(f"wrote {a.out / 'public.json'} and {a.out / 'public.md'}")
+        (a.out / "table.json").write_text(json.dumps(data, indent=1) + "\n")
+        (a.out / "table.md").write_text(markdown(data))
+        print(f"wrote {a.out / 'table.json'} and {a.out / 'table.md'}")
     verdicts = [v["verdict"] for r in results for v in r["verdicts"]]
     return 1 if WRONG in verdicts else 3 if any(r["status"] != "measured" for r in results) else 0
 
