@@ -80,6 +80,12 @@ def test_judging_needs_every_run_right_with_its_cause():
     assert judge(e, [{"timed_out": 5, "seconds": 5, "load": 1}], None)["verdict"] == "wrong"
     assert judge(Expect(EXIT, ("0", "1", "3"), "not refused"), [_run("fail", exit_code=2)], None)["verdict"] == "wrong"
     assert judge(Expect(CALLER, ("unchanged",), "copies"), [], {"error": "raised"})["verdict"] == "wrong"
+    cast = {"unchanged": False, "complex_buffers": ["freqs_cis"],   # the doctor before 485fa76 on torchtitan's class
+            "differences": ["model: training True -> False", "w: torch.float64 (2,) on cpu -> torch.float32 (2,) on cpu",
+                            "freqs_cis: torch.complex64 (8, 4) on cpu -> torch.float32 (8, 4) on cpu"]}
+    v = judge(Expect(CALLER, ("unchanged",), "copies"), [], cast)
+    assert v["verdict"] == "wrong" and v["measured"] == [
+        "changed: 1 modules' mode, 2 tensors; freqs_cis: torch.complex64 (8, 4) on cpu -> torch.float32 (8, 4) on cpu"]
 
 
 def test_the_callers_probe_sees_mode_dtype_and_a_complex_buffer_made_real():

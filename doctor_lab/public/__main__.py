@@ -102,9 +102,13 @@ def measured(expect: Expect, run: dict, caller: dict | None) -> tuple[str, str]:
     if expect.check == CALLER:
         if caller is None or "unchanged" not in caller:
             return "", f"no probe ({(caller or {}).get('error') or (caller or {}).get('timed_out') or 'not run'})"
-        state = "unchanged" if caller["unchanged"] else "changed"
-        return state, state + (f": {'; '.join(caller['differences'][:3])}" if caller["differences"] else
-                               f" (complex buffers: {', '.join(caller['complex_buffers']) or 'none'})")
+        if caller["unchanged"]:
+            return "unchanged", f"unchanged (complex buffers: {', '.join(caller['complex_buffers']) or 'none'})"
+        diffs = caller["differences"]
+        modes = sum(": training " in d for d in diffs)
+        complex_ = [d for d in diffs if d.split(":")[0] in caller["complex_buffers"]]
+        return "changed", (f"changed: {modes} modules' mode, {len(diffs) - modes} tensors"
+                           + "".join(f"; {d}" for d in complex_))
     if "timed_out" in run:
         return "", f"timed out after {run['timed_out']} s"
     if expect.check == EXIT:
