@@ -3,7 +3,8 @@
 Each target of records.TARGETS examined bare, as a user types it, in a subprocess of its own
 (`PYTHONPATH=CHECKOUT python -m attention_doctor FACTORY.py:FN --json F`, one thread), one at a
 time; each Expect judged right or wrong against what the run measured. A target whose source is
-not given, or lacks the class's file, or that timed out, is "not measured" (never right). Exit
+not given, or lacks the class's file, is "not measured" (never right); a run past --timeout makes
+its rows wrong ("timed out"). Exit
 0: every target measured and right; 1: a row wrong; 3: nothing wrong, a target not measured.
 --out DIR writes DIR/table.json and DIR/table.md (results/doctor/public to commit them: beside, not
 in, results/doctor, whose JSON files are the validation's)."""
@@ -177,7 +178,7 @@ def markdown(data: dict) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m doctor_lab.public", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m doctor_lab.public", description=__doc__.split("\n\n")[1])
     ap.add_argument("--source", action="append", default=[], metavar="NAME=PATH",
                     help="a checkout of a public codebase: " + ", ".join(SOURCE))
     ap.add_argument("--only", default="", help="comma-separated target names (default: all)")
