@@ -50,11 +50,21 @@ def provenance(target: Target, path: str | None) -> dict:
             "same_commit": commit == src.commit, "file_changed": bool(git("status", "--porcelain", "--", target.file))}
 
 
-def _env(path: str | None) -> dict:
+def _subprocess(args: list[str], path: str | None, doctor: Path | None, timeout: float):
+    """`python -m ARGS` with the checkout first on PYTHONPATH, one thread, in this tree; with
+    `doctor`, in that folder instead (its attention_doctor comes first, as `python -m` puts the
+    working directory first) with this tree after the checkout (the factories, doctor_lab)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    if path:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(path).resolve()), os.environ.get("PYTHONPATH")) if p)
-    return env
+    paths = [str(Path(path).resolve())] if path else []
+    paths += [str(ROOT)] if doctor else []
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (*paths, os.environ.get("PYTHONPATH")) if p)
+    return subprocess.run([sys.executable, "-m", *args], cwd=doctor or ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _target(target: Target, doctor: Path | None) -> str:
+    t = target.target()
+    return str(ROOT / t) if doctor and ".py:" in t else t
 
 
 def typed(target: Target) -> str:
@@ -63,15 +73,15 @@ def typed(target: Target) -> str:
     return head + " ".join(["python -m attention_doctor", target.target(), *target.cli_args])
 
 
-def run_cli(target: Target, path: str | None, timeout: float) -> dict:
+def run_cli(target: Target, path: str | None, timeout: float, doctor: Path | None = None) -> dict:
     """One bare run: its exit code, seconds, the machine's load, and each check's row (from --json;
     the detail of the rows judged)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "r.json"
-        cmd = [sys.executable, "-m", "attention_doctor", target.target(), *target.cli_args, "--json", str(out)]
+        args = ["attention_doctor", _target(target, doctor), *target.cli_args, "--json", str(out)]
         load, t0 = os.getloadavg()[0], time.time()
         try:
-            p = subprocess.run(cmd, cwd=ROOT, env=_env(path), capture_output=True, text=True, timeout=timeout)
+            p = _subprocess(args, path, doctor, timeout)
         except subprocess.TimeoutExpired:
             return {"timed_out": timeout, "seconds": round(time.time() - t0, 1), "load": load}
         run = {"exit_code": p.returncode, "seconds": round(time.time() - t0, 1), "load": round(load, 2)}
@@ -86,10 +96,9 @@ def run_cli(target: Target, path: str | None, timeout: float) -> dict:
         return run
 
 
-def run_caller(target: Target, path: str | None, timeout: float) -> dict:
-    cmd = [sys.executable, "-m", "doctor_lab.public.caller", target.target()]
+def run_caller(target: Target, path: str | None, timeout: float, doctor: Path | None = None) -> dict:
     try:
-        p = subprocess.run(cmd, cwd=ROOT, env=_env(path), capture_output=True, text=True, timeout=timeout)
+        p = _subprocess(["doctor_lab.public.caller", _target(target, doctor)], path, doctor, timeout)
     except subprocess.TimeoutExpired:
         return {"timed_out": timeout}
     lines = p.stdout.strip().splitlines()
@@ -133,7 +142,7 @@ def judge(expect: Expect, runs: list[dict], caller: dict | None) -> dict:
             "why": expect.why}
 
 
-def examine_target(target: Target, sources: dict[str, str], timeout: float) -> dict:
+def examine_target(target: Target, sources: dict[str, str], timeout: float, doctor: Path | None = None) -> dict:
     record = {"name": target.name, "row": target.row, "command": typed(target), "file": target.file,
               "built": target.built, "stubs": list(target.stubs()), "planted": target.planted}
     why_not = not_measured(target, sources)
@@ -142,20 +151,19 @@ def examine_target(target: Target, sources: dict[str, str], timeout: float) -> d
                 "verdicts": [{"check": e.check, "right": "/".join(e.right), "measured": [], "verdict": why_not,
                               "why": e.why} for e in target.expects]}
     path = sources.get(target.source)
-    runs = [run_cli(target, path, timeout) for _ in range(target.repeats)]
-    caller = run_caller(target, path, timeout) if any(e.check == CALLER for e in target.expects) else None
+    runs = [run_cli(target, path, timeout, doctor) for _ in range(target.repeats)]
+    caller = run_caller(target, path, timeout, doctor) if any(e.check == CALLER for e in target.expects) else None
     verdicts = [judge(e, runs, caller) for e in target.expects]
     return {**record, "status": "measured", "provenance": provenance(target, path), "runs": runs, "caller": caller,
             "verdicts": verdicts}
 
 
 def markdown(data: dict) -> str:
-    from doctor_lab.public.records import SOURCES
     lines = ["# Issue 61's table on the public classes, bare from the command line",
-             "", "Written by `python -m doctor_lab.public --out results/doctor/public " +
-             " ".join(f"--source {s.name}=PATH" for s in SOURCES) + "` (doctor_lab/public/records.py: each "
+             "", f"Written by `{data['command']}` (doctor_lab/public/records.py: each "
              "target's build, stubs and why each outcome is right). "
-             f"torch {data['env']['torch']}, transformers {data['env']['transformers']}, one thread per run.", "",
+             f"The doctor: {data['doctor']}; torch {data['env']['torch']}, transformers {data['env']['transformers']}, "
+             "one thread per run.", "",
              "| target | check | right | measured | verdict |", "|---|---|---|---|---|"]
     for t in data["targets"]:
         for v in t["verdicts"]:
@@ -184,6 +192,8 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default="", help="comma-separated target names (default: all)")
     ap.add_argument("--out", type=Path, help="write OUT/table.json and OUT/table.md")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per run (default 600)")
+    ap.add_argument("--doctor", type=Path, help="a folder holding another doctor's attention_doctor package, run in "
+                                                "place of this tree's (git archive COMMIT attention_doctor | tar -x -C DIR)")
     a = ap.parse_args(argv)
     sources = {}
     for s in a.source:
@@ -199,13 +209,15 @@ def main(argv=None) -> int:
     for t in TARGETS:
         if names and t.name not in names:
             continue
-        r = examine_target(t, sources, a.timeout)
+        r = examine_target(t, sources, a.timeout, a.doctor and a.doctor.resolve())
         results.append(r)
         print(f"{t.name}: {r['status']}" + (f" ({t.row})" if r["status"] == "measured" else ""), flush=True)
         for v in r["verdicts"]:
             if r["status"] == "measured":
                 print(f"  {v['verdict']:5}  {v['check']:18} right {v['right']:28} measured {'; '.join(v['measured'])}")
-    data = {"env": _versions(), "sources": {s.name: {"repo": s.repo, "commit": s.commit, "why": s.why_commit}
+    command = " ".join(["python -m doctor_lab.public", *(f"--source {n}=PATH" for n in sources),
+                        *([f"--doctor DIR/{a.doctor.name}"] if a.doctor else []), *([f"--out {a.out}"] if a.out else [])])
+    data = {"command": command, "env": _versions(), "doctor": _doctor(a.doctor), "sources": {s.name: {"repo": s.repo, "commit": s.commit, "why": s.why_commit}
                                             for s in SOURCE.values()}, "targets": results}
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
@@ -214,6 +226,14 @@ def main(argv=None) -> int:
         print(f"wrote {a.out / 'table.json'} and {a.out / 'table.md'}")
     verdicts = [v["verdict"] for r in results for v in r["verdicts"]]
     return 1 if WRONG in verdicts else 3 if any(r["status"] != "measured" for r in results) else 0
+
+
+def _doctor(doctor: Path | None) -> str:
+    """Which doctor ran: this tree's commit (and whether attention_doctor/ has local changes), or the folder given."""
+    if doctor:
+        return f"attention_doctor from a folder {doctor.name}"
+    git = lambda *a: subprocess.run(["git", "-C", str(ROOT), *a], capture_output=True, text=True).stdout.strip()  # noqa: E731
+    return git("rev-parse", "HEAD")[:12] + (" + local changes" if git("status", "--porcelain", "attention_doctor") else "")
 
 
 def _versions() -> dict:
