@@ -1,6 +1,6 @@
 """One record per public target of issue 61's table: which codebase and commit, the file its class
-lives in, the factory that builds it small (doctor_lab/public/factories/), the modules stubbed and
-why, and the right outcome of each check the table's row names, with why it is right. Order,
+lives in, the factory that builds it small (doctor_lab/public/factories/; the modules it stubs are
+read from it, its docstring says why each is unused), and the right outcome of each check the table's row names, with why it is right. Order,
 counts and the results table are derived from TARGETS; nothing here imports torch."""
 import ast
 from dataclasses import dataclass
