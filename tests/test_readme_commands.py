@@ -265,13 +265,11 @@ def _pool():
 
 
 def start_all(tmp_path_factory) -> None:
-    """Every runnable command that needs no other's runs, started at once, two at a time, those that
-    select the most experiments first (the catalogue's globs: 25 jobs each, a minute of CPU), then in
-    README order: started third, the catalogue ran beside the short ones and the glob after it
-    alone; each test then waits for its own."""
+    """Every runnable command that needs no other's runs, started at once, two at a time in README
+    order; each test then waits for its own."""
     bin_dir = tmp_path_factory.getbasetemp() / "bin"
     environment(bin_dir)
-    for cmd, state in sorted(README_COMMANDS, key=lambda c: -len(selected_exps(c[0]))):
+    for cmd, state in README_COMMANDS:
         entry = COMMANDS.get(cmd)
         if cmd not in STARTED and not runnable(cmd, entry) and not entry.after:
             work = work_dir(tmp_path_factory.mktemp("readme"))
