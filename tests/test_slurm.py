@@ -182,11 +182,11 @@ def reference_metrics(results: Path, args: list[str]) -> bytes:
     return (run / "metrics.csv").read_bytes()
 
 
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(scope="module")
 def long_ref(cluster, tmp_path_factory) -> Future:
     """LONG's metrics.csv, uninterrupted, without SLURM: what the preempted and the timed-out job
-    must each end with. One run for both, started with the module's first test in a thread, beside
-    the array sweep (which waits on its SLURM jobs); each test takes its .result() where it compares."""
+    must each end with. One run for both, started in a thread beside the first of their sweeps (not
+    beside the array sweep, whose two jobs must start together); each takes its .result() to compare."""
     with ThreadPoolExecutor(max_workers=1) as pool:
         yield pool.submit(reference_metrics, tmp_path_factory.mktemp("long_ref"), LONG)
 
