@@ -31,7 +31,7 @@ def pytest_xdist_auto_num_workers(config):
 # core idle. Measured (`pytest --durations=0`, seconds per file in its worker, 2 workers): the SLURM
 # tests 154 (waiting on their jobs: first, so that the wait overlaps everything), the README's
 # commands 162, the launchers 97, then 52 down to 22; the rest keep xdist's order, most tests first.
-LONGEST_FIRST = ("test_slurm.py", "test_slurm_option_zoo.py", "test_readme_commands.py", "test_launchers.py", "test_reference.py", "test_zoo.py",
+LONGEST_FIRST = ("test_slurm.py", "test_option_zoo_launchers.py", "test_readme_commands.py", "test_launchers.py", "test_reference.py", "test_zoo.py",
                  "test_report.py", "test_findings.py", "test_zoo_libraries.py", "test_run.py", "test_resume.py",
                  "test_bad_input.py", "test_notebooks.py")
 

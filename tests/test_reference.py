@@ -1,6 +1,7 @@
 """The committed reference as one command (experiments/reference.py): its parts, its command line,
-and a tiny reference killed at random moments (and once while a checkpoint is written, then
-truncated) that still ends with the metrics of an uninterrupted one, nothing finished trained twice."""
+and a tiny reference killed at random moments (once while a checkpoint is written, then truncated; once
+as the damaged checkpoint is set aside) that still ends with the metrics of an uninterrupted one, nothing
+finished trained twice."""
 import json
 import os
 import random
@@ -21,10 +22,21 @@ ARGS = ["--parts", "kv_sharing,default_run", "--no-readme", *SHRINK]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "PYTHONWARNINGS": "ignore"}
 
 # Put on PYTHONPATH as sitecustomize: in the run.py process, writing the checkpoint of step K
-# writes half of ckpt.pt.new and SIGKILLs the whole reference, once.
+# writes half of ckpt.pt.new and SIGKILLs the whole reference, once (KILL_AT_CKPT=K:MARKER); or
+# setting a damaged file aside (renaming it to *.damaged) SIGKILLs it just after (KILL_AT_ASIDE=MARKER).
 HOOK = """
 import os, signal, sys
 spec = os.environ.get("KILL_AT_CKPT")
+aside = os.environ.get("KILL_AT_ASIDE")
+if aside and sys.argv and sys.argv[0].endswith("run.py"):
+    replace = os.replace
+    def replace_(src, dst, *a, **kw):
+        replace(src, dst, *a, **kw)
+        if str(dst).endswith(".damaged"):
+            open(aside, "w").close()
+            os.kill(os.getppid(), signal.SIGKILL)
+            os.killpg(os.getpgid(0), signal.SIGKILL)
+    os.replace = replace_
 if spec and sys.argv and sys.argv[0].endswith("run.py"):
     k, marker = spec.split(":", 1)
     from experiments.training import checkpoint
@@ -115,9 +127,18 @@ def test_killed_reference_ends_with_the_same_metrics(tmp_path):
     ckpt.write_bytes(ckpt.read_bytes()[:2000])  # ... until a copy off a cluster truncates it
     finished = {**files(res, "summary.json")}
 
-    # 2. killed at random moments (the machine going down: every process at once)
-    rng, kills, stderr, done = random.Random(0), 0, [], ""
-    for _ in range(3):
+    # 2. killed the moment the next start sets the damaged ckpt.pt aside: the file is named on stderr
+    # before it is renamed, or a kill in between would leave it named nowhere (a flake of this test)
+    env["KILL_AT_ASIDE"], aside = str(tmp_path / "aside"), tmp_path / "aside"
+    del env["KILL_AT_CKPT"]
+    p = start(res, env)
+    _, err = p.communicate(timeout=300)
+    assert aside.exists() and p.returncode == -signal.SIGKILL, err[-3000:]
+    stderr = [err]
+
+    # 3. killed at random moments (the machine going down: every process at once)
+    rng, kills, done = random.Random(0), 0, ""
+    for _ in range(2):
         p = start(res)
         try:
             p.wait(timeout=rng.uniform(0.1, 0.4) * t_ref)
@@ -148,9 +169,11 @@ def test_killed_reference_ends_with_the_same_metrics(tmp_path):
     now = files(res, "summary.json")
     assert all(now[k] == v for k, v in finished.items())
     assert sorted(now) == sorted(files(ref, "summary.json"))
-    # the truncated checkpoint was named in one line and set aside; the run went on from step 10
-    lines = [x for e in stderr for x in e.splitlines() if x.startswith("checkpoint:")]
-    assert len(lines) == 1 and str(ckpt) in lines[0] and "resuming from ckpt.prev.pt at step 10" in lines[0]
+    # the truncated checkpoint was named in one line, by the start killed as it set it aside; the run
+    # went on from step 10
+    lines = [(i, x) for i, e in enumerate(stderr) for x in e.splitlines() if x.startswith("checkpoint:")]
+    assert len(lines) == 1 and lines[0][0] == 0, lines
+    assert str(ckpt) in lines[0][1] and "resuming from ckpt.prev.pt at step 10" in lines[0][1], lines
     assert ckpt.with_name("ckpt.pt.damaged").stat().st_size == 2000
     # every part's cost is on record, interrupted attempts included
     parts = json.loads((res / "reference.json").read_text())["parts"]
@@ -158,7 +181,7 @@ def test_killed_reference_ends_with_the_same_metrics(tmp_path):
     assert parts["kv_sharing"]["attempts"] >= 2
     assert all(e["wall_s"] > 0 and e["cpu_s"] > 0 and e["disk_bytes"] > 0 for e in parts.values())
 
-    # 3. once done, the same command has nothing to do; --fresh runs a part anew, its old runs kept aside
+    # 4. once done, the same command has nothing to do; --fresh runs a part anew, its old runs kept aside
     def again(*extra):
         p = subprocess.run([sys.executable, "-m", "experiments.reference", *ARGS, *extra, "--results", str(res)],
                            cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)

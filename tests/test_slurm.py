@@ -2,7 +2,7 @@
 brought up by experiments/slurm/local_cluster.sh): a job array with its report, a bad cell, a
 control shared by two jobs, preemption (`scontrol requeue`) and a time limit, each resumed from
 its checkpoint to the uninterrupted run's metrics.csv, byte for byte (the option zoo on the same
-cluster: test_slurm_option_zoo.py).
+cluster: test_option_zoo_launchers.py).
 
 Without a cluster these tests skip, saying how to start one; under CI (CI=true or
 ATTN_REQUIRE_SLURM=1, which .ci/run sets) they fail instead. Every job takes one CPU."""
@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 
@@ -181,6 +182,15 @@ def reference_metrics(results: Path, args: list[str]) -> bytes:
     return (run / "metrics.csv").read_bytes()
 
 
+@pytest.fixture(scope="module")
+def long_ref(cluster, tmp_path_factory) -> Future:
+    """LONG's metrics.csv, uninterrupted, without SLURM: what the preempted and the timed-out job
+    must each end with. One run for both, started in a thread beside the first of their sweeps (not
+    beside the array sweep, whose two jobs must start together); each takes its .result() to compare."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        yield pool.submit(reference_metrics, tmp_path_factory.mktemp("long_ref"), LONG)
+
+
 # -- one job array: two good cells that share a control, two bad cells ------------------------
 @pytest.fixture(scope="module")
 def array_sweep(cluster, tmp_path_factory):
@@ -250,8 +260,7 @@ def resumed_once(rec: list[dict]) -> int:
     return k
 
 
-def test_preempted_job_is_requeued_and_resumes_identically(cluster, tmp_path):
-    ref = reference_metrics(tmp_path / "ref", LONG)
+def test_preempted_job_is_requeued_and_resumes_identically(long_ref, tmp_path):
     res, record = tmp_path / "slurm", tmp_path / "record.jsonl"
     requeued = []
 
@@ -271,19 +280,18 @@ def test_preempted_job_is_requeued_and_resumes_identically(cluster, tmp_path):
     assert f"preempted: signal SIGTERM at step {k}; checkpoint written" in log, log[-3000:]
     [job] = [d for d in sweep_dir.iterdir() if (d / "summary.json").exists()]
     assert json.loads((job / "summary.json").read_text())["status"] == "completed"
-    assert (job / "metrics.csv").read_bytes() == ref
+    assert (job / "metrics.csv").read_bytes() == long_ref.result()
     assert not list(res.glob("checkpoints/*/ckpt.pt"))
 
 
 SIGNAL_DELAY_S = 5
 
 
-def test_time_limit_signals_checkpoints_requeues_and_resumes_identically(cluster, tmp_path):
+def test_time_limit_signals_checkpoints_requeues_and_resumes_identically(long_ref, tmp_path):
     """A 1-minute limit and a first attempt slowed to 100 s. slurmctld checks limits every 30 s
     and sends USR2 at the first check within 30 s of (limit - signal_delay_s), so it arrives
     15..45 s into the job, 15..45 s before the limit (measured): submitit's handler takes it as
     a time-out (max_num_timeout), the trainer checkpoints, the job is requeued and finishes."""
-    ref = reference_metrics(tmp_path / "ref", LONG)
     res, record = tmp_path / "slurm", tmp_path / "record.jsonl"
     args = [*LONG, "hydra.launcher.timeout_min=1", f"hydra.launcher.signal_delay_s={SIGNAL_DELAY_S}",
             "hydra.launcher.max_num_timeout=1", *instrument(record, 0.3)]
@@ -302,5 +310,5 @@ def test_time_limit_signals_checkpoints_requeues_and_resumes_identically(cluster
     assert job0["EndTime"] - job0["StartTime"] == 60
     assert SIGNAL_DELAY_S - 2 <= lead <= SIGNAL_DELAY_S + 60, (lead, rec)
     [job] = [d for d in sweep_dir.iterdir() if (d / "summary.json").exists()]
-    assert (job / "metrics.csv").read_bytes() == ref
+    assert (job / "metrics.csv").read_bytes() == long_ref.result()
     assert json.loads((job / "summary.json").read_text())["steps_done"] == 200

@@ -93,35 +93,6 @@ def test_the_sentinel_and_the_triage_read_option_rows_apart():
     assert table.key(_zoo("4.48.0", "fail")["results"][1]) == ("qwen2", "use_sliding_window=true", "eager")
 
 
-def test_local_workers_and_submitit_local_give_the_same_rows(tmp_path):
-    """One architecture's option zoo (llama, eager, two checks): its jobs on forked local workers and,
-    from the same option table, one submitit_local process each; the tables agree row for row."""
-    import csv
-    import shutil
-    import subprocess
-    import sys
-
-    from conftest import ROOT
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    args = ["--options", "--arch", "llama", "--impl", "eager", "--checks", "future_leak,kv_cache", "--workers", "2"]
-
-    def zoo(out, *more):
-        p = subprocess.run([sys.executable, "-m", "doctor_lab.zoo", *args, "--out", str(out), *more], cwd=ROOT,
-                           env=env, capture_output=True, text=True, timeout=900)
-        assert p.returncode == 0, p.stderr[-2000:]
-        return p.stdout
-    said = zoo(tmp_path / "local")
-    assert "zoo: options of llama:" in said and "s CPU" in said   # the cost of finding them, per architecture
-    shutil.copytree(tmp_path / "local" / "discovery", tmp_path / "sub" / "discovery")   # the same option table
-    said = zoo(tmp_path / "sub", "--launcher", "submitit_local")
-    assert "submitit_local" in said and list((tmp_path / "sub" / "submitit").glob("*_result.pkl"))
-
-    local, sub = (list(csv.DictReader(open(tmp_path / d / "zoo.csv"))) for d in ("local", "sub"))
-    assert local == sub and len({r["options"] for r in local}) >= 3   # the default and the options found
-    assert {r["options"] for r in local} >= {"", "rope_parameters=linear"}   # a rope type moves its outputs
-    assert {r["status"] for r in local} == {"examined"}
-
-
 def test_an_option_changes_the_default_before_the_shrink():
     """What an option switches on is shrunk as a default is: Qwen2's use_sliding_window brings its
     4096-token window, which the shrink makes 16; a per-layer list is given at the shrunk depth."""

@@ -63,13 +63,12 @@ def write_verified(path: Path, obj) -> None:
     os.replace(new, path)
 
 
-def set_aside(p: Path) -> Path:
-    """Rename a damaged file to NAME.damaged (NAME.damaged-2, ... if taken)."""
+def aside_name(p: Path) -> Path:
+    """Where a damaged file is set aside: NAME.damaged (NAME.damaged-2, ... if taken)."""
     dest, n = p.with_name(p.name + ".damaged"), 1
     while dest.exists():
         n += 1
         dest = p.with_name(f"{p.name}.damaged-{n}")
-    os.replace(p, dest)
     return dest
 
 
@@ -86,13 +85,14 @@ def _torch_load(p: Path, device=None):
         raise Unusable(p, f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}") from None
 
 
-def _load(ckpt: Path, device) -> dict:
+def _load(ckpt: Path, device, bad: set = frozenset()) -> dict:
     """A checkpoint and the chain of chunks behind it (each names the step it starts at), all read
-    before anything is applied; raises Unusable naming the file that failed."""
+    before anything is applied; raises Unusable naming the file that failed. Chunks in `bad`
+    (found damaged, not yet set aside) count as missing."""
     s = _torch_load(ckpt, device)
     if not isinstance(s, dict) or not {"model", "optim", "sched", "step", "rng"} <= set(s):
         raise Unusable(ckpt, "not a checkpoint (keys missing)")
-    found = {int(p.stem[4:]): p for p in chunks(ckpt)}
+    found = {int(p.stem[4:]): p for p in chunks(ckpt) if p not in bad}
     parts, at = [], s["step"]
     while at > 0:
         if at not in found:
@@ -108,37 +108,43 @@ def _load(ckpt: Path, device) -> dict:
     return {**s, "rows": rows, "attn_weights": weights, "file": ckpt}
 
 
-def _good_state(ckpt_path: Path, device) -> tuple[dict | None, list[tuple]]:
+def _good_state(ckpt_path: Path, device) -> tuple[dict | None, list[Unusable]]:
     """The newest checkpoint that loads whole (ckpt.pt, else ckpt.prev.pt) or None, and the
-    (file, set aside as, why) of each damaged file met on the way."""
-    damaged = []
+    Unusable of each file met on the way. Nothing is renamed here: resume names them first."""
+    unusable, bad = [], set()
     for cand in (Path(ckpt_path), prev_path(ckpt_path)):
-        while cand.exists():
+        while cand.exists() and cand not in bad:
             try:
-                return _load(cand, device), damaged
+                return _load(cand, device, bad), unusable
             except Unusable as e:
+                unusable.append(e)
                 if not e.damaged:  # whole, but its log is gone: the older checkpoint, if any
-                    damaged.append((e.path, None, e.why))
                     break
-                damaged.append((e.path, set_aside(e.path), e.why))
-    return None, damaged
+                bad.add(e.path)  # damaged: a chunk (try its checkpoint again without it) or cand itself
+    return None, unusable
 
 
 def resume(trainer) -> bool:
     """Load the newest good checkpoint (and its chunks) into the trainer; True if there was one.
-    Each damaged file is named in one line on stderr, the last one saying where the run goes on."""
+    Each damaged file is named in one line on stderr, the last one saying where the run goes on,
+    and only then set aside: a kill between the two leaves it in place, and the next start names
+    it again (set aside first, a kill before the line would leave it named nowhere)."""
     if trainer.ckpt_path is None:
         return False
-    s, damaged = _good_state(trainer.ckpt_path, trainer.device)
+    s, unusable = _good_state(trainer.ckpt_path, trainer.device)
     step = s["step"] if s is not None else 0
+    then = f"resuming from {s['file'].name} at step {step}" if s else "restarting from step 0"
+    aside = [aside_name(e.path) if e.damaged else None for e in unusable]
+    for i, (e, dest) in enumerate(zip(unusable, aside)):
+        what = f"set aside as {dest.name}" if dest else "not used"
+        print(f"checkpoint: {e.path} is damaged ({e.why}); {what}" + (f"; {then}" if i == len(unusable) - 1 else ""),
+              file=sys.stderr, flush=True)
+    for e, dest in zip(unusable, aside):
+        if dest:
+            os.replace(e.path, dest)
     for p in chunks(trainer.ckpt_path):  # a lost future's log: would be rewritten anyway
         if int(p.stem[4:]) > step:
             p.unlink()
-    then = f"resuming from {s['file'].name} at step {step}" if s else "restarting from step 0"
-    for i, (bad, dest, why) in enumerate(damaged):
-        aside = f"set aside as {dest.name}" if dest else "not used"
-        print(f"checkpoint: {bad} is damaged ({why}); {aside}" + (f"; {then}" if i == len(damaged) - 1 else ""),
-              file=sys.stderr, flush=True)
     if s is None:
         return False
     trainer.model.load_state_dict(s["model"])
