@@ -258,8 +258,11 @@ def test_an_entry_of_another_library_runs_through_its_own_zoo_and_is_judged(tmp_
                 else "", "measured": m, "measurements": {}, "detail": ""}
     for release, got in (("2.17.0", score("pass", 3.9)), ("2.17.1", score("fail", 388.7)), ("2.25.5", score("pass", 3.9))):
         write_zoo(p.run_dir(tmp_path, release), release, {(a, i): got for a in e.architectures for i in p.impls})
-    v = outcomes.verdict(p, outcomes.cells(p, tmp_path))
+    cs = outcomes.cells(p, tmp_path)
+    v = outcomes.verdict(p, cs)
     assert v.kind == "caught" and "attn_qk_norm/einsum" in v.text and "clean before and after" in v.text
+    page = section.render(table.summary([table.entry(p, cs, v)], None))
+    assert "| xt_qk_norm_scaled_twice (x-transformers) | score_scale |" in page
     write_zoo(p.run_dir(tmp_path, "2.17.1"), "2.17.1", {(a, i): score("pass", 3.9) for a in e.architectures for i in p.impls})
     assert outcomes.verdict(p, outcomes.cells(p, tmp_path)).kind == "missed"   # a miss stays a miss
     wan = plan.plan(ENTRIES["wan_rope_axes_split"], CHECKS)
