@@ -277,6 +277,12 @@ def test_the_table_judges_an_entry_by_the_option_zoo_where_a_run_made_its_rows(t
     assert not cli.judged(e, CHECKS, a).options
     p = plan.plan(e, CHECKS, options=True)
     write_zoo(p.run_dir(tmp_path / "runs", e.introduced), e.introduced, {("falcon", "sdpa"): PASS})
+    assert not cli.judged(e, CHECKS, a).options   # the introducing release alone: another entry's run, maybe
+    write_zoo(p.run_dir(tmp_path / "runs", e.fixed), e.fixed, {("falcon", "sdpa"): PASS})
+    assert not cli.judged(e, CHECKS, a).options
+    from doctor_lab.backtest import runner  # a zoo call that wrote no result (a release the option zoo cannot build)
+    from experiments.io import write_json
+    write_json(runner.attempt_path(p.run_dir(tmp_path / "runs", e.before), "falcon"), {"rc": 0, "said": "0 sets"})
     judged = cli.judged(e, CHECKS, a)
     assert judged.options and judged.config == ()
     assert table.entry(judged, [], outcomes.Verdict("missed", ""))["options"] is True

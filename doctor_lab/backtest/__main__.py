@@ -126,11 +126,13 @@ def run(plans: list[plan.Plan], a) -> dict:
 
 
 def judged(e: record.Regression, registered: frozenset[str], a) -> plan.Plan:
-    """The plan an entry is judged by: the option zoo's rows where a --options run made them for its
-    introducing release (its hand-written config unused), else its config's. So a --options run of some
-    entries (--ids) and a plain run of the rest make one table, each entry saying which it was."""
+    """The plan an entry is judged by: the option zoo's rows where a --options run made them for it (every
+    one of its releases has a row of each of its architectures: option run dirs are shared by the entries
+    with the same checks, so another entry's run is not this one's), its hand-written config unused; else
+    its config's. So a --options run of some entries (--ids) and a plain run of the rest make one table,
+    each entry saying which it was."""
     p = plan.plan(e, registered, nearest=not a.no_nearest, options=True)
-    if p.options and p.checks and (p.run_dir(a.out / "runs", e.introduced) / "zoo.json").exists():
+    if p.options and p.checks and outcomes.covered(p, a.out / "runs"):
         return p
     return plan.plan(e, registered, nearest=not a.no_nearest, options=False)
 

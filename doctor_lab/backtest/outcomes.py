@@ -127,6 +127,14 @@ def cell(role: str, release: str, arch: str, impl: str, check: str, result: dict
     return Cell(role, release, arch, impl, check, Row.from_dict(rows[0]), status=EXAMINED, options=options)
 
 
+def covered(p: Plan, root: Path) -> bool:
+    """A run was made of each architecture of the plan on each of its releases: a result, or the attempt
+    the backtest recorded (a zoo call that wrote none, as the option zoo on a release it cannot build)."""
+    def ran(d: Path, arch: str) -> bool:
+        return runner.read_attempt(d, arch) is not None or any(arch == a for a, _, _ in _results(d))
+    return all(ran(p.run_dir(root, release), arch) for release in p.releases.values() for arch in p.entry.architectures)
+
+
 def cells(p: Plan, root: Path) -> list[Cell]:
     """Every release x architecture (x option set, under the option zoo: each set any release examined)
     x implementation x check of the plan, from root/<release>/<checks>/."""
