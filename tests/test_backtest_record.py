@@ -127,14 +127,6 @@ def test_an_entry_of_another_library_reads_its_own_index_and_imports(tmp_path, m
         rec.load(_other_library_entry(tmp_path / "c", monkeypatch, entry.repro.read_text(), library="jax"))
 
 
-def test_an_entry_of_another_library_is_not_run_by_the_backtest():
-    from doctor_lab.backtest import outcomes, plan
-    entry = next(e for e in ENTRIES if e.library != releases.TRANSFORMERS)
-    p = plan.plan(entry, rec.registered_checks())
-    assert p.checks == ()
-    assert outcomes.verdict(p, []).kind == outcomes.NOT_RUN
-
-
 def test_verify_refuses_an_unknown_entry_in_one_line(capsys):
     from doctor_lab.backtest import verify
     assert verify.main(["no_such_regression"]) == 2

@@ -229,3 +229,60 @@ def test_the_option_zoos_rows_bracket_an_entry_without_its_config(tmp_path):
     assert outcomes.verdict(p, outcomes.cells(p, tmp_path)).kind == "caught, unbracketed"
     cmd = runner.zoo_command("4.48.0", tmp_path, d["4.48.0"], "qwen2", ["eager"], p.checks, 300, p.config, ("--options",))
     assert cmd[-1] == "--options" and "--init" not in cmd
+
+
+def test_an_entry_of_another_library_runs_through_its_own_zoo_and_is_judged(tmp_path):
+    """x-transformers' entry: its architectures are the xt zoo's targets, eager/SDPA its einsum/flash paths,
+    each release in a prefixed dir, the zoo called with the release first on PYTHONPATH (no --options, no
+    --init); its verdict read from that zoo's rows as a transformers entry's is."""
+    from doctor_lab.backtest import __main__ as cli
+    from doctor_lab.backtest import runner
+    e = ENTRIES["xt_qk_norm_scaled_twice"]
+    p = plan.plan(e, CHECKS, options=True)
+    assert (p.checks, p.impls, p.options, p.zoo) == (("score_scale",), ("einsum", "flash"), False, "doctor_lab.zoo_xt")
+    assert p.run_dir(tmp_path, "2.17.1") == tmp_path / "xt-2.17.1" / "score_scale"
+    todo = cli.calls([p], tmp_path)
+    assert sorted(d.parent.name for d in todo) == ["xt-2.17.0", "xt-2.17.1", "xt-2.25.5"]
+    assert {(c.library, c.arch, c.impls) for cs in todo.values() for c in cs} == {
+        ("x-transformers", a, ("einsum", "flash")) for a in e.architectures}
+    cmd = runner.zoo_command("2.17.1", tmp_path, tmp_path / "o", "attn_qk_norm", p.impls, p.checks, 300,
+                             library=e.library)
+    assert cmd[1:3] == ["-m", "doctor_lab.zoo_xt"] and cmd[cmd.index("--target") + 1] == "attn_qk_norm"
+    assert cmd[cmd.index("--path") + 1] == "einsum,flash" and "--init" not in cmd and "--release" not in cmd
+    env = runner.library_env("2.17.1", tmp_path, e.library)
+    assert env["PYTHONPATH"].split(":")[0] == str((tmp_path / "xt-2.17.1").resolve())
+    assert runner.library_env("4.42.0", tmp_path, "transformers") is None
+
+    def score(outcome, m):
+        return {"name": "score_scale", "outcome": outcome, "reason": "", "cause": "scores_too_sharp" if outcome == "fail"
+                else "", "measured": m, "measurements": {}, "detail": ""}
+    for release, got in (("2.17.0", score("pass", 3.9)), ("2.17.1", score("fail", 388.7)), ("2.25.5", score("pass", 3.9))):
+        write_zoo(p.run_dir(tmp_path, release), release, {(a, i): got for a in e.architectures for i in p.impls})
+    cs = outcomes.cells(p, tmp_path)
+    v = outcomes.verdict(p, cs)
+    assert v.kind == "caught" and "attn_qk_norm/einsum" in v.text and "clean before and after" in v.text
+    page = section.render(table.summary([table.entry(p, cs, v)], None))
+    assert "| xt_qk_norm_scaled_twice (x-transformers) | score_scale |" in page
+    write_zoo(p.run_dir(tmp_path, "2.17.1"), "2.17.1", {(a, i): score("pass", 3.9) for a in e.architectures for i in p.impls})
+    assert outcomes.verdict(p, outcomes.cells(p, tmp_path)).kind == "missed"   # a miss stays a miss
+    wan = plan.plan(ENTRIES["wan_rope_axes_split"], CHECKS)
+    assert wan.impls == ("self", "cross") and wan.release_dir("0.35.0") == "df-0.35.0"
+
+
+def test_the_table_judges_an_entry_by_the_option_zoo_where_a_run_made_its_rows(tmp_path):
+    """An entry is judged by the option zoo's rows when its introducing release has them (a --options run of
+    it), else by its config's; the table says which."""
+    e = ENTRIES["falcon_alibi_sdpa_no_mask_not_causal"]
+    a = cli.parse(["--out", str(tmp_path)])
+    assert not cli.judged(e, CHECKS, a).options
+    p = plan.plan(e, CHECKS, options=True)
+    write_zoo(p.run_dir(tmp_path / "runs", e.introduced), e.introduced, {("falcon", "sdpa"): PASS})
+    assert not cli.judged(e, CHECKS, a).options   # the introducing release alone: another entry's run, maybe
+    write_zoo(p.run_dir(tmp_path / "runs", e.fixed), e.fixed, {("falcon", "sdpa"): PASS})
+    assert not cli.judged(e, CHECKS, a).options
+    from doctor_lab.backtest import runner  # a zoo call that wrote no result (a release the option zoo cannot build)
+    from experiments.io import write_json
+    write_json(runner.attempt_path(p.run_dir(tmp_path / "runs", e.before), "falcon"), {"rc": 0, "said": "0 sets"})
+    judged = cli.judged(e, CHECKS, a)
+    assert judged.options and judged.config == ()
+    assert table.entry(judged, [], outcomes.Verdict("missed", ""))["options"] is True

@@ -12,15 +12,16 @@ Verdicts (one check, over its cells):
   missed               the check ran on the introducing release and did not fail or warn
   not run              no row on the introducing release (never counted as caught)
 An entry whose check is a probe the doctor lacks is `missed (needs probe X)`; the nearest checks it
-has, where they ran, add what they said. An entry of another library than transformers is `not run`."""
+has, where they ran, add what they said. An entry of another library is judged alike, from its own
+zoo's rows (an architecture is that zoo's target, an implementation its path: plan.PATHS)."""
 import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from attention_doctor.result import FAIL, INCONCLUSIVE, WARN, Row
-from doctor_lab.backtest import releases, runner
-from doctor_lab.backtest.plan import Plan, run_dir
+from doctor_lab.backtest import runner
+from doctor_lab.backtest.plan import Plan
 from doctor_lab.report.triage import row_name
 
 CAUGHT, IMPRECISE, UNBRACKETED, MISSED, NOT_RUN = (
@@ -126,15 +127,23 @@ def cell(role: str, release: str, arch: str, impl: str, check: str, result: dict
     return Cell(role, release, arch, impl, check, Row.from_dict(rows[0]), status=EXAMINED, options=options)
 
 
+def covered(p: Plan, root: Path) -> bool:
+    """A run was made of each architecture of the plan on each of its releases: a result, or the attempt
+    the backtest recorded (a zoo call that wrote none, as the option zoo on a release it cannot build)."""
+    def ran(d: Path, arch: str) -> bool:
+        return runner.read_attempt(d, arch) is not None or any(arch == a for a, _, _ in _results(d))
+    return all(ran(p.run_dir(root, release), arch) for release in p.releases.values() for arch in p.entry.architectures)
+
+
 def cells(p: Plan, root: Path) -> list[Cell]:
     """Every release x architecture (x option set, under the option zoo: each set any release examined)
     x implementation x check of the plan, from root/<release>/<checks>/."""
     out = []
-    dirs = {role: run_dir(root, release, p.checks, p.config, p.options) for role, release in p.releases.items()}
+    dirs = {role: p.run_dir(root, release) for role, release in p.releases.items()}
     results = {role: _results(d) for role, d in dirs.items()}
     for role, release in p.releases.items():
         for arch in p.entry.architectures:
-            why = "" if any((arch, "", i) in results[role] for i in p.impls) else _no_result(root, release, dirs[role], arch)
+            why = "" if any((arch, "", i) in results[role] for i in p.impls) else _no_result(root, p.release_dir(release), dirs[role], arch)
             sets = sorted({o for rs in results.values() for (a, o, _) in rs if a == arch} | {""})
             for o in sets:
                 for impl in p.impls:
@@ -186,8 +195,6 @@ def judge(cs: list[Cell], check: str) -> Verdict:
 
 def verdict(p: Plan, cs: list[Cell]) -> Verdict:
     """The entry's verdict: its own check's, or `missed (needs probe X)` with what the nearest said."""
-    if p.entry.library != releases.TRANSFORMERS:
-        return Verdict(NOT_RUN, f"{p.entry.check}: a {p.entry.library} regression; the backtest runs transformers' zoo only")
     if not p.nearest:
         v = judge(cs, p.entry.check)
         return Verdict(v.kind, f"{p.entry.check} {v.text}")

@@ -59,6 +59,8 @@ PROBES = frozenset({
     "packed_sequences",        # documents in one row, position ids restarting
     "rope_channels",           # which channels a RoPE turns: each axis only its own (frames, rows, columns), none of a
                                # partial rotary's unrotated share
+    "call_state",              # a forward's output moved by an earlier forward (state a module keeps between calls)
+    "cache_rollback",          # a cache cropped back after rejected draft tokens (assisted / speculative decoding)
 })
 FIELDS = ("id", "title", "threads", "introduced", "fixed", "before", "architectures", "implementations",
           "condition", "check", "repro", "verified")

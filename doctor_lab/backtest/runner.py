@@ -1,11 +1,13 @@
 """The doctor on one release: the release installed in isolation (releases.install, cached), then
-the transformers zoo as a subprocess, once per architecture (`python -m doctor_lab.zoo --release V
---arch A --checks ...`): the zoo caps and forks each architecture itself, keeps the results that
-exist (a killed backtest resumes), and refuses an architecture the release does not map, which
-then costs only that architecture. What each call said is kept beside its results (attempts/), and
+the library's zoo as a subprocess, once per architecture (`python -m doctor_lab.zoo --release V
+--arch A --checks ...`; another library's zoo, `python -m doctor_lab.zoo_xt --target A --path ...`, with
+the release's directory first on PYTHONPATH): the zoo caps and forks each architecture itself, keeps
+the results that exist (a killed backtest resumes), and refuses an architecture the release does not
+map, which then costs only that architecture. What each call said is kept beside its results (attempts/), and
 a failed install in install.json: the table's `not run` reasons, readable without rerunning."""
 import functools
 import json
+import os
 import subprocess
 import sys
 import time
@@ -27,11 +29,13 @@ def attempt_path(out: Path, arch: str) -> Path:
     return Path(out) / "attempts" / f"{arch}.json"
 
 
-def install(release: str, pinned: Path, root: Path, log=print) -> bool:
-    """The release installed (True), or why not written to install.json (False)."""
-    p = install_error_path(root, release)
+def install(release: str, pinned: Path, root: Path, log=print, library: str = releases.TRANSFORMERS) -> bool:
+    """The release installed (True), or why not written to install.json (False) in the release's
+    directory of runs (plan.release_dir)."""
+    from doctor_lab.backtest.plan import release_dir
+    p = install_error_path(root, release_dir(release, library))
     try:
-        releases.install(release, pinned, log=log)
+        releases.install(release, pinned, log=log, library=library)
     except (RuntimeError, OSError) as e:  # pip failed, or the cache cannot be written: the release is not run
         write_json(p, {"release": release, "error": " ".join(str(e).split())[:400]})
         return False
@@ -45,7 +49,12 @@ def _last_line(text: str) -> str:
 
 
 def zoo_command(release: str, pinned: Path, out: Path, arch: str, impls, checks, cpu_s: int,
-                config: tuple = (), extra: tuple = ()) -> list[str]:
+                config: tuple = (), extra: tuple = (), library: str = releases.TRANSFORMERS) -> list[str]:
+    if library != releases.TRANSFORMERS:   # its release comes first on the path (library_env); no configs to give
+        from doctor_lab.backtest.plan import ZOOS
+        return [sys.executable, "-m", ZOOS[library], "--target", arch, "--path", ",".join(impls),
+                "--checks", ",".join(checks), "--out", str(Path(out).resolve()), "--workers", "1",
+                "--timeout", str(ZOO_TIMEOUT_S), "--cpu", str(cpu_s)]
     return [sys.executable, "-m", "doctor_lab.zoo", "--release", release, "--pinned", str(Path(pinned).resolve()),
             "--arch", arch, "--impl", ",".join(impls), "--checks", ",".join(checks),
             "--out", str(Path(out).resolve()), "--no-confirm", "--workers", "1",
@@ -74,14 +83,24 @@ def current(out: Path, release: str, arch: str, impls, checks, shrink: dict, con
     return all(done(out, arch, i, key) and (arch, i) in tabled for i in impls)
 
 
+def library_env(release: str, pinned: Path, library: str) -> dict | None:
+    """The environment of another library's zoo: its release's directory, then the clone, on PYTHONPATH
+    (transformers' zoo puts its release there itself: None, the inherited one)."""
+    if library == releases.TRANSFORMERS:
+        return None
+    d = releases.directory(Path(pinned).resolve(), release, library)
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(d), str(ROOT)])}
+
+
 def run_arch(release: str, pinned: Path, out: Path, arch: str, impls, checks, cpu_s: int = 300,
-             config: tuple = (), extra: tuple = ()) -> dict:
+             config: tuple = (), extra: tuple = (), library: str = releases.TRANSFORMERS) -> dict:
     """One zoo call; its attempt record (exit code, its last line, seconds), also written to attempts/.
     extra: more arguments (the option zoo's)."""
     t0 = time.monotonic()
-    cmd = zoo_command(release, pinned, out, arch, impls, checks, cpu_s, config, extra)
+    cmd = zoo_command(release, pinned, out, arch, impls, checks, cpu_s, config, extra, library)
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=ZOO_TIMEOUT_S + SLACK_S)
+        r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=ZOO_TIMEOUT_S + SLACK_S,
+                           env=library_env(release, pinned, library))
         rc, said = r.returncode, _last_line(r.stderr if r.returncode else r.stdout) or _last_line(r.stderr)
     except subprocess.TimeoutExpired:
         rc, said = 124, f"the zoo did not finish in {ZOO_TIMEOUT_S + SLACK_S} s"

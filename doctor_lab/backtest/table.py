@@ -26,7 +26,8 @@ def entry(p: Plan, cs: list[Cell], v: Verdict) -> dict:
     e = p.entry
     return {"id": e.id, "title": e.title, "check": e.check, "probe": p.nearest, "checks_run": list(p.checks),
             "releases": p.releases, "architectures": list(e.architectures), "implementations": list(p.impls),
-            "reproducible": reproducible(e), "verdict": v.kind, "text": v.text, "cells": [c.to_dict() for c in cs]}
+            "reproducible": reproducible(e), "verdict": v.kind, "text": v.text, "cells": [c.to_dict() for c in cs],
+            "library": e.library, "options": p.options, "config": dict(p.config)}
 
 
 def summary(entries: list[dict], last_run: dict | None) -> dict:

@@ -69,7 +69,11 @@ def render(s: dict | None) -> str:
              "it and the one that fixed it, each verified with a standalone repro) and runs the doctor check the entry "
              "names on the entry's architectures x implementations on those releases, each installed in isolation, "
              "through the transformers zoo (`python -m doctor_lab.zoo --release V`: its shrunk random-weight models, "
-             "each architecture in its own capped process). *caught*: the check fails or warns on the introducing "
+             "each architecture in its own capped process; an entry of another library through that library's zoo, "
+             "its targets the entry's architectures, its paths the implementations: x-transformers' "
+             "`python -m doctor_lab.zoo_xt` (einsum for eager, flash for SDPA), diffusers' "
+             "`python -m doctor_lab.zoo_diffusers` (self- and cross-attention); an entry marked *option zoo* was judged "
+             "on every option set `python -m doctor_lab.zoo --options` found on its releases, its `config:` unused). *caught*: the check fails or warns on the introducing "
              "release and passes on the release before and on the fix (or the architecture lacks the implementation "
              "there: the zoo's `unsupported`); *caught, imprecise*: it fails there too; *caught, unbracketed*: the "
              "release before or the fix gave no row; *missed*: it passes on the introducing release; *not run*: the "
@@ -82,8 +86,9 @@ def render(s: dict | None) -> str:
              "| regression | check | before | introduced | fixed | verdict |", "|---|---|---|---|---|---|"]
     for e in s["entries"]:
         rel = e["releases"]
-        check = e["check"] + (" (a probe the doctor lacks)" if e["probe"] else "")
-        lines.append(f"| {e['id']} | {check} | " + " | ".join(rel.get(r, "open") for r in ROLES)
+        check = e["check"] + (" (a probe the doctor lacks)" if e["probe"] else "") + (", option zoo" if e.get("options") else "")
+        lib = e.get("library", "transformers")
+        lines.append(f"| {e['id']}{'' if lib == 'transformers' else f' ({lib})'} | {check} | " + " | ".join(rel.get(r, "open") for r in ROLES)
                      + f" | **{e['verdict']}**: {_cut(e['text'], 200)} |")
     details = [r for e in s["entries"] for r in _details(e)]
     if details:
