@@ -467,3 +467,22 @@ def test_kinds_keep_the_default_run_causal_and_name_the_others():
     seq2seq = kinds.every(["seq2seq_lm"])
     assert {"t5", "bart", "marian"} <= set(seq2seq) and "llama" not in seq2seq
     assert kinds.of("paligemma")[0] == "image_text_to_text" and kinds.of("no_such_type") is None
+
+
+def test_a_sub_config_that_rejects_unknown_keys_gets_only_those_it_names():
+    """4.4x-5.0's DbrxAttentionConfig raises on the base config's generic keys that to_dict() gives
+    back (DBRX was build_error on 4.46.3 and 5.0.0): the shrink passes it the keys its __init__ names;
+    a class that takes the whole dict gets it whole."""
+    from doctor_lab.zoo.shrink import _taken
+
+    class Strict:
+        def __init__(self, kv_n_heads=1, clip_qkv=None, **kwargs):
+            if kwargs:
+                raise ValueError(f"Found unknown kwargs={kwargs}")
+
+    class Lenient:
+        def __init__(self, kv_n_heads=1, **kwargs):
+            pass
+    kw = {"kv_n_heads": 2, "clip_qkv": 8.0, "return_dict": True, "is_decoder": True}
+    assert _taken(Strict, kw) == {"kv_n_heads": 2, "clip_qkv": 8.0}
+    assert _taken(Lenient, kw) == kw

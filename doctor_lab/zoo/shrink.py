@@ -1,6 +1,7 @@
 """A small config for each architecture: the generic shrink and the per-architecture table of
 shrink.yaml (beside this file) applied to transformers' default config. No download."""
 import hashlib
+import inspect
 import json
 from pathlib import Path
 
@@ -80,6 +81,18 @@ def _sub_configs(cfg) -> list[str]:
     return [k for k, v in vars(cfg).items() if not k.startswith("_") and hasattr(v, "to_dict") and hasattr(v, "model_type")]
 
 
+def _taken(cls, kw: dict) -> dict:
+    """kw as a sub-config class takes it: whole where the class builds from it, else only the keys its
+    __init__ names (4.4x-5.0's DbrxAttentionConfig raises "Found unknown kwargs" on the base config's
+    generic keys, return_dict, is_decoder, ..., that to_dict() gives back)."""
+    try:
+        cls(**kw)
+        return kw
+    except Exception:  # noqa: BLE001 -- a class that rejects the dict: given what it names (make_config still raises, as before, if that fails too)
+        names = set(inspect.signature(cls.__init__).parameters)
+        return {k: v for k, v in kw.items() if k in names}
+
+
 def _shrunk_kwargs(cfg, generic: dict, extra: dict) -> dict:
     kw = {k: v for k, v in generic.items() if k in _known(cfg)
           and not (k in SWITCHED_BY_VALUE and getattr(cfg, k, None) in (None, False))}
@@ -88,7 +101,7 @@ def _shrunk_kwargs(cfg, generic: dict, extra: dict) -> dict:
         if s is not None and hasattr(s, "to_dict"):
             d = s.to_dict()
             d = {k: v for k, v in d.items() if k not in _per_layer(d)}
-            kw[sub] = {**d, **_shrunk_kwargs(s, generic, extra.get(sub, {}))}
+            kw[sub] = _taken(type(s), {**d, **_shrunk_kwargs(s, generic, extra.get(sub, {}))})
     kw.update({k: v for k, v in extra.items() if not isinstance(v, dict) or k not in kw})
     return kw
 
