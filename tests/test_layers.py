@@ -26,7 +26,8 @@ LAYERS = [
     ("doctor_lab.hand_caches",),  # the hand-written caches' bed: the styles bed's factories
     ("doctor_lab.zoo", "doctor_lab.zoo_xt", "doctor_lab.zoo_diffusers"),  # the zoos triage with the report's rules
     ("doctor_lab.validation",    # the evidence: the test beds, nanoGPT's attention (bench), its report block
-     "doctor_lab.backtest"),     # the regressions transformers shipped, their repros, the releases they need
+     "doctor_lab.backtest",      # the regressions transformers shipped, their repros, the releases they need
+     "doctor_lab.public"),       # issue 61's public classes, each pointed at in its checkout
 ]
 TOP = len(LAYERS)
 # what the lab takes from the suite (anything else of experiments/ it would need moves down or into the lab)
