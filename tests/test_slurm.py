@@ -260,7 +260,8 @@ def resumed_once(rec: list[dict]) -> int:
     return k
 
 
-def test_preempted_job_is_requeued_and_resumes_identically(long_ref, tmp_path):
+def test_preempted_job_is_requeued_and_resumes_identically(long_ref, time_limited, tmp_path):
+    """Beside the time-limited sweep (time_limited: each job on its own CPU of the two)."""
     res, record = tmp_path / "slurm", tmp_path / "record.jsonl"
     requeued = []
 
@@ -287,15 +288,26 @@ def test_preempted_job_is_requeued_and_resumes_identically(long_ref, tmp_path):
 SIGNAL_DELAY_S = 5
 
 
-def test_time_limit_signals_checkpoints_requeues_and_resumes_identically(long_ref, tmp_path):
+@pytest.fixture(scope="module")
+def time_limited(cluster, tmp_path_factory) -> Future:
+    """The time-limited sweep, started in a thread when the preempted job's test begins and run
+    beside it: most of its minute is the wait for its limit, which the other sweep's job spends
+    on the node's other CPU (one after the other, the two tests took 119 s; the array sweep runs
+    alone: its two jobs must start together). Yields (code, output, sweep dir, record)."""
+    res = tmp_path_factory.mktemp("time_limit")
+    record = res / "record.jsonl"
+    args = [*LONG, "hydra.launcher.timeout_min=1", f"hydra.launcher.signal_delay_s={SIGNAL_DELAY_S}",
+            "hydra.launcher.max_num_timeout=1", *instrument(record, 0.3)]
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        yield pool.submit(lambda: (*sweep(res / "slurm", args, timeout=200), record))
+
+
+def test_time_limit_signals_checkpoints_requeues_and_resumes_identically(long_ref, time_limited):
     """A 1-minute limit and a first attempt slowed to 100 s. slurmctld checks limits every 30 s
     and sends USR2 at the first check within 30 s of (limit - signal_delay_s), so it arrives
     15..45 s into the job, 15..45 s before the limit (measured): submitit's handler takes it as
     a time-out (max_num_timeout), the trainer checkpoints, the job is requeued and finishes."""
-    res, record = tmp_path / "slurm", tmp_path / "record.jsonl"
-    args = [*LONG, "hydra.launcher.timeout_min=1", f"hydra.launcher.signal_delay_s={SIGNAL_DELAY_S}",
-            "hydra.launcher.max_num_timeout=1", *instrument(record, 0.3)]
-    code, out, sweep_dir = sweep(res, args, timeout=200)
+    code, out, sweep_dir, record = time_limited.result()
     log = logs(sweep_dir)
     assert code == 0, out[-3000:] + log[-3000:]
     rec = events(record)
