@@ -23,6 +23,8 @@ import sys
 import time
 from pathlib import Path
 
+from doctor_lab.report.stability import exit_codes, flips, off_runs
+
 ROOT = Path(__file__).resolve().parents[1]
 SPIN = "import time\nend = time.time() + {s}\nx = 0\nwhile time.time() < end:\n    x += 1\n"
 
@@ -113,19 +115,6 @@ def worker(names: list[str]) -> dict:
     return out
 
 
-def flips(runs: list[dict]) -> dict[str, dict[str, int]]:
-    """{target: {check: runs whose (outcome, cause) differ from the first run's}} (a row absent in a
-    run, or a run that could not examine the target, counts as a flip)."""
-    first = runs[0]
-    out = {}
-    for name in first:
-        base = first[name].get("rows", {})
-        checks = set(base).union(*(r.get(name, {}).get("rows", {}) for r in runs[1:]))
-        out[name] = {c: sum(r.get(name, {}).get("rows", {}).get(c) != base.get(c) for r in runs[1:]) for c in sorted(checks)}
-        out[name]["(error)"] = sum(("error" in r.get(name, {"error": 1})) != ("error" in first[name]) for r in runs[1:])
-    return out
-
-
 def _busy(k: int, seconds: float) -> list[subprocess.Popen]:
     return [subprocess.Popen([sys.executable, "-c", SPIN.format(s=seconds)]) for _ in range(k)]
 
@@ -154,9 +143,6 @@ def run(names: list[str], n: int, k: int, busy_seconds: float, timeout: float = 
     return runs, time.time() - t0, loads
 
 
-HEALTHY_EXITS = (0, 3)   # a healthy target passes or is inconclusive; 1 is a fail, 2 a refusal
-
-
 def report(runs: list[dict], k: int, wall: float, loads: list[float] = ()) -> tuple[str, int]:
     """The per-target lines and the totals; the flips plus the target-runs that exited other than
     HEALTHY_EXITS (or could not examine)."""
@@ -165,13 +151,12 @@ def report(runs: list[dict], k: int, wall: float, loads: list[float] = ()) -> tu
     for name, by_check in f.items():
         n = sum(by_check.values())
         total += n
-        codes = sorted({r[name].get("exit_code", "error") for r in runs}, key=str)
-        bare = sorted({r[name].get("bare_exit_code", "error") for r in runs}, key=str)
+        codes, bare = exit_codes(runs, name), exit_codes(runs, name, "bare_exit_code")
         moved = ", ".join(f"{c} {v}" for c, v in by_check.items() if v) or "none"
         lines.append(f"{name:14s} flips {n}  exit codes seen {codes}" + (f" (without its hazards {bare})" if bare != codes else "")
                      + f"  moved: {moved}")
     checks = sum(len(v) - 1 for v in f.values())
-    off = sum(r.get(name, {}).get("exit_code") not in HEALTHY_EXITS for r in runs for name in f)
+    off = off_runs(runs)
     lines.append(f"total: {total} flips over {len(runs)} runs x {len(f)} targets ({checks} target-checks) "
                  f"beside {k} busy processes, {wall:.0f} s wall; {off} target-runs exited other than 0 or 3"
                  + (f"; load average at the runs' ends {min(loads):.1f}..{max(loads):.1f} on {os.cpu_count()} CPUs"
@@ -214,7 +199,10 @@ def main(argv=None) -> int:
     text, total = report(runs, args.busy, wall, loads)
     print(text)
     if args.out:
-        Path(args.out).write_text(json.dumps({"runs": runs, "busy": args.busy, "wall_s": wall, "load": loads,
+        from doctor_lab.zoo.runner import doctor_hash
+        command = " ".join(["python -m doctor_lab.stability", *(argv if argv is not None else sys.argv[1:])])
+        Path(args.out).write_text(json.dumps({"command": command, "doctor": doctor_hash(), "beds": {n: known.get(n, "generated") for n in names},
+                                               "runs": runs, "busy": args.busy, "wall_s": wall, "load": loads,
                                                "cpus": os.cpu_count()}, indent=1) + "\n")
     return 1 if total else 0
 

@@ -1,22 +1,33 @@
 """The gate does not move (doctor_lab/stability.py), shrunk: 2 healthy targets of the beds, 2 runs,
 1 busy process; the flip count itself (a changed cause, a missing row, a run that could not
 examine) and the runs that exit other than 0 or 3 on made-up runs. The full benchmark is `python -m doctor_lab.stability` (10 runs, 2 busy)."""
+import json
+
 import pytest
 
 from attention_doctor.checks.catalogue import ORDER
 from doctor_lab import stability
+from doctor_lab.report.sections.doctor import stability as stability_section
 
 
-def test_two_targets_two_runs_beside_a_busy_process_do_not_flip(capsys):
+def test_two_targets_two_runs_beside_a_busy_process_do_not_flip(capsys, tmp_path):
     # the spinner stops by itself after 5 s: beside CI's other worker a longer one would take a core
     # from it for the whole test (the full benchmark spins for as long as it runs)
-    code = stability.main(["--runs", "2", "--busy", "1", "--busy-seconds", "5", "--targets", "mistral,fused_bmm"])
+    args = ["--runs", "2", "--busy", "1", "--busy-seconds", "5", "--targets", "mistral,fused_bmm"]
+    code = stability.main([*args, "--out", str(tmp_path / "s.json")])
     out = capsys.readouterr().out
     # every registered check of each target: a row missing from a run would be a flip
     assert f"total: 0 flips over 2 runs x 2 targets ({2 * len(ORDER)} target-checks) beside 1 busy processes" in out, out
     assert code == 0
     assert {ln.split()[0] for ln in out.splitlines() if " flips " in ln and not ln.startswith("total")} == {
         "mistral", "fused_bmm"}
+    # what the lab's report renders (results/doctor/stability.json): the command, the beds, the same totals
+    kept = json.loads((tmp_path / "s.json").read_text())
+    assert kept["command"].startswith("python -m doctor_lab.stability --runs 2 --busy 1") and len(kept["runs"]) == 2
+    assert kept["beds"] == {"mistral": "styles", "fused_bmm": "styles"} and kept["busy"] == 1
+    text = stability_section(kept)
+    assert "**0 outcome flips** over " + str(2 * len(ORDER)) + " target-checks" in text
+    assert "| styles | 2 | 0 | 0 | 0 |" in text, text
 
 
 def test_a_flip_is_a_run_whose_outcome_or_cause_differs_from_the_first():
@@ -30,6 +41,11 @@ def test_a_flip_is_a_run_whose_outcome_or_cause_differs_from_the_first():
     assert "1 target-runs exited other than 0 or 3" in text
     failed = [{"t": {"exit_code": 1, "rows": {"padding": ["fail", "x"]}}}] * 2   # steady, but a fail
     assert stability.report(failed, 1, 1.0)[1] == 2
+    # the lab's report section counts the same: 5 flips, 1 run off, the bed's codes
+    text = stability_section({"command": "c", "doctor": "d", "beds": {"t": "styles"}, "runs": runs, "busy": 1,
+                              "cpus": 2, "wall_s": 60.0, "load": [3.0, 4.5]})
+    assert "**5 outcome flips**" in text and "**1 target-runs exited other than 0 or 3**" in text
+    assert "| styles | 1 | 5 | 0, error |" in text and "Flipped: t (kv_cache 2, padding 2, (error) 1)" in text
 
 
 def test_the_beds_healthy_targets_and_bad_arguments():

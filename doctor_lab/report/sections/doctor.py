@@ -3,13 +3,15 @@
 `doctor` (what it is and a real run on a buggy target), `doctor_summary` (the README's: that run
 with its notes folded) and
 `doctor_evidence` (sensitivity on the catalogue, the test bed of styles, specificity on real code,
-the public reference implementations, shipped bugs caught in pinned releases, the benchmark)."""
+the public reference implementations, shipped bugs caught in pinned releases, the stability benchmark
+(stability.json, `python -m doctor_lab.stability --out`), the benchmark)."""
 import json
 import re
 from pathlib import Path
 
 from attention_doctor.checks import REGISTRY
 from attention_doctor.result import FAIL, INCONCLUSIVE, NA, RAN, WARN, Row
+from doctor_lab.report.stability import exit_codes, flips, off_runs
 
 NAME = "doctor"
 SHORT = {c.name: c.short for c in REGISTRY}   # the label on each check's record
@@ -200,6 +202,37 @@ def benchmark(b: dict) -> str:
             "(target: under 30 s; `python -m doctor_lab.validation benchmark`).\n")
 
 
+def stability(s: dict) -> str:
+    """The stability benchmark (python -m doctor_lab.stability --out): flips and exit codes per bed."""
+    runs, beds = s["runs"], s["beds"]
+    f = flips(runs)
+    by_bed: dict[str, list[str]] = {}
+    for name in runs[0]:
+        by_bed.setdefault(beds.get(name, "?"), []).append(name)
+    lines = ["| bed | healthy targets | flips | exit codes seen | without their documented hazards |", "|---|---|---|---|---|"]
+    for bed, names in by_bed.items():
+        codes = sorted({c for n in names for c in exit_codes(runs, n)}, key=str)
+        bare = sorted({c for n in names for c in exit_codes(runs, n, "bare_exit_code")}, key=str)
+        lines.append(f"| {bed} | {len(names)} | {sum(sum(f[n].values()) for n in names)} | "
+                     f"{', '.join(map(str, codes))} | {', '.join(map(str, bare))} |")
+    total, off = sum(sum(v.values()) for v in f.values()), off_runs(runs)
+    checks = sum(len(v) - 1 for v in f.values())
+    hazard = [f"{n} fails " + ", ".join(f"{c} ({row[1]})" for c, row in runs[0][n].get("rows", {}).items() if row[0] == "fail")
+              for n in runs[0] if exit_codes(runs, n) != exit_codes(runs, n, "bare_exit_code")]
+    moved = [f"{n} ({', '.join(f'{c} {k}' for c, k in v.items() if k)})" for n, v in f.items() if sum(v.values())]
+    load = s.get("load") or []
+    text = (f"`{s['command']}` on the doctor {s['doctor']}: {len(runs[0])} healthy targets of the test beds, each "
+            f"examined {len(runs)} times, each run a process of its own as a CI job is, beside {s['busy']} CPU-spinning "
+            f"processes on {s['cpus']} CPUs" + (f" (the 1-minute load average at the runs' ends {min(load):.1f} to "
+                                               f"{max(load):.1f})" if load else "")
+            + f", {s['wall_s'] / 60:.0f} min wall. **{total} outcome flips** over {checks} target-checks (a run whose "
+            f"outcome or cause of a check differs from the first run's), **{off} target-runs exited other than 0 or 3**. "
+            "Exit codes as a maintainer's CI judges them, against the hazards each bed documents for its formula as a "
+            "baseline" + (f" ({'; '.join(hazard)}: by its formula, as its bed documents; the bare exit codes in the last "
+                          "column)" if hazard else "") + ".\n")
+    return text + "\n" + "\n".join(lines) + "\n" + (f"\nFlipped: {'; '.join(moved)}.\n" if moved else "")
+
+
 def _run(e: dict, stdout: str) -> str:
     return f"```text\n$ {e['command']}\n{stdout.rstrip()}\n$ echo $?\n{e['exit_code']}\n```\n"
 
@@ -255,6 +288,8 @@ def blocks(runs, fig_dir: Path) -> dict[str, str]:
         ev += ["### The public reference implementations\n", references(d["references"])]
     if "shipped" in d:
         ev += ["### Shipped bugs caught in pinned releases\n", shipped(d["shipped"])]
+    if "stability" in d:
+        ev += ["### Stability: the gate under load\n", stability(d["stability"])]
     if "benchmark" in d:
         ev += ["### Cost\n", benchmark(d["benchmark"])]
     out = {"doctor": "\n".join(intro), "doctor_summary": "\n".join(short[1:])}   # the README's: no heading, notes folded
