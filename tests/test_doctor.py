@@ -158,7 +158,7 @@ def test_report_section_renders_the_committed_evidence(tmp_path):
     from doctor_lab.report.sections import doctor
     src = ROOT / "results" / "doctor"   # committed: the repo ships it
     assert sorted(p.stem for p in src.glob("*.json")) == ["benchmark", "example", "generated", "references", "sensitivity",
-                                                          "shipped", "specificity", "styles"]   # generated: its own section
+                                                          "shipped", "specificity", "stability", "styles"]   # generated: its own section
     shutil.copytree(src, tmp_path / "doctor")
     blocks = doctor.blocks([], tmp_path / "figures")
     ex = json.loads((src / "example.json").read_text())
@@ -168,8 +168,11 @@ def test_report_section_renders_the_committed_evidence(tmp_path):
     assert sum(line.startswith("[notes 1-") for line in short.splitlines()) == 1
     ev = blocks["doctor_evidence"]
     for part in ("### Sensitivity", "### Styles", "### Specificity", "### The public reference implementations",
-                 "### Shipped bugs", "### Cost"):
+                 "### Shipped bugs", "### Stability", "### Cost"):
         assert part in ev
+    # the committed stability run: issue 61's gate, 10 runs beside 2 busy processes, nothing moved
+    assert "each examined 10 times" in ev and "beside 2 CPU-spinning processes" in ev
+    assert "**0 outcome flips**" in ev and "**0 target-runs exited other than 0 or 3**" in ev
     for row in json.loads((src / "shipped.json").read_text())["rows"]:   # each shipped bug: caught, then fixed
         verdict = {w: next(c["verdict"] for c in row[w + "_result"]["checks"] if c["name"] == row["check"])
                    for w in ("buggy", "fixed")}
