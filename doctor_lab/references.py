@@ -183,7 +183,11 @@ REFERENCES = [
     {"name": "the Annotated Transformer", "repo": "harvardnlp/annotated-transformer", "source": "clone", "build": annotated,
      "file": "the_annotated_transformer.py",
      "by_nature": {"kv_cache": "no KV cache (greedy_decode reruns the decoder over the whole prefix)",
-                   "path_agreement": "one attention path"},
+                   "path_agreement": "one attention path",
+                   # not by nature: an encoder-decoder, examined as its decoder over a fixed source
+                   "encoder_decoder": "not examined: AnnotatedDecoder drives the decoder over a fixed source "
+                                      "(no encoded_forward / encoded_decode: the encoder's padding as the "
+                                      "cross-attention sees it is not looked at)"},
      "findings": {"padding": "the_annotated_transformer.py:767, PositionalEncoding adds pe[:, :T] from the first "
                              "column: left-padded rows score their real tokens at shifted positions "
                              "(huggingface/transformers #21080's hazard)",
@@ -191,9 +195,13 @@ REFERENCES = [
                                    "not fit float16 and masked_fill raises (a float16 model cannot run at all); line 522 "
                                    "also forms q k^T before the scale"}},
 ]
-# what none of the references has: a declared sliding window, a save_pretrained / from_pretrained pair
+# what none of the references has: a declared sliding window, a save_pretrained / from_pretrained pair, an
+# encoder input, token types, positions of several rows (the Annotated Transformer's encoder: its own entry)
 EVERY_ONE_BY_NATURE = {"sliding_window": "declares no sliding window",
-                       "config_roundtrip": "no save and load of its own (no save_pretrained / from_pretrained)"}
+                       "config_roundtrip": "no save and load of its own (no save_pretrained / from_pretrained)",
+                       "encoder_decoder": "a decoder-only LM: no encoder input",
+                       "bidirectional_prefix": "a text LM: no token types, no prefix",
+                       "multimodal_positions": "a text LM: one row of positions"}
 REFERENCES = [{**r, "by_nature": {**EVERY_ONE_BY_NATURE, **r["by_nature"]}} for r in REFERENCES]
 BY_NAME = {r["name"]: r for r in REFERENCES}
 PINNED = [
