@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from doctor_lab.report.stability import exit_codes, flips, off_runs
+from doctor_lab.report.stability import exit_codes, flips, totals
 
 ROOT = Path(__file__).resolve().parents[1]
 SPIN = "import time\nend = time.time() + {s}\nx = 0\nwhile time.time() < end:\n    x += 1\n"
@@ -155,8 +155,7 @@ def report(runs: list[dict], k: int, wall: float, loads: list[float] = ()) -> tu
         moved = ", ".join(f"{c} {v}" for c, v in by_check.items() if v) or "none"
         lines.append(f"{name:14s} flips {n}  exit codes seen {codes}" + (f" (without its hazards {bare})" if bare != codes else "")
                      + f"  moved: {moved}")
-    checks = sum(len(v) - 1 for v in f.values())
-    off = off_runs(runs)
+    _, checks, off = totals(runs)
     lines.append(f"total: {total} flips over {len(runs)} runs x {len(f)} targets ({checks} target-checks) "
                  f"beside {k} busy processes, {wall:.0f} s wall; {off} target-runs exited other than 0 or 3"
                  + (f"; load average at the runs' ends {min(loads):.1f}..{max(loads):.1f} on {os.cpu_count()} CPUs"

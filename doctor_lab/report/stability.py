@@ -26,3 +26,9 @@ def exit_codes(runs: list[dict], name: str, key: str = "exit_code") -> list:
 def off_runs(runs: list[dict]) -> int:
     """Target-runs that exited other than HEALTHY_EXITS (or could not examine their target)."""
     return sum(r.get(name, {}).get("exit_code") not in HEALTHY_EXITS for r in runs for name in runs[0])
+
+
+def totals(runs: list[dict]) -> tuple[int, int, int]:
+    """(flips, target-checks compared, target-runs off): the benchmark's verdict, 0 flips and 0 off."""
+    f = flips(runs)
+    return sum(sum(v.values()) for v in f.values()), sum(len(v) - 1 for v in f.values()), off_runs(runs)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from attention_doctor.checks import REGISTRY
 from attention_doctor.result import FAIL, INCONCLUSIVE, NA, RAN, WARN, Row
-from doctor_lab.report.stability import exit_codes, flips, off_runs
+from doctor_lab.report.stability import exit_codes, flips, totals
 
 NAME = "doctor"
 SHORT = {c.name: c.short for c in REGISTRY}   # the label on each check's record
@@ -215,8 +215,7 @@ def stability(s: dict) -> str:
         bare = sorted({c for n in names for c in exit_codes(runs, n, "bare_exit_code")}, key=str)
         lines.append(f"| {bed} | {len(names)} | {sum(sum(f[n].values()) for n in names)} | "
                      f"{', '.join(map(str, codes))} | {', '.join(map(str, bare))} |")
-    total, off = sum(sum(v.values()) for v in f.values()), off_runs(runs)
-    checks = sum(len(v) - 1 for v in f.values())
+    total, checks, off = totals(runs)
     hazard = [f"{n} fails " + ", ".join(f"{c} ({row[1]})" for c, row in runs[0][n].get("rows", {}).items() if row[0] == "fail")
               for n in runs[0] if exit_codes(runs, n) != exit_codes(runs, n, "bare_exit_code")]
     moved = [f"{n} ({', '.join(f'{c} {k}' for c, k in v.items() if k)})" for n, v in f.items() if sum(v.values())]
